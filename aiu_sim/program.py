@@ -1,0 +1,327 @@
+"""KernelProgram: the one IR between the stack and the chip.
+
+A program is a set of device buffers plus an ordered list of steps: kernels that run on the cores, host<->device
+copies, and host "fallback islands". Kernels are described over a named iteration space (einsum-style): every
+argument says which iteration dim indexes each of its axes, so one description serves numbers (the functional
+executor), time (the timing engine) and the per-core access pattern (which sticks each core touches).
+
+See docs/kernel_program.md for the full contract and an example.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from aiu_sim.config import STICK_BYTES, HardwareConfig
+from aiu_sim.errors import ProgramError
+from aiu_sim.layout import StickLayout, default_layout, elems_per_stick
+
+# Kernel ops and the unit that runs them (STACK §1.6: exUnit "pt" for matmul, "sfp" for everything else).
+KERNEL_OPS = {
+    "matmul": "pt",  # C[...] = sum over reduce_dims of A[...] * B[...]; batched by any extra dims
+    "unary": "sfp",  # out = fn(x)
+    "binary": "sfp",  # out = fn(x, y), broadcasting by dims
+    "ternary": "sfp",  # out = fn(x, y, z), e.g. where(cond, a, b)
+    "reduce": "sfp",  # out = fn over reduce_dims (sum, mean, max, min, sumsq, argmax, argmin)
+    "softmax": "sfp",  # fused row op over reduce_dims[0]
+    "layernorm": "sfp",  # fused row op: inputs x[, weight[, bias]]; attrs eps
+    "rmsnorm": "sfp",  # fused row op: inputs x[, weight]; attrs eps
+    "copy": "sfp",  # out = x, with permutation / broadcast / window / format conversion by dims
+    "restickify": "sfp",  # like copy, but the point is a change of stick layout (ReStickifyOpHBM)
+    "fill": "sfp",  # out = attrs["value"]
+}
+
+UNARY_FNS = {
+    "identity",
+    "neg",
+    "abs",
+    "relu",
+    "exp",
+    "log",
+    "sqrt",
+    "rsqrt",
+    "reciprocal",
+    "tanh",
+    "sigmoid",
+    "gelu",
+    "gelu_tanh",
+    "silu",
+    "softplus",
+    "floor",
+    "ceil",
+    "sign",
+    "square",
+    "logical_not",
+    "clamp",
+    "sin",
+    "cos",
+    "erf",
+    "pow_scalar",
+    "round",
+}
+# SFP functions charged the transcendental cost factor (HW §8).
+TRANSCENDENTAL_FNS = {
+    "exp",
+    "log",
+    "tanh",
+    "sigmoid",
+    "gelu",
+    "gelu_tanh",
+    "silu",
+    "softplus",
+    "sqrt",
+    "rsqrt",
+    "reciprocal",
+    "sin",
+    "cos",
+    "erf",
+    "pow_scalar",
+}
+BINARY_FNS = {
+    "add",
+    "sub",
+    "mul",
+    "div",
+    "maximum",
+    "minimum",
+    "eq",
+    "ne",
+    "lt",
+    "le",
+    "gt",
+    "ge",
+    "logical_and",
+    "logical_or",
+    "pow",
+}
+TERNARY_FNS = {"where", "addcmul", "lerp"}
+REDUCE_FNS = {"sum", "mean", "max", "min", "sumsq", "argmax", "argmin"}
+FNS_BY_OP = {"unary": UNARY_FNS, "binary": BINARY_FNS, "ternary": TERNARY_FNS, "reduce": REDUCE_FNS}
+ARITY = {"unary": 1, "binary": 2, "ternary": 3, "copy": 1, "restickify": 1, "fill": 0, "softmax": 1}
+
+
+@dataclass
+class Buffer:
+    """A device tensor: logical shape in elements, device format, stick layout and placement.
+
+    placement is "dram" or "lx". An LX buffer is distributed: each core holds the slice the kernels give it, at
+    `lx_offset` bytes into its LX.
+    """
+
+    name: str
+    dtype: str  # an aiu_sim.numerics format name: "dl16", "fp32", "int32", "int8", "fp8_e4m3", ...
+    shape: tuple[int, ...]
+    layout: StickLayout | None = None  # default: aiu_sim.layout.default_layout(shape, dtype)
+    placement: str = "dram"
+    lx_offset: int = 0
+    lx_bytes_per_core: int = 0
+
+    def __post_init__(self) -> None:
+        self.shape = tuple(int(s) for s in self.shape)
+        if self.layout is None:
+            try:
+                self.layout = default_layout(self.shape, self.dtype)
+            except ValueError as e:
+                raise ProgramError(f"buffer {self.name!r}: {e}") from None
+        if self.placement not in ("dram", "lx"):
+            raise ProgramError(f"buffer {self.name!r}: placement {self.placement!r} must be 'dram' or 'lx'")
+
+    @property
+    def rank(self) -> int:
+        return len(self.shape)
+
+    @property
+    def stick_axis(self) -> int | None:
+        """The logical axis stored along the stick (the last one in the default layout), None for 0-d."""
+        return self.rank - 1 if self.rank else None
+
+    @property
+    def sticks(self) -> int:
+        return self.layout.sticks
+
+    @property
+    def nbytes(self) -> int:
+        return self.layout.nbytes
+
+    @property
+    def elems_per_stick(self) -> int:
+        return elems_per_stick(self.dtype)
+
+
+@dataclass
+class Arg:
+    """One kernel argument: a buffer and, per buffer axis, the iteration dim that indexes it.
+
+    `dims[a] = None` means axis a has size 1 and is broadcast. `offset[a]` shifts the window (slices, cat).
+    """
+
+    buffer: str
+    dims: tuple[str | None, ...]
+    offset: tuple[int, ...] | None = None
+
+    def __post_init__(self) -> None:
+        self.dims = tuple(self.dims)
+        if self.offset is None:
+            self.offset = (0,) * len(self.dims)
+        self.offset = tuple(int(o) for o in self.offset)
+
+
+@dataclass
+class Kernel:
+    name: str
+    op: str
+    inputs: list[Arg]
+    outputs: list[Arg]
+    space: dict[str, int]  # the iteration space, ordered: dim name -> extent in elements
+    fn: str | None = None  # for unary/binary/ternary/reduce
+    reduce_dims: tuple[str, ...] = ()  # dims summed away (matmul K, reduction axes, the softmax row)
+    split: dict[str, int] = field(default_factory=dict)  # dim -> pieces; whole sticks on stick dims
+    cores: tuple[int, ...] | None = None  # core of slice i (slices in row-major order over `split`)
+    attrs: dict = field(default_factory=dict)  # eps, value, clamp bounds, accumulation model, ...
+    # The order partial sums of a split reduction are combined in on the partial-sum ring:
+    # "chain" = ((p0 + p1) + p2) + ... along adjacent cores (torch-spyre places K-split cores next to each other).
+    reduction_order: str = "chain"
+
+    def __post_init__(self) -> None:
+        self.space = {str(k): int(v) for k, v in self.space.items()}
+        self.split = {str(k): int(v) for k, v in self.split.items() if int(v) != 1}
+        self.reduce_dims = tuple(self.reduce_dims)
+        if self.cores is None:
+            self.cores = tuple(range(self.num_slices))
+        self.cores = tuple(int(c) for c in self.cores)
+
+    @property
+    def unit(self) -> str:
+        return KERNEL_OPS.get(self.op, "sfp")
+
+    @property
+    def num_slices(self) -> int:
+        return math.prod(self.split.values()) if self.split else 1
+
+    @property
+    def args(self) -> list[Arg]:
+        return [*self.inputs, *self.outputs]
+
+
+@dataclass
+class HostToDevice:
+    """Copy host input `src` (a host array of dtype `host_dtype`, e.g. "float16") into device buffer `dst`."""
+
+    name: str
+    src: str
+    dst: str
+    host_dtype: str
+
+
+@dataclass
+class DeviceToHost:
+    """Copy device buffer `src` out to host output `dst`, converted to `host_dtype`."""
+
+    name: str
+    src: str
+    dst: str
+    host_dtype: str
+
+
+@dataclass
+class HostOp:
+    """A CPU fallback island: device buffers `inputs` go to the host over PCIe, host function `fn` (looked up by
+    name in the host-function table given at run time) computes, `outputs` come back over PCIe."""
+
+    name: str
+    fn: str
+    inputs: list[str]
+    outputs: list[str]
+    attrs: dict = field(default_factory=dict)
+
+
+Step = Kernel | HostToDevice | DeviceToHost | HostOp
+
+
+@dataclass
+class KernelProgram:
+    name: str
+    buffers: dict[str, Buffer]
+    steps: list[Step]
+    inputs: list[str] = field(default_factory=list)  # host input names (the HostToDevice sources)
+    outputs: list[str] = field(default_factory=list)  # host output names (the DeviceToHost destinations)
+    constants: dict[str, object] = field(default_factory=dict)  # buffer name -> initial values (array-like)
+    config: HardwareConfig | None = field(default=None, repr=False, compare=False)  # validated against
+
+    def __post_init__(self) -> None:
+        if isinstance(self.buffers, list | tuple):
+            self.buffers = {b.name: b for b in self.buffers}
+        from aiu_sim.validate import validate_program  # local import: validate imports this module
+
+        validate_program(self, self.config)
+
+    @property
+    def kernels(self) -> list[Kernel]:
+        return [s for s in self.steps if isinstance(s, Kernel)]
+
+    def __str__(self) -> str:
+        from aiu_sim.listing import format_program
+
+        return format_program(self)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Per-core work: which slice of the iteration space each core owns and which sticks each argument touches there.
+# The executor, the timing engine and validation all use these two functions, so they cannot disagree.
+
+
+def stick_dims(kernel: Kernel, buffers: dict[str, Buffer]) -> dict[str, int]:
+    """Iteration dims that run along some argument's stick -> the largest elements-per-stick among those args
+    (STACK §1.4: with mixed dtypes the largest elements-per-stick count is used)."""
+    out: dict[str, int] = {}
+    for arg in kernel.args:
+        buf = buffers[arg.buffer]
+        if buf.stick_axis is None:
+            continue
+        dim = arg.dims[buf.stick_axis]
+        if dim is not None:
+            out[dim] = max(out.get(dim, 0), buf.elems_per_stick)
+    return out
+
+
+def core_slices(kernel: Kernel, buffers: dict[str, Buffer]) -> list[dict[str, tuple[int, int]]]:
+    """For slice i (run by kernel.cores[i]): dim -> [start, stop) in elements. Stick dims split on whole sticks;
+    the last piece is clipped to the real extent (the rest is stick padding)."""
+    sticky = stick_dims(kernel, buffers)
+    per_dim: dict[str, list[tuple[int, int]]] = {}
+    for dim, extent in kernel.space.items():
+        pieces = kernel.split.get(dim, 1)
+        if dim in sticky:
+            eps = sticky[dim]
+            sticks = max(1, math.ceil(extent / eps))
+            step = (sticks // pieces) * eps
+        else:
+            step = extent // pieces
+        per_dim[dim] = [(min(i * step, extent), min((i + 1) * step, extent)) for i in range(pieces)]
+    slices: list[dict[str, tuple[int, int]]] = [{}]
+    for dim in kernel.space:  # row-major over the space's dim order
+        slices = [{**s, dim: r} for s in slices for r in per_dim[dim]]
+    return slices
+
+
+def arg_sticks(arg: Arg, buf: Buffer, region: dict[str, tuple[int, int]]) -> int:
+    """How many sticks of `buf` the argument touches within `region` (dim -> [start, stop))."""
+    if buf.rank == 0:
+        return 1
+    count = 1
+    for axis, dim in enumerate(arg.dims):
+        lo, hi = region.get(dim, (0, 1)) if dim is not None else (0, 1)
+        lo, hi = lo + arg.offset[axis], hi + arg.offset[axis]
+        if hi <= lo:
+            return 0
+        if axis == buf.stick_axis:
+            eps = buf.elems_per_stick
+            count *= math.ceil(hi / eps) - lo // eps
+        else:
+            count *= hi - lo
+    return count
+
+
+def arg_bytes(arg: Arg, buf: Buffer, region: dict[str, tuple[int, int]]) -> int:
+    return arg_sticks(arg, buf, region) * STICK_BYTES

@@ -1,0 +1,183 @@
+"""Checks a KernelProgram on construction; every failure is a ProgramError naming the step and argument."""
+
+from __future__ import annotations
+
+import math
+
+from aiu_sim.config import HardwareConfig, preset
+from aiu_sim.errors import ProgramError
+from aiu_sim.layout import ELEMS_PER_STICK
+from aiu_sim.program import (
+    ARITY,
+    FNS_BY_OP,
+    KERNEL_OPS,
+    Buffer,
+    DeviceToHost,
+    HostOp,
+    HostToDevice,
+    Kernel,
+    KernelProgram,
+    arg_bytes,
+    core_slices,
+    stick_dims,
+)
+
+
+def validate_program(program: KernelProgram, config: HardwareConfig | None = None) -> None:
+    config = config or preset("spyre")
+    for buf in program.buffers.values():
+        _check_buffer(buf, config)
+    names: set[str] = set()
+    for step in program.steps:
+        if step.name in names:
+            raise ProgramError(f"step name {step.name!r} is used twice; step names must be unique")
+        names.add(step.name)
+        if isinstance(step, Kernel):
+            _check_kernel(step, program.buffers, config)
+        elif isinstance(step, HostToDevice | DeviceToHost):
+            device_side = step.dst if isinstance(step, HostToDevice) else step.src
+            _need_buffer(program.buffers, device_side, step.name)
+        elif isinstance(step, HostOp):
+            for b in [*step.inputs, *step.outputs]:
+                _need_buffer(program.buffers, b, step.name)
+        else:
+            raise ProgramError(f"unknown step type {type(step).__name__}")
+    for b in program.constants:
+        _need_buffer(program.buffers, b, "constants")
+
+
+def _need_buffer(buffers: dict[str, Buffer], name: str, where: str) -> Buffer:
+    if name not in buffers:
+        raise ProgramError(
+            f"{where}: buffer {name!r} is not declared; declared buffers: {sorted(buffers)[:20]}"
+        )
+    return buffers[name]
+
+
+def _check_buffer(buf: Buffer, config: HardwareConfig) -> None:
+    if buf.dtype not in ELEMS_PER_STICK:
+        raise ProgramError(
+            f"buffer {buf.name!r}: unknown device format {buf.dtype!r}; known: {sorted(ELEMS_PER_STICK)}"
+        )
+    if any(s < 0 for s in buf.shape):
+        raise ProgramError(f"buffer {buf.name!r}: negative size in shape {buf.shape}")
+    if buf.placement == "lx":
+        end = buf.lx_offset + buf.lx_bytes_per_core
+        if buf.lx_offset < 0 or buf.lx_offset % 128:
+            raise ProgramError(
+                f"buffer {buf.name!r}: LX offset {buf.lx_offset} must be >= 0 and 128-byte aligned"
+            )
+        if end > config.lx_allocatable_bytes:
+            raise ProgramError(
+                f"buffer {buf.name!r}: LX allocation [{buf.lx_offset}, {end}) exceeds the "
+                f"{config.lx_allocatable_bytes} allocatable bytes per core of config {config.name!r}; place it in DRAM"
+            )
+
+
+def _check_kernel(k: Kernel, buffers: dict[str, Buffer], config: HardwareConfig) -> None:
+    where = f"kernel {k.name!r} ({k.op})"
+    if k.op not in KERNEL_OPS:
+        raise ProgramError(f"{where}: unknown op {k.op!r}; known ops: {sorted(KERNEL_OPS)}")
+    if k.op in FNS_BY_OP and k.fn not in FNS_BY_OP[k.op]:
+        raise ProgramError(f"{where}: unknown fn {k.fn!r}; known: {sorted(FNS_BY_OP[k.op])}")
+    if k.op in ARITY and len(k.inputs) != ARITY[k.op]:
+        raise ProgramError(f"{where}: takes {ARITY[k.op]} input(s), got {len(k.inputs)}")
+    if k.op == "matmul" and (len(k.inputs) != 2 or len(k.reduce_dims) != 1):
+        raise ProgramError(f"{where}: matmul takes 2 inputs and exactly one reduce dim (K)")
+    if not k.outputs:
+        raise ProgramError(f"{where}: has no output")
+    for dim, extent in k.space.items():
+        if extent < 1:
+            raise ProgramError(f"{where}: iteration dim {dim!r} has extent {extent}; must be >= 1")
+    for dim in k.reduce_dims:
+        if dim not in k.space:
+            raise ProgramError(f"{where}: reduce dim {dim!r} is not in the iteration space {list(k.space)}")
+    for role, args in (("input", k.inputs), ("output", k.outputs)):
+        for i, arg in enumerate(args):
+            _check_arg(k, f"{where} {role} {i} ({arg.buffer!r})", arg, buffers)
+    for arg in k.outputs:
+        if any(d in k.reduce_dims for d in arg.dims) and k.op not in ("softmax", "layernorm", "rmsnorm"):
+            raise ProgramError(f"{where}: output {arg.buffer!r} is indexed by a reduce dim")
+    _check_split(k, where, buffers, config)
+
+
+def _check_arg(k: Kernel, where: str, arg, buffers: dict[str, Buffer]) -> None:
+    buf = _need_buffer(buffers, arg.buffer, where)
+    if len(arg.dims) != buf.rank or len(arg.offset) != buf.rank:
+        raise ProgramError(
+            f"{where}: gives {len(arg.dims)} dims for a rank-{buf.rank} buffer of shape {buf.shape}"
+        )
+    for axis, dim in enumerate(arg.dims):
+        if dim is None:
+            if buf.shape[axis] != 1 and arg.offset[axis] >= buf.shape[axis]:
+                raise ProgramError(
+                    f"{where}: broadcast axis {axis} offset {arg.offset[axis]} is outside size {buf.shape[axis]}"
+                )
+            continue
+        if dim not in k.space:
+            raise ProgramError(
+                f"{where}: axis {axis} uses dim {dim!r}, not in the iteration space {list(k.space)}"
+            )
+        end = arg.offset[axis] + k.space[dim]
+        if arg.offset[axis] < 0 or end > buf.shape[axis]:
+            raise ProgramError(
+                f"{where}: access [{arg.offset[axis]}, {end}) on axis {axis} is outside the buffer's size "
+                f"{buf.shape[axis]} (shape {buf.shape})"
+            )
+
+
+def _check_split(k: Kernel, where: str, buffers: dict[str, Buffer], config: HardwareConfig) -> None:
+    sticky = stick_dims(k, buffers)
+    for dim, pieces in k.split.items():
+        if dim not in k.space:
+            raise ProgramError(f"{where}: split dim {dim!r} is not in the iteration space {list(k.space)}")
+        units = math.ceil(k.space[dim] / sticky[dim]) if dim in sticky else k.space[dim]
+        if pieces < 1 or units % pieces:
+            what = "sticks" if dim in sticky else "elements"
+            raise ProgramError(
+                f"{where}: split of dim {dim!r} into {pieces} does not divide its {units} {what}; "
+                "splits must give every core the same whole number of sticks"
+            )
+    split_reductions = [d for d in k.reduce_dims if k.split.get(d, 1) > 1]
+    if len(split_reductions) > 1:
+        raise ProgramError(f"{where}: at most one reduction dim may be split, got {split_reductions}")
+    if split_reductions and k.op not in ("matmul", "reduce"):
+        raise ProgramError(f"{where}: only matmul and reductions may split a reduction dim")
+    if len(k.cores) != k.num_slices:
+        raise ProgramError(f"{where}: {len(k.cores)} core ids for {k.num_slices} slices")
+    if len(set(k.cores)) != len(k.cores):
+        raise ProgramError(f"{where}: a core id appears twice in {k.cores}")
+    for c in k.cores:
+        if not 0 <= c < config.num_cores:
+            raise ProgramError(
+                f"{where}: core id {c} is out of range for {config.num_cores} cores (config {config.name!r})"
+            )
+    _check_lx_and_span(k, where, buffers, config)
+
+
+def _check_lx_and_span(k: Kernel, where: str, buffers: dict[str, Buffer], config: HardwareConfig) -> None:
+    slices = core_slices(k, buffers)
+    lx_ranges: dict[str, tuple[int, int]] = {}
+    for arg in k.args:
+        buf = buffers[arg.buffer]
+        if buf.placement == "lx":
+            need = max(arg_bytes(arg, buf, s) for s in slices)
+            if need > buf.lx_bytes_per_core:
+                raise ProgramError(
+                    f"{where}: argument {arg.buffer!r} needs {need} LX bytes per core but its allocation holds "
+                    f"{buf.lx_bytes_per_core}"
+                )
+            lx_ranges[buf.name] = (buf.lx_offset, buf.lx_offset + buf.lx_bytes_per_core)
+        elif arg.buffer not in lx_ranges:
+            span = max(arg_bytes(arg, buf, s) for s in slices)
+            if span > config.core_span_bytes:
+                raise ProgramError(
+                    f"{where}: argument {arg.buffer!r} spans {span} bytes on one core, over the per-core "
+                    f"{config.core_span_bytes}-byte span; split it across more cores"
+                )
+    ranges = sorted((lo, hi, name) for name, (lo, hi) in lx_ranges.items())
+    for (lo1, hi1, n1), (lo2, hi2, n2) in zip(ranges, ranges[1:], strict=False):
+        if lo2 < hi1:
+            raise ProgramError(
+                f"{where}: LX allocations of {n1!r} [{lo1}, {hi1}) and {n2!r} [{lo2}, {hi2}) overlap"
+            )
