@@ -1,0 +1,51 @@
+"""The `spyre-emu` command line (typer + rich)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+from rich.console import Console
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help="Spyre hardware simulator and torch-spyre stack emulator.")
+console = Console(soft_wrap=True, highlight=False)
+
+
+@app.command()
+def info(
+    config: str = typer.Option("spyre", help="Preset name (spyre, small) or path to a hardware TOML file."),
+) -> None:
+    """Print the simulated chip."""
+    from aiu_sim.config import load_config
+
+    console.print(load_config(config).summary())
+
+
+@app.command()
+def simulate(
+    m: int = typer.Option(512, help="Rows of A."),
+    k: int = typer.Option(4096, help="Reduction size."),
+    n: int = typer.Option(4096, help="Columns of B."),
+    config: str = typer.Option("spyre", help="Preset name or hardware TOML path."),
+    trace: Path = typer.Option(Path("spyre_emu_out/simulate.trace.json"), help="Where to write the Perfetto trace."),
+) -> None:
+    """Time one fp16 matmul on the simulated chip (aiu_sim alone, no torch) and print where the time went."""
+    from aiu_sim import run
+    from aiu_sim.builders import matmul_program
+    from aiu_sim.config import load_config
+    from aiu_sim.summary import format_summary
+
+    cfg = load_config(config)
+    program = matmul_program(m, k, n, config=cfg)
+    trace.parent.mkdir(parents=True, exist_ok=True)
+    result = run(program, {}, config=cfg, mode="timing", trace_path=str(trace))
+    console.print(format_summary(result.timing))
+    console.print(f"trace: {trace} (open in https://ui.perfetto.dev)")
+
+
+def main() -> None:  # pragma: no cover - console entry
+    app()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    app()
