@@ -16,9 +16,7 @@ def info(
     config: str = typer.Option("spyre", help="Preset name (spyre, small) or path to a hardware TOML file."),
 ) -> None:
     """Print the simulated chip."""
-    from aiu_sim.config import load_config
-
-    console.print(load_config(config).summary())
+    console.print(_load_config_or_exit(config).summary())
 
 
 @app.command()
@@ -32,15 +30,25 @@ def simulate(
     """Time one fp16 matmul on the simulated chip (aiu_sim alone, no torch) and print where the time went."""
     from aiu_sim import run
     from aiu_sim.builders import matmul_program
-    from aiu_sim.config import load_config
     from aiu_sim.summary import format_summary
 
-    cfg = load_config(config)
+    cfg = _load_config_or_exit(config)
     program = matmul_program(m, k, n, config=cfg)
     trace.parent.mkdir(parents=True, exist_ok=True)
     result = run(program, {}, config=cfg, mode="timing", trace_path=str(trace))
     console.print(format_summary(result.timing))
     console.print(f"trace: {trace} (open in https://ui.perfetto.dev)")
+
+
+def _load_config_or_exit(spec: str):
+    from aiu_sim.config import load_config
+    from aiu_sim.errors import ConfigError
+
+    try:
+        return load_config(spec)
+    except ConfigError as e:
+        console.print(f"[red]error:[/red] {e}")
+        raise typer.Exit(2) from None
 
 
 def main() -> None:  # pragma: no cover - console entry
