@@ -1,0 +1,403 @@
+"""What the emulated torch-spyre stack supports, as data: one table, read by the compiler, adapters and reports.
+
+Every aten op the stack knows about has a status:
+
+- "native":     lowered to device kernels (one or more OpFuncs / custom ops on Spyre).
+- "decomposed": rewritten into native ops by the compiler (addmm, linear, SDPA math path, norms, ...).
+- "fallback":   runs as a CPU island (copy to host, run there, copy back) with a FallbackWarning; in strict mode
+                it raises SpyreUnsupportedOpError instead.
+- "unsupported": no device lowering and no CPU island in the real stack either; raises in both modes.
+
+and the torch dtypes it accepts *on the device* (fp16/bf16 are stored as DLFloat16; fp32 only for the ops on
+torch-spyre's SPYRE_FP32_OPS list; int64 is narrowed to int32). An op called with another dtype is treated like a
+fallback op (CPU island in fallback mode, typed error in strict mode).
+
+Named features describe layout/numerics behaviours that adapters patch around (e.g. whether a matmul whose
+reduction dim is not a whole number of sticks lowers). Sources: ../shared/reference/torch_spyre_stack.md
+(STACK §1.7 op classes, §2 layouts, §3 dtypes and SPYRE_FP32_OPS, §4 gaps); hf_adapters.md for the features.
+
+Usage:
+    caps = torch_spyre_emu.capabilities()
+    caps.status("aten.sin")            -> "fallback"
+    caps.supports("aten.mm")           -> True
+    caps.supports("layout.vocab_not_stick_multiple") -> False
+    with torch_spyre_emu.capabilities.override({"aten.sin": "native", "ops.gelu_erf": True}):
+        ...
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, replace
+
+STATUSES = ("native", "decomposed", "fallback", "unsupported")
+
+# Torch dtype names (str(torch.float16) without the "torch." prefix).
+F16 = ("float16", "bfloat16")  # stored as DL16 (SEN169_FP16), STACK §3
+F32 = ("float32",)
+FP = F16 + F32
+INT = ("int32", "int64")  # int64 is stored as int32 with a one-time warning, STACK §3
+BOOL = ("bool",)  # stored as SEN169_FP16, STACK §3
+ALL = FP + INT + BOOL + ("int8", "float8_e4m3fn", "float8_e5m2")
+
+S17 = "STACK §1.7 (docs user_guide/supported_operations.md, June 2026)"
+S3 = "STACK §3 (_inductor/constants.py SPYRE_FP32_OPS)"
+S4 = "STACK §4 known gaps"
+VIEW = "view op: metadata only on the host side, lowered as a (possibly zero-cost) copy/restickify on device"
+
+
+@dataclass(frozen=True)
+class OpEntry:
+    name: str  # "aten.add" (overload packet; all overloads share the entry)
+    status: str
+    dtypes: tuple[str, ...]
+    note: str = ""
+    source: str = ""
+
+
+@dataclass(frozen=True)
+class Feature:
+    name: str
+    supported: bool
+    note: str = ""
+    source: str = ""
+
+
+def _e(name: str, status: str, dtypes: tuple[str, ...], note: str = "", source: str = S17) -> OpEntry:
+    assert status in STATUSES, status
+    return OpEntry(f"aten.{name}", status, tuple(dtypes), note, source)
+
+
+# fp32 is accepted only by ops whose device OpFunc is on SPYRE_FP32_OPS (STACK §3): add, sub, mul, where, realdiv,
+# relufwd, reciprocal, mean, sum, max, min, layernormscale, abs, neg, exp, sigmoid, exx2, layernormnorm, identity,
+# sqrt, rsqrt, topkvalue, topkindex, floor, to_dtype, maximum, minimum.
+_OPS: list[OpEntry] = [
+    # --- native pointwise (one SDSC each) ---------------------------------------------------------------------
+    _e("add", "native", FP + INT, "fp32: SPYRE_FP32_OPS; int: emulation accepts int32 add", S17),
+    _e("sub", "native", FP, "integer sub is a known gap (#1713)"),
+    _e("mul", "native", FP + INT),
+    _e("div", "native", FP, "truediv -> realdiv; rounding_mode='floor' (floor_divide) is a gap (#4643)"),
+    _e("relu", "native", FP),
+    _e("sigmoid", "native", FP),
+    _e("abs", "native", FP),
+    _e("neg", "native", FP),
+    _e("exp", "native", FP),
+    _e("log", "native", F16, "fp32 log raises Unsupported (#3680)"),
+    _e("sqrt", "native", FP),
+    _e("rsqrt", "native", FP),
+    _e("reciprocal", "native", FP),
+    _e("tanh", "native", F16),
+    _e("floor", "native", FP),
+    _e("square", "native", F16),
+    _e("eq", "native", F16 + INT + BOOL, "comparison; result is bool (stored as DL16)"),
+    _e("ne", "native", F16 + INT + BOOL, "ne.Scalar falls back in the June table; emulated as native"),
+    _e("ge", "native", F16 + INT),
+    _e("le", "native", F16 + INT),
+    _e("lt", "native", F16 + INT),
+    _e("gt", "native", F16 + INT),
+    _e("where", "native", FP + INT + BOOL, "dtypes are those of the selected values"),
+    _e("logical_and", "native", BOOL + F16),
+    _e("maximum", "native", FP),
+    _e("minimum", "native", FP),
+    _e(
+        "_to_copy",
+        "native",
+        ALL,
+        "to_dtype: fp16<->bf16<->bool identity, fp16<->fp32 on device; int<->float casts fall back (#4643)",
+    ),
+    _e("clone", "native", ALL, "identity copy"),
+    _e("copy", "native", ALL, "copy_ lowered (PR #490)"),
+    _e("fill", "native", ALL, "constant"),
+    _e("full", "native", FP + INT + BOOL, "custom op constant/full"),
+    _e("full_like", "native", FP + INT + BOOL, "custom op constant/full"),
+    _e(
+        "scalar_tensor",
+        "native",
+        FP + INT + BOOL,
+        "scalars become 1-element tensors (convert_constant_with_graph_node)",
+    ),
+    _e("lift_fresh_copy", "native", ALL, "identity"),
+    # --- native custom ops (customops.py) ---------------------------------------------------------------------
+    _e("gelu", "native", F16, "approximate='tanh' native; exact erf form gated by feature ops.gelu_erf"),
+    _e("silu", "native", F16),
+    _e("softplus", "native", F16, "custom op; also dispatched as an eager decomposition"),
+    _e("clamp", "native", F16),
+    _e("clamp_min", "native", F16),
+    _e("clamp_max", "native", F16),
+    _e("logical_not", "native", BOOL + F16),
+    _e("topk", "native", F16 + F32, "only largest=True, sorted=True (PR #3713); topkvalue/topkindex"),
+    _e("native_layer_norm", "native", FP, "custom ops exx2/layernormscale/layernormnorm (fp32 on the list)"),
+    _e("layer_norm", "decomposed", FP, "-> native_layer_norm"),
+    _e(
+        "rms_norm",
+        "native",
+        F16,
+        "custom op rms_norm; fp32 upcast inside gated by numerics.rmsnorm_fp32_upcast",
+    ),
+    _e("_fused_rms_norm", "native", F16, "custom op rms_norm"),
+    # --- reductions ---------------------------------------------------------------------------------------------
+    _e("sum", "native", FP, "DL16 accumulation (#4232)", S3),
+    _e("mean", "native", FP, "DL16 accumulation; may be inaccurate for small fp16 values (#2400)", S3),
+    _e("amax", "native", FP, "max", S3),
+    _e("amin", "native", FP, "min", S3),
+    _e("max", "decomposed", FP, "max.dim -> amax + index (STACK §1.7 decompositions); full max native"),
+    _e("min", "decomposed", FP, "min.dim -> amin + index"),
+    _e(
+        "_softmax", "native", F16, "fused row softmax; ~2e-5 leaks into -inf positions (hf-adapters findings)"
+    ),
+    _e("_log_softmax", "decomposed", F16, "-> softmax + log"),
+    # --- matmul -------------------------------------------------------------------------------------------------
+    _e(
+        "bmm",
+        "native",
+        F16,
+        "batchmatmul on the PT array; K zero-padded to whole sticks (insert_bmm_padding)",
+    ),
+    _e("mm", "native", F16, "mm_to_bmm_pass: 2-D matmul becomes 3-D bmm"),
+    _e("matmul", "decomposed", F16, "-> bmm"),
+    _e("addmm", "decomposed", F16, "-> matmul + scale + add"),
+    _e("linear", "decomposed", F16, "-> matmul + add (eager decomposition too)"),
+    _e("baddbmm", "decomposed", F16, "-> bmm + add"),
+    _e("scaled_dot_product_attention", "decomposed", F16, "SDPA -> explicit QK^T.V math path"),
+    _e("_scaled_dot_product_flash_attention_for_cpu", "decomposed", F16, "SDPA -> math path"),
+    _e("_scaled_dot_product_efficient_attention", "decomposed", F16, "SDPA -> math path"),
+    _e("_scaled_dot_product_flash_attention", "decomposed", F16, "SDPA -> math path"),
+    # --- decompositions (STACK §1.7) ----------------------------------------------------------------------------
+    _e("ceil", "decomposed", F16),
+    _e("sign", "decomposed", F16),
+    _e("bitwise_not", "decomposed", BOOL, "bool only (logical_not)"),
+    _e("bitwise_and", "decomposed", BOOL, "bool only (logical_and)"),
+    _e("constant_pad_nd", "decomposed", F16),
+    _e("cat", "decomposed", FP + INT + BOOL, "copies into windows of one output"),
+    _e(
+        "pow",
+        "decomposed",
+        F16,
+        "exponent 2 -> square/mul, 0.5 -> sqrt, -0.5 -> rsqrt, -1 -> reciprocal, 3 -> mul; others fall back",
+    ),
+    _e("rsub", "decomposed", F16, "-> sub"),
+    _e("var_mean", "unsupported", (), "welford reduction -> UnimplementedOp at run time (STACK §1.7)"),
+    _e("var", "unsupported", (), "welford reduction -> UnimplementedOp"),
+    _e("prod", "unsupported", (), "prod reduction -> UnimplementedOp"),
+    # --- views (metadata; device copies/restickify where layouts differ) ---------------------------------------
+    _e("view", "native", ALL, VIEW),
+    _e("_unsafe_view", "native", ALL, VIEW),
+    _e("reshape", "native", ALL, VIEW),
+    _e("permute", "native", ALL, VIEW + "; contiguous() after transpose fails for fp32 (#1796)"),
+    _e("transpose", "native", ALL, VIEW),
+    _e("t", "native", ALL, VIEW),
+    _e("expand", "native", ALL, "works when followed by a materialising op"),
+    _e("unsqueeze", "native", ALL, VIEW),
+    _e("squeeze", "native", ALL, VIEW),
+    _e("alias", "native", ALL, VIEW),
+    _e("select", "native", ALL, VIEW),
+    _e("detach", "native", ALL, VIEW),
+    _e("slice", "fallback", ALL, "in-graph aten.slice falls back to CPU (RFC 1632-v3)", S4),
+    _e("split", "fallback", ALL, "made of slices (RFC 1632-v3)", S4),
+    _e("split_with_sizes", "fallback", ALL, "made of slices (RFC 1632-v3)", S4),
+    _e("unfold", "unsupported", (), "does not lower (RFC 1632-v3)", S4),
+    # --- CPU fallbacks (ops/fallbacks.py, June table) ----------------------------------------------------------
+    _e("embedding", "fallback", ALL, "June table: CPU fallback (made native later by PR #3337)"),
+    _e("arange", "fallback", ALL),
+    _e("sin", "fallback", ALL, "RoPE: hf-adapters replace it with precomputed rotation matrices"),
+    _e("cos", "fallback", ALL),
+    _e("tril", "fallback", ALL),
+    _e("triu", "fallback", ALL),
+    _e("isin", "fallback", ALL),
+    _e("bitwise_or", "fallback", ALL),
+    _e("bitwise_xor", "fallback", ALL),
+    _e("argmax", "fallback", ALL),
+    _e("argmin", "fallback", ALL),
+    _e("cumsum", "fallback", ALL, "scan is not implemented (spyre_kernel.py)"),
+    _e("normal", "fallback", ALL),
+    _e("random", "fallback", ALL),
+    _e("index_copy", "fallback", ALL, "time proportional to the destination (#4239)"),
+    _e("any", "fallback", ALL, "any reduction is an UnimplementedOp; eager falls back"),
+    _e("convolution", "fallback", ALL, "conv runs im2col on CPU (RFC 1632-v3)", S4),
+    _e("erf", "fallback", ALL, "not an OpFunc; emulation assumption: CPU fallback"),
+    # --- gaps (no device lowering, no CPU island) ---------------------------------------------------------------
+    _e("gather", "unsupported", (), "no eager kernel; compiled path has open bugs (#4328)", S4),
+    _e("index", "unsupported", (), "index.Tensor missing (#3484); boolean indexing does not lower", S4),
+    _e("index_put", "unsupported", (), "indirect writes (#1880)", S4),
+    _e("scatter", "unsupported", (), "indirect writes", S4),
+    _e("scatter_add", "unsupported", (), "indirect writes", S4),
+    _e("slice_scatter", "unsupported", (), "indirect writes", S4),
+    _e("sort", "unsupported", (), "#4072", S4),
+    _e("masked_fill", "unsupported", (), "masked_fill_ does not lower (RFC 1632-v3)", S4),
+    _e("masked_scatter", "unsupported", (), "RFC 1632-v3", S4),
+    _e("nonzero", "unsupported", (), "boolean indexing / data-dependent shape", S4),
+    _e("histc", "unsupported", (), "#3982", S4),
+    _e("floor_divide", "unsupported", (), "#4643", S4),
+    _e("view_as_real", "unsupported", (), "complex: only type-map entries exist", S4),
+    _e("view_as_complex", "unsupported", (), "complex: only type-map entries exist", S4),
+    _e("polar", "unsupported", (), "complex", S4),
+    _e("complex", "unsupported", (), "complex", S4),
+]
+
+_FEATURES: list[Feature] = [
+    Feature(
+        "layout.head_dim_not_stick_multiple",
+        False,
+        "A bmm whose reduction dim (K) or output stick dim is not a whole number of sticks (64 fp16) is rejected "
+        "inside attention (QK^T / PV with head_dim % 64 != 0); hf-adapters pad heads (sub-stick stickify assert, "
+        "'stick-misaligned K dim in matmul aborts'). Emulation assumption: the check applies to every bmm whose "
+        "operands are both activations (no weight operand), i.e. attention bmms.",
+        "hf_adapters.md §2 (head_dim/2 < 64 stickify assert; misaligned K aborts)",
+    ),
+    Feature(
+        "layout.vocab_not_stick_multiple",
+        False,
+        "A weight matmul whose N (output stick dim, e.g. the LM head vocab) is not a whole number of sticks is "
+        "rejected; hf-adapters pad the LM head (pad_lm_head) and crop logits.",
+        "hf_adapters.md §2 (pad_lm_head)",
+    ),
+    Feature(
+        "numerics.rmsnorm_fp32_upcast",
+        False,
+        "RMSNorm variance cannot be computed in fp32 on device (no on-device fp16->fp32 conversion in the adapter "
+        "path); the compiled graph's fp32 upcast in HF RMSNorm is not honoured: fp32 ops off SPYRE_FP32_OPS fall "
+        "back, so adapters keep the variance in fp16 (x*x).",
+        "hf_adapters.md §2 ('No on-device dtype conversion; pow(2) poorly supported')",
+    ),
+    Feature(
+        "ops.gelu_erf",
+        False,
+        "The gelu custom op implements the tanh approximation; aten.gelu(approximate='none') (erf form) is not "
+        "native. Emulation assumption: it falls back to CPU.",
+        "STACK §1.7 customops gelu; emulation assumption",
+    ),
+]
+
+
+class Capabilities:
+    """An immutable snapshot of the capability table (ops and features)."""
+
+    def __init__(self, ops: Mapping[str, OpEntry], features: Mapping[str, Feature]):
+        self.ops: dict[str, OpEntry] = dict(ops)
+        self.features: dict[str, Feature] = dict(features)
+
+    # -- lookups -------------------------------------------------------------------------------------------------
+    @staticmethod
+    def op_key(op: object) -> str:
+        """Normalise an op (OpOverload, OpOverloadPacket, "aten.add.Tensor", "add") to the table key "aten.add"."""
+        if not isinstance(op, str):
+            packet = getattr(op, "overloadpacket", op)
+            name = getattr(packet, "__name__", None) or str(packet)
+            ns = getattr(packet, "_qualified_op_name", "aten::" + name).split("::")[0]
+            return f"{ns}.{name.split('.')[0]}"
+        name = op.replace("::", ".")
+        if not name.startswith(("aten.", "prims.", "spyre.")) and "." not in name.split("/")[-1]:
+            name = "aten." + name
+        parts = name.split(".")
+        return ".".join(parts[:2])
+
+    def entry(self, op: object) -> OpEntry | None:
+        return self.ops.get(self.op_key(op))
+
+    def status(self, name: object) -> str:
+        """Op status ("native" | "decomposed" | "fallback" | "unsupported"), or for a feature "native"/"unsupported".
+        Ops absent from the table are "unsupported" (the real stack has no lowering for them either)."""
+        if isinstance(name, str) and name in self.features:
+            return "native" if self.features[name].supported else "unsupported"
+        e = self.entry(name)
+        return e.status if e is not None else "unsupported"
+
+    def supports(self, name: object, dtype: str | None = None) -> bool:
+        """True if the feature is on, or the op runs on the device (native or decomposed) [for `dtype`]."""
+        if isinstance(name, str) and name in self.features:
+            return self.features[name].supported
+        e = self.entry(name)
+        if e is None or e.status not in ("native", "decomposed"):
+            return False
+        return dtype is None or dtype.replace("torch.", "") in e.dtypes
+
+    def to_dataframe(self):
+        import pandas as pd
+
+        rows = [
+            {
+                "name": e.name,
+                "kind": "op",
+                "status": e.status,
+                "dtypes": ",".join(e.dtypes),
+                "note": e.note,
+                "source": e.source,
+            }
+            for e in self.ops.values()
+        ]
+        rows += [
+            {
+                "name": f.name,
+                "kind": "feature",
+                "status": "native" if f.supported else "unsupported",
+                "dtypes": "",
+                "note": f.note,
+                "source": f.source,
+            }
+            for f in self.features.values()
+        ]
+        return pd.DataFrame(rows)
+
+    def __repr__(self) -> str:
+        counts = {s: sum(e.status == s for e in self.ops.values()) for s in STATUSES}
+        on = [f.name for f in self.features.values() if f.supported]
+        return f"Capabilities({len(self.ops)} ops {counts}, features on: {on})"
+
+
+_BASE = Capabilities({e.name: e for e in _OPS}, {f.name: f for f in _FEATURES})
+
+
+class _CapabilitiesAccessor:
+    """`torch_spyre_emu.capabilities()` returns the current table; `.override({...})` changes it temporarily."""
+
+    def __init__(self) -> None:
+        self._stack: list[Capabilities] = [_BASE]
+
+    def __call__(self) -> Capabilities:
+        return self._stack[-1]
+
+    @contextlib.contextmanager
+    def override(self, changes: Mapping[str, object]) -> Iterator[Capabilities]:
+        """Temporarily change entries. Keys are feature names (value: bool) or op names (value: a status string,
+        or a dict of OpEntry fields, e.g. {"status": "native", "dtypes": ("float16",)})."""
+        cur = self._stack[-1]
+        ops, feats = dict(cur.ops), dict(cur.features)
+        for key, value in changes.items():
+            if key in feats:
+                if not isinstance(value, bool):
+                    raise TypeError(f"capabilities.override: feature {key!r} takes a bool, got {value!r}")
+                feats[key] = replace(feats[key], supported=value)
+                continue
+            if "." in key and key.split(".")[0] in ("layout", "numerics", "ops"):
+                raise KeyError(f"capabilities.override: unknown feature {key!r}; known: {sorted(feats)}")
+            name = cur.op_key(key)
+            old = ops.get(name) or OpEntry(name, "unsupported", ALL)
+            if isinstance(value, str):
+                if value not in STATUSES:
+                    raise ValueError(f"capabilities.override: status {value!r} for {name} not in {STATUSES}")
+                new = replace(old, status=value, dtypes=old.dtypes or (F16 if value != "unsupported" else ()))
+            elif isinstance(value, Mapping):
+                new = replace(old, **{k: (tuple(v) if k == "dtypes" else v) for k, v in value.items()})
+            else:
+                raise TypeError(
+                    f"capabilities.override: op {name} takes a status string or a dict, got {value!r}"
+                )
+            ops[name] = new
+        snap = Capabilities(ops, feats)
+        self._stack.append(snap)
+        try:
+            yield snap
+        finally:
+            self._stack.remove(snap)
+
+    # Convenience pass-throughs so `torch_spyre_emu.capabilities.supports(...)` also works.
+    def supports(self, name: object, dtype: str | None = None) -> bool:
+        return self().supports(name, dtype)
+
+    def status(self, name: object) -> str:
+        return self().status(name)
+
+
+capabilities = _CapabilitiesAccessor()
+override_capabilities = capabilities.override
