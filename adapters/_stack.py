@@ -1,0 +1,41 @@
+"""The adapter layer's only contact points with the emulated stack, imported lazily.
+
+The stack (torch_spyre_emu) is a lower layer that is still growing; the adapters read its capability
+table to decide what to patch, and its strict-mode dry run to plan.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def capabilities():
+    """The current capability table (`torch_spyre_emu.capabilities()`)."""
+    import torch_spyre_emu
+
+    return torch_spyre_emu.capabilities()
+
+
+def find_unsupported_fn():
+    """`torch_spyre_emu.compiler.find_unsupported`, or an ImportError saying it has not landed."""
+    try:
+        from torch_spyre_emu.compiler import find_unsupported
+    except ImportError as e:  # the compiler is a lower layer still being written
+        raise ImportError(
+            "adapters.plan needs torch_spyre_emu.compiler.find_unsupported(model, example_inputs), "
+            f"which is not importable yet ({e}); plan() works once the compiler lands"
+        ) from e
+    return find_unsupported
+
+
+def host(fn):
+    """Mark `fn` as host code: it runs eagerly on the CPU, outside any compiled Spyre graph.
+
+    Under torch.compile(model, backend="spyre") dynamo breaks the graph around the call, the way
+    torch-spyre deployments run index/gather/mask glue on the host between device graphs.
+    """
+    return torch.compiler.disable(fn, recursive=True)
+
+
+def to_host(t: torch.Tensor) -> torch.Tensor:
+    return t if t.device.type == "cpu" else t.to("cpu")

@@ -1,0 +1,189 @@
+"""Zero-pad attention heads to a whole number of sticks (64 fp16 elements).
+
+Gap: layout.head_dim_not_stick_multiple -- QK^T and PV contract/produce head_dim, and a head_dim that
+is not a multiple of 64 is rejected (hf-adapters: sub-stick stickify assert). MiniLM and the tiny test
+models have head_dim 32.
+
+Bridge (weight surgery, exact): Q/K/V projections get zero output rows per head, the output projection
+zero input columns, and the module's head size attribute becomes the padded size. The attention scale
+is left at 1/sqrt(original head_dim) (modules store it at init). Padded lanes of Q and K are zero, so
+scores are unchanged; padded lanes of V are zero, so the padded output lanes are zero and meet zero
+columns of the output projection. For rotary models Q/K are padded per half ([x0 | 0 | x1 | 0]) so
+rotate_half still pairs lane i with i + D/2; cos/sin are widened to match.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from adapters.base import Adapter, modules_of, parent_and_name
+from adapters.errors import AdapterOrderError, AdapterTargetError
+from adapters.patch import Patch
+from adapters.registry import register_adapter
+from adapters.rope import half_pad_matrix
+
+STICK = 64
+
+
+def padded_size(d: int) -> int:
+    return -(-d // STICK) * STICK
+
+
+def _place(rows: torch.Tensor, heads: int, d: int, dp: int, halves: bool) -> torch.Tensor:
+    """rows [heads*d, ...] -> [heads*dp, ...] with zeros in the padded lanes of every head."""
+    src = rows.reshape(heads, d, *rows.shape[1:])
+    out = rows.new_zeros(heads, dp, *rows.shape[1:])
+    if halves:
+        h, hp = d // 2, dp // 2
+        out[:, :h] = src[:, :h]
+        out[:, hp : hp + h] = src[:, h:]
+    else:
+        out[:, :d] = src
+    return out.reshape(heads * dp, *rows.shape[1:])
+
+
+def pad_linear_out(lin: nn.Linear, heads: int, d: int, dp: int, halves: bool = False) -> nn.Linear:
+    new = nn.Linear(
+        lin.in_features,
+        heads * dp,
+        bias=lin.bias is not None,
+        device=lin.weight.device,
+        dtype=lin.weight.dtype,
+    )
+    with torch.no_grad():
+        new.weight.copy_(_place(lin.weight, heads, d, dp, halves))
+        if lin.bias is not None:
+            new.bias.copy_(_place(lin.bias, heads, d, dp, halves))
+    return new.train(lin.training)
+
+
+def pad_linear_in(lin: nn.Linear, heads: int, d: int, dp: int) -> nn.Linear:
+    new = nn.Linear(
+        heads * dp,
+        lin.out_features,
+        bias=lin.bias is not None,
+        device=lin.weight.device,
+        dtype=lin.weight.dtype,
+    )
+    with torch.no_grad():
+        new.weight.copy_(_place(lin.weight.t(), heads, d, dp, False).t())
+        if lin.bias is not None:
+            new.bias.copy_(lin.bias)
+    return new.train(lin.training)
+
+
+def _conv1d(weight: torch.Tensor, bias: torch.Tensor, training: bool):
+    from transformers.pytorch_utils import Conv1D
+
+    new = Conv1D(weight.shape[1], weight.shape[0]).to(device=weight.device, dtype=weight.dtype)
+    with torch.no_grad():
+        new.weight.copy_(weight)
+        new.bias.copy_(bias)
+    return new.train(training)
+
+
+def pad_conv1d_fused_out(conv, parts: int, heads: int, d: int, dp: int):
+    """GPT-2 c_attn (Conv1D, weight [in, parts*heads*d]): pad every head of every part."""
+    w = torch.cat([_place(p, heads, d, dp, False) for p in conv.weight.t().chunk(parts)]).t()
+    b = torch.cat([_place(p, heads, d, dp, False) for p in conv.bias.chunk(parts)])
+    return _conv1d(w, b, conv.training)
+
+
+def pad_conv1d_in(conv, heads: int, d: int, dp: int):
+    """GPT-2 c_proj (Conv1D, weight [heads*d, out]): zero input rows per head."""
+    return _conv1d(_place(conv.weight, heads, d, dp, False), conv.bias, conv.training)
+
+
+def _padded_rotary(prev):
+    def forward(self, x, position_ids):
+        cos, sin = prev(x, position_ids)
+        e = self._spyre_pad_E.to(cos.dtype)
+        return torch.matmul(cos, e), torch.matmul(sin, e)
+
+    return forward
+
+
+def _swap(patch: Patch, owner: nn.Module, name: str, new: nn.Module) -> None:
+    patch.swap_module(owner, name, new, f"{type(owner).__name__}.{name} padded to {tuple(new.weight.shape)}")
+
+
+@register_adapter
+class HeadDimPad(Adapter):
+    name = "head_dim_pad"
+    gap = "layout.head_dim_not_stick_multiple"
+    applies_to = frozenset({"LlamaAttention", "BertSelfAttention", "GPT2Attention"})
+    order = 40
+
+    def applicable(self, model: nn.Module) -> bool:
+        return any(self._head_dim(m) % STICK for _, m in modules_of(model, self.applies_to))
+
+    @staticmethod
+    def _head_dim(m: nn.Module) -> int:
+        return m.attention_head_size if type(m).__name__ == "BertSelfAttention" else m.head_dim
+
+    def patch(self, model: nn.Module) -> Patch:
+        patch = Patch(self.name)
+        rotary = bool(modules_of(model, {"LlamaRotaryEmbedding"}))
+        for path, attn in modules_of(model, self.applies_to):
+            d = self._head_dim(attn)
+            if d % STICK == 0:
+                continue
+            if d % 2:
+                raise AdapterTargetError(f"head_dim_pad: {path} has odd head_dim {d}")
+            dp = padded_size(d)
+            kind = type(attn).__name__
+            if attn.__dict__.get("_spyre_rope"):
+                raise AdapterOrderError(
+                    "head_dim_pad must run before rope (apply() does this); remove rope first"
+                )
+            if kind == "LlamaAttention":
+                self._llama(patch, attn, d, dp, rotary)
+            elif kind == "BertSelfAttention":
+                self._bert(patch, model, path, attn, d, dp)
+            else:
+                self._gpt2(patch, attn, d, dp)
+            patch.set_attr(attn, "_spyre_head_pad", (d, dp), f"{path}: head_dim {d} -> {dp}")
+        if rotary:
+            for _, rot in modules_of(model, {"LlamaRotaryEmbedding"}):
+                attn = modules_of(model, {"LlamaAttention"})[0][1]
+                if "_spyre_head_pad" not in attn.__dict__:
+                    continue
+                d, dp = attn._spyre_head_pad
+                patch.add_buffer(rot, "_spyre_pad_E", half_pad_matrix(d, dp).to(device=rot.inv_freq.device))
+                patch.override_forward(
+                    rot, _padded_rotary(rot.forward), "rotary cos/sin widened to padded heads"
+                )
+        return patch
+
+    def _llama(self, patch, attn, d, dp, rotary):
+        heads, kv_heads = attn.q_proj.out_features // d, attn.k_proj.out_features // d
+        _swap(patch, attn, "q_proj", pad_linear_out(attn.q_proj, heads, d, dp, halves=rotary))
+        _swap(patch, attn, "k_proj", pad_linear_out(attn.k_proj, kv_heads, d, dp, halves=rotary))
+        _swap(patch, attn, "v_proj", pad_linear_out(attn.v_proj, kv_heads, d, dp))
+        _swap(patch, attn, "o_proj", pad_linear_in(attn.o_proj, heads, d, dp))
+        patch.set_attr(attn, "head_dim", dp)
+
+    def _bert(self, patch, model, path, attn, d, dp):
+        heads = attn.num_attention_heads
+        for name in ("query", "key", "value"):
+            _swap(patch, attn, name, pad_linear_out(getattr(attn, name), heads, d, dp))
+        parent, _ = parent_and_name(model, path)  # BertAttention: .self and .output.dense
+        dense = parent.output.dense
+        _swap(patch, parent.output, "dense", pad_linear_in(dense, heads, d, dp))
+        patch.set_attr(attn, "attention_head_size", dp)
+        patch.set_attr(attn, "all_head_size", heads * dp)
+
+    def _gpt2(self, patch, attn, d, dp):
+        heads = attn.num_heads
+        split = attn._modules["c_attn"]
+        if type(split).__name__ == "SplitQKV":  # qkv_split ran: pad the three Linears
+            for name in ("q", "k", "v"):
+                _swap(patch, split, name, pad_linear_out(getattr(split, name), heads, d, dp))
+        else:
+            if getattr(attn, "is_cross_attention", False):
+                raise AdapterTargetError("head_dim_pad: GPT-2 cross-attention is not supported")
+            _swap(patch, attn, "c_attn", pad_conv1d_fused_out(split, 3, heads, d, dp))
+        _swap(patch, attn, "c_proj", pad_conv1d_in(attn.c_proj, heads, d, dp))
+        patch.set_attr(attn, "head_dim", dp)
+        patch.set_attr(attn, "split_size", heads * dp)

@@ -1,0 +1,92 @@
+"""`Patch`: the undo log of one adapter on one model instance.
+
+Every change an adapter makes goes through a Patch, so `undo()` restores the model exactly: the same
+module objects, the same instance attributes (including a per-instance `forward`), the same buffers.
+Nothing here touches a class or a library function: only attributes of this model's module objects.
+"""
+
+from __future__ import annotations
+
+import types
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+_MISSING = object()
+
+
+class Patch:
+    def __init__(self, adapter_name: str):
+        self.adapter_name = adapter_name
+        self.changes: list[str] = []  # human-readable log, for reports
+        self._undo: list[Callable[[], None]] = []
+
+    def set_attr(self, obj: object, name: str, value: object, what: str = "") -> None:
+        """Set a plain instance attribute (never a parameter, buffer or submodule)."""
+        if isinstance(obj, nn.Module) and (
+            name in obj._parameters or name in obj._buffers or name in obj._modules
+        ):
+            raise TypeError(
+                f"Patch.set_attr: {name!r} is a parameter/buffer/submodule of {type(obj).__name__}; "
+                "use swap_module / add_buffer instead"
+            )
+        d = obj.__dict__
+        old = d.get(name, _MISSING)
+        d[name] = value  # straight into __dict__: no nn.Module.__setattr__ side effects
+
+        def undo(d=d, name=name, old=old):
+            if old is _MISSING:
+                d.pop(name, None)
+            else:
+                d[name] = old
+
+        self._undo.append(undo)
+        self.changes.append(what or f"set {type(obj).__name__}.{name}")
+
+    def override_forward(self, module: nn.Module, fn: Callable, what: str = "") -> None:
+        """Per-instance forward: only this module object changes, its class and siblings do not."""
+        bound = types.MethodType(fn, module)
+        self.set_attr(module, "forward", bound, what or f"forward of {type(module).__name__}")
+
+    def swap_module(self, parent: nn.Module, name: str, new: nn.Module, what: str = "") -> None:
+        old = parent._modules[name]
+        parent._modules[name] = new
+
+        def undo(parent=parent, name=name, old=old):
+            parent._modules[name] = old
+
+        self._undo.append(undo)
+        self.changes.append(
+            what or f"swap {type(parent).__name__}.{name}: {type(old).__name__} -> {type(new).__name__}"
+        )
+
+    def add_buffer(self, module: nn.Module, name: str, tensor: torch.Tensor, what: str = "") -> None:
+        """A non-persistent buffer: moves with module.to(...), never appears in state_dict."""
+        if name in module._buffers or name in module.__dict__ or name in module._parameters:
+            raise TypeError(f"Patch.add_buffer: {type(module).__name__} already has {name!r}")
+        module.register_buffer(name, tensor, persistent=False)
+
+        def undo(module=module, name=name):
+            module._buffers.pop(name, None)
+            module._non_persistent_buffers_set.discard(name)
+
+        self._undo.append(undo)
+        self.changes.append(what or f"buffer {type(module).__name__}.{name}")
+
+    def on_undo(self, fn: Callable[[], None], what: str = "") -> None:
+        self._undo.append(fn)
+        if what:
+            self.changes.append(what)
+
+    def undo(self) -> None:
+        """Reverse every change, newest first. Safe to call twice."""
+        while self._undo:
+            self._undo.pop()()
+
+    @property
+    def empty(self) -> bool:
+        return not self._undo
+
+    def __repr__(self) -> str:
+        return f"Patch({self.adapter_name!r}, {len(self._undo)} change(s))"

@@ -1,0 +1,67 @@
+"""Shared fixtures for adapter tests: tiny seeded models, example inputs, comparison helpers."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import adapters
+from adapters.base import primary_output
+from models import weights
+
+TINY = {"llama": weights.tiny_llama, "gpt2": weights.tiny_gpt2, "bert": weights.tiny_bert}
+
+
+def example_inputs(name: str, batch: int = 2, seq: int = 12, left_pad: int = 0, seed: int = 1) -> dict:
+    vocab = {"llama": 512, "gpt2": 500, "bert": 512}[name]
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, vocab, (batch, seq), generator=g)
+    mask = torch.ones(batch, seq, dtype=torch.long)
+    if left_pad:
+        mask[-1, :left_pad] = 0
+    return {"input_ids": ids, "attention_mask": mask}
+
+
+@torch.no_grad()
+def run(model, inputs: dict) -> torch.Tensor:
+    return primary_output(model(**inputs))
+
+
+def snapshot(model):
+    """Everything remove() must restore: module objects, per-instance attributes, state_dict values."""
+    modules = {path: m for path, m in model.named_modules()}
+    attrs = {path: dict(m.__dict__) for path, m in modules.items()}
+    state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    buffers = {k: v for k, v in model.named_buffers()}
+    return modules, attrs, state, buffers
+
+
+def assert_restored(model, snap) -> None:
+    modules, attrs, state, buffers = snap
+    now = dict(model.named_modules())
+    assert now.keys() == modules.keys()
+    for path, m in modules.items():
+        assert now[path] is m, f"module {path} was not restored to the same object"
+        d = now[path].__dict__
+        assert d.keys() == attrs[path].keys(), f"{path}: attributes differ {set(d) ^ set(attrs[path])}"
+        for k, v in attrs[path].items():
+            assert d[k] is v, f"{path}.{k} is not the original object"
+        assert "forward" not in d or d["forward"] is attrs[path].get("forward")
+    sd = model.state_dict()
+    assert sd.keys() == state.keys()
+    for k, v in state.items():
+        assert sd[k].shape == v.shape and torch.equal(sd[k], v), f"state_dict[{k}] changed"
+    assert {k: v for k, v in model.named_buffers()}.keys() == buffers.keys()
+
+
+@pytest.fixture(params=sorted(TINY))
+def tiny(request):
+    return request.param, TINY[request.param]()
+
+
+def applied_names(model) -> list[str]:
+    handle = model.__dict__.get("_spyre_adapters")
+    return handle.report.applied if handle else []
+
+
+__all__ = ["TINY", "adapters", "applied_names", "assert_restored", "example_inputs", "run", "snapshot"]
