@@ -159,9 +159,15 @@ class Arg:
     buffer: str
     dims: tuple[str | None, ...]
     offset: tuple[int, ...] | None = None
+    # A zero-cost view: the buffer's elements (row-major) seen as this shape; dims/offset then index the view.
+    # torch-spyre gives every kernel argument its own device coordinates over the shared iteration space, so
+    # reshapes (flatten/unflatten of dims) cost nothing (STACK §2 "Views"). None = the buffer's own shape.
+    view: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         self.dims = tuple(self.dims)
+        if self.view is not None:
+            self.view = tuple(int(v) for v in self.view)
         if self.offset is None:
             self.offset = (0,) * len(self.dims)
         self.offset = tuple(int(o) for o in self.offset)
@@ -277,9 +283,10 @@ def stick_dims(kernel: Kernel, buffers: dict[str, Buffer]) -> dict[str, int]:
     out: dict[str, int] = {}
     for arg in kernel.args:
         buf = buffers[arg.buffer]
-        if buf.stick_axis is None:
+        shape = arg_shape(arg, buf)
+        if not shape:
             continue
-        dim = arg.dims[buf.stick_axis]
+        dim = arg.dims[len(shape) - 1]
         if dim is not None:
             out[dim] = max(out.get(dim, 0), buf.elems_per_stick)
     return out
@@ -305,17 +312,24 @@ def core_slices(kernel: Kernel, buffers: dict[str, Buffer]) -> list[dict[str, tu
     return slices
 
 
+def arg_shape(arg: Arg, buf: Buffer) -> tuple[int, ...]:
+    """The shape the argument's dims index: its view of the buffer, or the buffer's shape."""
+    return buf.shape if arg.view is None else arg.view
+
+
 def arg_sticks(arg: Arg, buf: Buffer, region: dict[str, tuple[int, int]]) -> int:
     """How many sticks of `buf` the argument touches within `region` (dim -> [start, stop))."""
-    if buf.rank == 0:
+    shape = arg_shape(arg, buf)
+    if len(shape) == 0:
         return 1
+    stick_axis = len(shape) - 1
     count = 1
     for axis, dim in enumerate(arg.dims):
         lo, hi = region.get(dim, (0, 1)) if dim is not None else (0, 1)
         lo, hi = lo + arg.offset[axis], hi + arg.offset[axis]
         if hi <= lo:
             return 0
-        if axis == buf.stick_axis:
+        if axis == stick_axis:
             eps = buf.elems_per_stick
             count *= math.ceil(hi / eps) - lo // eps
         else:

@@ -103,15 +103,23 @@ def _check_kernel(k: Kernel, buffers: dict[str, Buffer], config: HardwareConfig)
 
 def _check_arg(k: Kernel, where: str, arg, buffers: dict[str, Buffer]) -> None:
     buf = _need_buffer(buffers, arg.buffer, where)
-    if len(arg.dims) != buf.rank or len(arg.offset) != buf.rank:
+    shape = buf.shape
+    if arg.view is not None:
+        if math.prod(arg.view) != math.prod(buf.shape):
+            raise ProgramError(
+                f"{where}: view {arg.view} has {math.prod(arg.view)} elements but buffer shape {buf.shape} has "
+                f"{math.prod(buf.shape)}; a view must cover the whole buffer"
+            )
+        shape = arg.view
+    if len(arg.dims) != len(shape) or len(arg.offset) != len(shape):
         raise ProgramError(
-            f"{where}: gives {len(arg.dims)} dims for a rank-{buf.rank} buffer of shape {buf.shape}"
+            f"{where}: gives {len(arg.dims)} dims for a rank-{len(shape)} view of shape {shape}"
         )
     for axis, dim in enumerate(arg.dims):
         if dim is None:
-            if buf.shape[axis] != 1 and arg.offset[axis] >= buf.shape[axis]:
+            if shape[axis] != 1 and arg.offset[axis] >= shape[axis]:
                 raise ProgramError(
-                    f"{where}: broadcast axis {axis} offset {arg.offset[axis]} is outside size {buf.shape[axis]}"
+                    f"{where}: broadcast axis {axis} offset {arg.offset[axis]} is outside size {shape[axis]}"
                 )
             continue
         if dim not in k.space:
@@ -119,10 +127,10 @@ def _check_arg(k: Kernel, where: str, arg, buffers: dict[str, Buffer]) -> None:
                 f"{where}: axis {axis} uses dim {dim!r}, not in the iteration space {list(k.space)}"
             )
         end = arg.offset[axis] + k.space[dim]
-        if arg.offset[axis] < 0 or end > buf.shape[axis]:
+        if arg.offset[axis] < 0 or end > shape[axis]:
             raise ProgramError(
                 f"{where}: access [{arg.offset[axis]}, {end}) on axis {axis} is outside the buffer's size "
-                f"{buf.shape[axis]} (shape {buf.shape})"
+                f"{shape[axis]} (shape {shape})"
             )
 
 

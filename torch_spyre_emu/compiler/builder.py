@@ -1,0 +1,109 @@
+"""Builder: accumulates the buffers and steps of a KernelProgram while the lowerings run."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from aiu_sim.program import Arg, Buffer, Kernel
+from torch_spyre_emu.compiler.context import TORCH_TO_FORMAT, dtype_name
+from torch_spyre_emu.compiler.views import TRef
+from torch_spyre_emu.errors import SpyreCompileError
+
+
+@dataclass
+class HostSpec:
+    """What a CPU island runs: `target(*args, **kwargs)` with the tensor positions filled from the inputs."""
+
+    target: object
+    args: tuple
+    kwargs: dict
+    in_dtypes: list[torch.dtype]
+    in_shapes: list[tuple[int, ...]]
+    out_dtypes: list[torch.dtype]
+    out_shapes: list[tuple[int, ...]]
+
+
+@dataclass
+class Builder:
+    name: str
+    buffers: dict[str, Buffer] = field(default_factory=dict)
+    steps: list = field(default_factory=list)
+    constants: dict[str, np.ndarray] = field(default_factory=dict)
+    host_specs: dict[str, HostSpec] = field(default_factory=dict)
+    torch_dtypes: dict[str, torch.dtype] = field(default_factory=dict)  # buffer -> the torch dtype it holds
+    _counts: dict[str, int] = field(default_factory=dict)
+    node_name: str = ""  # the FX node being lowered (for kernel names and error messages)
+
+    def fresh(self, prefix: str) -> str:
+        i = self._counts.get(prefix, 0)
+        self._counts[prefix] = i + 1
+        return f"{prefix}{i}" if i or prefix.endswith("_") else f"{prefix}"
+
+    def new_buffer(self, shape: tuple[int, ...], dtype: torch.dtype, prefix: str = "buf") -> str:
+        fmt = TORCH_TO_FORMAT.get(dtype)
+        if fmt is None:
+            raise SpyreCompileError(
+                f"{self.node_name}: dtype {dtype_name(dtype)} has no Spyre device format (shape {list(shape)}); "
+                "cast it to float16/bfloat16/float32/int32 before it reaches the device"
+            )
+        name = self.fresh(prefix + "_")
+        self.buffers[name] = Buffer(name, fmt, tuple(int(s) for s in shape))
+        self.torch_dtypes[name] = dtype
+        return name
+
+    def kernel(
+        self,
+        op: str,
+        inputs: list[Arg],
+        outputs: list[Arg],
+        space: dict[str, int],
+        fn: str | None = None,
+        reduce_dims: tuple[str, ...] = (),
+        attrs: dict | None = None,
+    ) -> Kernel:
+        name = self.fresh(f"{self.node_name or op}_")
+        k = Kernel(
+            name, op, inputs, outputs, dict(space), fn=fn, reduce_dims=tuple(reduce_dims), attrs=attrs or {}
+        )
+        k.attrs.setdefault("source", self.node_name)
+        self.steps.append(k)
+        return k
+
+    # --- values --------------------------------------------------------------------------------------------------
+    def buffer_shape(self, t: TRef) -> tuple[int, ...]:
+        return self.buffers[t.buffer].shape
+
+    def arg(self, t: TRef, dims: tuple[str | None, ...]) -> Arg:
+        return t.arg(dims, self.buffer_shape(t))
+
+    def dtype_of(self, t: TRef) -> torch.dtype:
+        return self.torch_dtypes[t.buffer]
+
+    def constant(self, value: torch.Tensor, prefix: str = "const") -> TRef:
+        value = value.detach().contiguous()
+        name = self.new_buffer(tuple(value.shape), value.dtype, prefix)
+        self.constants[name] = host_array(value)
+        return TRef.whole(name, tuple(value.shape))
+
+    def materialize(self, t: TRef, dtype: torch.dtype | None = None) -> TRef:
+        """A plain (whole-buffer, row-major) copy of the value, optionally converted to `dtype`."""
+        src_dtype = self.dtype_of(t)
+        if t.is_plain() and (dtype is None or dtype == src_dtype):
+            return t
+        out = self.new_buffer(t.shape, dtype or src_dtype, "copy")
+        dims = tuple(f"d{i}" for i in range(t.rank))
+        self.kernel(
+            "copy", [self.arg(t, dims)], [Arg(out, dims)], {d: s for d, s in zip(dims, t.shape, strict=True)}
+        )
+        return TRef.whole(out, t.shape)
+
+
+def host_array(t: torch.Tensor) -> np.ndarray:
+    """A CPU tensor as a numpy array (bf16 via float32, which is exact)."""
+    t = t.detach().cpu()
+    if t.dtype == torch.bfloat16:
+        return t.float().numpy()
+    return t.numpy()

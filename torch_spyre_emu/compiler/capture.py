@@ -1,0 +1,109 @@
+"""Capture: a dynamo FX graph (or any callable) -> a functionalized, decomposed core-aten FX graph.
+
+We trace with make_fx under a FakeTensorMode, so no values are computed (full-size shapes cost nothing), every
+node carries `meta["val"]` (a fake tensor: shape, dtype) and the user's module path (`meta["nn_module_stack"]`,
+kept by running the dynamo graph through an Interpreter under `preserve_node_meta`).
+
+The decomposition table is PyTorch's core-aten table minus the ops the Spyre stack keeps whole (its custom ops and
+the decompositions it does itself in passes/decompose.py: SDPA math path, rms_norm, silu, softplus).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+import torch.fx as fx
+import torch.fx.traceback as fx_traceback
+from torch._decomp import core_aten_decompositions
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx.experimental.proxy_tensor import make_fx
+
+aten = torch.ops.aten
+
+# Ops whose core-aten decomposition we skip: torch-spyre lowers them as custom ops or decomposes them itself.
+KEEP_WHOLE = {
+    aten.silu,
+    aten.softplus,
+    aten.rms_norm,
+    aten._fused_rms_norm,
+    aten.scaled_dot_product_attention,
+    aten._scaled_dot_product_flash_attention_for_cpu,
+    aten._scaled_dot_product_attention_math,
+    aten._safe_softmax,
+}
+
+
+def decomposition_table() -> dict:
+    return {op: fn for op, fn in core_aten_decompositions().items() if op.overloadpacket not in KEEP_WHOLE}
+
+
+def as_fake_inputs(mode: FakeTensorMode, inputs: Sequence[object]) -> list[object]:
+    """CPU fake tensors with the inputs' shapes and dtypes (inputs may be CPU, meta or spyre tensors)."""
+    out: list[object] = []
+    for x in inputs:
+        if isinstance(x, torch.Tensor):
+            if x.device.type == "cpu" and not isinstance(x, torch.nn.Parameter):
+                out.append(mode.from_tensor(x))
+            elif x.device.type == "cpu":
+                out.append(mode.from_tensor(x.detach()))
+            else:
+                with mode:
+                    out.append(torch.empty_strided(tuple(x.shape), _cpu_strides(x), dtype=x.dtype))
+        else:
+            out.append(x)
+    return out
+
+
+def _cpu_strides(x: torch.Tensor) -> tuple[int, ...]:
+    try:
+        return tuple(x.stride())
+    except (RuntimeError, NotImplementedError):
+        return torch.empty(0).new_empty(tuple(x.shape), device="meta").stride()
+
+
+def capture(
+    fn: Callable | fx.GraphModule, inputs: Sequence[object], decompositions: dict | None = None
+) -> fx.GraphModule:
+    """Trace `fn(*inputs)` to a functional core-aten graph with fake-tensor metadata.
+
+    `gm.meta["fake_mode"]` holds the FakeTensorMode; `gm.meta["fake_inputs"]` the placeholder values."""
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    fakes = as_fake_inputs(mode, inputs)
+    table = decomposition_table() if decompositions is None else decompositions
+
+    if isinstance(fn, fx.GraphModule):
+        module = fn
+
+        def run(*args):
+            with fx_traceback.preserve_node_meta():
+                return fx.Interpreter(module).run(*args)
+    else:
+        run = fn
+
+    functional = torch.func.functionalize(run, remove="mutations")
+    with mode, torch.no_grad():
+        gm = make_fx(functional, decomposition_table=table, tracing_mode="real", record_module_stack=True)(
+            *fakes
+        )
+    gm.meta["fake_mode"] = mode
+    gm.meta["fake_inputs"] = fakes
+    return gm
+
+
+def retrace(gm: fx.GraphModule, table: dict) -> fx.GraphModule:
+    """Re-trace a captured graph through a decomposition table (used by the decomposition passes)."""
+    mode: FakeTensorMode = gm.meta["fake_mode"]
+    fakes = gm.meta["fake_inputs"]
+    consts = {k: v for k, v in gm.meta.items() if k not in ("fake_mode", "fake_inputs")}
+
+    def run(*args):
+        with fx_traceback.preserve_node_meta():
+            return fx.Interpreter(gm).run(*args)
+
+    with mode, torch.no_grad():
+        new = make_fx(run, decomposition_table=table, tracing_mode="real", record_module_stack=True)(*fakes)
+    new.meta.update(consts)
+    new.meta["fake_mode"] = mode
+    new.meta["fake_inputs"] = fakes
+    return new

@@ -1,0 +1,199 @@
+"""Codegen: a checked FX graph -> the buffers and steps of a KernelProgram (before the kernel-level passes).
+
+Placeholders become host inputs copied in (HostToDevice), get_attr constants become constant buffers, device nodes
+go through the lowering table, host nodes (CPU fallbacks) become HostOp islands over materialized buffers, and the
+graph outputs are copied out (DeviceToHost). `Lowered` also records how to rebuild the user's output structure.
+"""
+
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass, field
+
+import torch
+import torch.fx as fx
+
+from aiu_sim.program import DeviceToHost, HostOp, HostToDevice
+from torch_spyre_emu.compiler.builder import Builder, HostSpec
+from torch_spyre_emu.compiler.context import CompileContext, dtype_name, module_path
+from torch_spyre_emu.compiler.lowering import Unavailable, find_lowering
+from torch_spyre_emu.compiler.views import TRef
+from torch_spyre_emu.errors import FallbackWarning, SpyreCompileError
+
+
+@dataclass
+class InputSpec:
+    index: int  # placeholder position
+    name: str  # host input name in the program
+    buffer: str
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    weight: bool  # a parameter: uploaded once, then resident
+    resident: bool  # bound to its buffer directly (weights, spyre tensors): no HostToDevice step
+
+
+@dataclass
+class Lowered:
+    builder: Builder
+    inputs: list[InputSpec]
+    output_names: list[str]  # host output names, in leaf order
+    output_template: object  # the graph's output structure with ("__out__", i) at tensor leaves
+    output_dtypes: list[torch.dtype]
+    output_buffers: list[str] = field(default_factory=list)  # the buffer holding each output
+    output_shapes: list[tuple[int, ...]] = field(
+        default_factory=list
+    )  # each output's shape (buffer may add 1s)
+
+
+def host_dtype_name(dtype: torch.dtype) -> str:
+    return dtype_name(dtype)
+
+
+def lower_graph(gm: fx.GraphModule, ctx: CompileContext) -> Lowered:
+    b = Builder(ctx.name)
+    env: dict[fx.Node, object] = {}
+    inputs: list[InputSpec] = []
+    placeholder_i = 0
+    for node in gm.graph.nodes:
+        b.node_name = node.name
+        if node.op == "placeholder":
+            val = node.meta.get("val")
+            if isinstance(val, torch.Tensor):
+                weight = placeholder_i in ctx.weight_inputs
+                resident = weight or placeholder_i in ctx.device_inputs
+                buf = b.new_buffer(tuple(val.shape), val.dtype, "w_" if weight else "in_")
+                name = f"in{placeholder_i}"
+                if not resident:
+                    b.steps.append(HostToDevice(f"h2d_{name}", name, buf, host_dtype_name(val.dtype)))
+                inputs.append(
+                    InputSpec(placeholder_i, name, buf, val.dtype, tuple(val.shape), weight, resident)
+                )
+                env[node] = TRef.whole(buf, tuple(val.shape))
+            else:
+                env[node] = val
+            placeholder_i += 1
+        elif node.op == "get_attr":
+            env[node] = b.constant(getattr(gm, node.target), "const")
+        elif node.op == "call_function":
+            env[node] = _lower_node(b, node, env, ctx)
+        elif node.op == "output":
+            names, template, dtypes, bufs, shapes = _lower_outputs(
+                b, node.args[0], env, ctx.outputs_on_device
+            )
+            return Lowered(b, inputs, names, template, dtypes, bufs, shapes)
+    raise SpyreCompileError(f"graph {ctx.name!r} has no output node")
+
+
+def _lower_node(b: Builder, node: fx.Node, env: dict, ctx: CompileContext):
+    if node.target is operator.getitem:
+        src = env[node.args[0]]
+        return src[node.args[1]]
+    args, kwargs = fx.node.map_arg((node.args, node.kwargs), lambda n: _use(env, n, node))
+    if node.meta.get("spyre_placement") == "host":
+        return _host_island(b, node, args, kwargs)
+    fn = find_lowering(node.target)
+    if fn is None:
+        # The capability table says the op runs on the device but the emulator has no lowering for it yet.
+        if ctx.strict:
+            raise SpyreCompileError(
+                f"{node.target} in {module_path(node) or ctx.name}: the emulator has no device lowering for this op "
+                "yet (an emulator gap, not a Spyre one); run without strict mode to execute it on the CPU"
+            )
+        import warnings
+
+        warnings.warn(
+            f"{node.target}: no device lowering in the emulator yet; running it as a CPU island",
+            FallbackWarning,
+            stacklevel=2,
+        )
+        return _host_island(b, node, args, kwargs)
+    try:
+        return fn(b, node, *args, **kwargs)
+    except SpyreCompileError:
+        raise
+    except (ValueError, IndexError, KeyError, TypeError) as e:
+        shapes = [list(getattr(a.meta.get("val"), "shape", ())) for a in node.all_input_nodes]
+        raise SpyreCompileError(
+            f"lowering {node.target} (node {node.name}, input shapes {shapes}, in {module_path(node) or ctx.name}) "
+            f"failed: {e}"
+        ) from e
+
+
+def _use(env: dict, n: fx.Node, user: fx.Node):
+    v = env[n]
+    if isinstance(v, Unavailable):
+        raise SpyreCompileError(f"{user.name} uses {v.what}, which the Spyre lowering does not produce")
+    return v
+
+
+def _host_island(b: Builder, node: fx.Node, args, kwargs):
+    """A CPU fallback: device inputs go to the host, `node.target` runs there, outputs come back."""
+    in_bufs: list[str] = []
+    in_dtypes: list[torch.dtype] = []
+    in_shapes: list[tuple[int, ...]] = []
+
+    def take(x):
+        if isinstance(x, TRef):
+            m = b.materialize(x)
+            in_bufs.append(m.buffer)
+            in_dtypes.append(b.dtype_of(m))
+            in_shapes.append(x.shape)
+            return ("__in__", len(in_bufs) - 1)
+        if isinstance(x, list | tuple):
+            return type(x)(take(y) for y in x)
+        return x
+
+    t_args = take(args)
+    t_kwargs = {k: take(v) for k, v in kwargs.items()}
+    val = node.meta["val"]
+    vals = list(val) if isinstance(val, list | tuple) else [val]
+    outs, refs = [], []
+    for v in vals:
+        if isinstance(v, torch.Tensor):
+            buf = b.new_buffer(tuple(v.shape), v.dtype, "host_")
+            outs.append(buf)
+            refs.append(TRef.whole(buf, tuple(v.shape)))
+        else:
+            refs.append(v)
+    name = b.fresh(f"cpu_{node.name}_")
+    b.host_specs[name] = HostSpec(
+        node.target,
+        t_args,
+        t_kwargs,
+        in_dtypes,
+        in_shapes,
+        [v.dtype for v in vals if isinstance(v, torch.Tensor)],
+        [tuple(v.shape) for v in vals if isinstance(v, torch.Tensor)],
+    )
+    b.steps.append(HostOp(name, name, in_bufs, outs, {"op": str(node.target), "where": module_path(node)}))
+    return tuple(refs) if isinstance(val, list | tuple) else refs[0]
+
+
+def _lower_outputs(b: Builder, out, env: dict, on_device: bool):
+    names: list[str] = []
+    dtypes: list[torch.dtype] = []
+    bufs: list[str] = []
+    shapes: list[tuple[int, ...]] = []
+
+    def walk(x):
+        if isinstance(x, fx.Node):
+            v = env[x]
+            if isinstance(v, TRef):
+                m = b.materialize(v)
+                i = len(names)
+                name = f"out{i}"
+                dtype = b.dtype_of(m)
+                if not on_device:
+                    b.steps.append(DeviceToHost(f"d2h_{name}", m.buffer, name, host_dtype_name(dtype)))
+                names.append(name)
+                dtypes.append(dtype)
+                bufs.append(m.buffer)
+                shapes.append(v.shape)
+                return ("__out__", i)
+            return v
+        if isinstance(x, list | tuple):
+            return type(x)(walk(y) for y in x)
+        return x
+
+    template = walk(out)
+    return names, template, dtypes, bufs, shapes

@@ -1,0 +1,431 @@
+"""The lowering table: `@lowering(aten.op)` entries turn one FX node into aiu_sim kernels (or zero-cost views).
+
+Each lowering gets the Builder, the node, and the node's arguments with FX nodes replaced by their values (TRef for
+device tensors, plain Python for everything else), and returns the node's value (a TRef, or a tuple for multi-output
+ops). `LOWERINGS` is the one table; grep it to see what lowers natively. Ops that the capability table sends to the
+host never reach it: codegen turns those into HostOp islands.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.fx as fx
+
+from aiu_sim.program import Arg
+from torch_spyre_emu.compiler.builder import Builder
+from torch_spyre_emu.compiler.views import TRef
+from torch_spyre_emu.errors import SpyreCompileError
+
+aten = torch.ops.aten
+LOWERINGS: dict[object, Callable] = {}
+
+
+def lowering(*ops):
+    """Register a lowering for aten ops (OpOverloadPackets cover all their overloads)."""
+
+    def deco(fn):
+        for op in ops:
+            LOWERINGS[op] = fn
+        return fn
+
+    return deco
+
+
+def find_lowering(target) -> Callable | None:
+    return LOWERINGS.get(target) or LOWERINGS.get(getattr(target, "overloadpacket", None))
+
+
+def out_val(node: fx.Node, i: int | None = None) -> torch.Tensor:
+    v = node.meta["val"]
+    return v[i] if i is not None else v
+
+
+def dims_for(rank: int, prefix: str = "d") -> tuple[str, ...]:
+    return tuple(f"{prefix}{i}" for i in range(rank))
+
+
+def _as_tref(b: Builder, x, dtype: torch.dtype) -> TRef:
+    if isinstance(x, TRef):
+        return x
+    return b.constant(torch.tensor(x, dtype=dtype))
+
+
+def broadcast_arg(b: Builder, t: TRef, out_shape: tuple[int, ...], dims: tuple[str, ...]) -> Arg:
+    """t read in a kernel over out_shape (numpy broadcasting: right-aligned, size-1 axes broadcast)."""
+    n, r = len(out_shape), t.rank
+    per_axis = tuple(
+        None if (t.shape[a] == 1 and out_shape[n - r + a] != 1) else dims[n - r + a] for a in range(r)
+    )
+    return b.arg(t, per_axis)
+
+
+def pointwise(
+    b: Builder, node: fx.Node, op: str, fn: str | None, operands: list, attrs: dict | None = None
+) -> TRef:
+    val = out_val(node)
+    shape = tuple(val.shape)
+    dims = dims_for(len(shape))
+    ops = [_as_tref(b, x, val.dtype) for x in operands]
+    out = b.new_buffer(shape, val.dtype)
+    b.kernel(
+        op,
+        [broadcast_arg(b, t, shape, dims) for t in ops],
+        [Arg(out, dims)],
+        dict(zip(dims, shape, strict=True)),
+        fn=fn,
+        attrs=attrs,
+    )
+    return TRef.whole(out, shape)
+
+
+# --- pointwise ---------------------------------------------------------------------------------------------------
+UNARY = {
+    aten.neg: "neg",
+    aten.abs: "abs",
+    aten.relu: "relu",
+    aten.exp: "exp",
+    aten.log: "log",
+    aten.sqrt: "sqrt",
+    aten.rsqrt: "rsqrt",
+    aten.reciprocal: "reciprocal",
+    aten.tanh: "tanh",
+    aten.sigmoid: "sigmoid",
+    aten.silu: "silu",
+    aten.floor: "floor",
+    aten.ceil: "ceil",
+    aten.sign: "sign",
+    aten.logical_not: "logical_not",
+    aten.bitwise_not: "logical_not",
+    aten.sin: "sin",
+    aten.cos: "cos",
+    aten.erf: "erf",
+    aten.round: "round",
+}
+BINARY = {
+    aten.add: "add",
+    aten.sub: "sub",
+    aten.mul: "mul",
+    aten.div: "div",
+    aten.maximum: "maximum",
+    aten.minimum: "minimum",
+    aten.eq: "eq",
+    aten.ne: "ne",
+    aten.lt: "lt",
+    aten.le: "le",
+    aten.gt: "gt",
+    aten.ge: "ge",
+    aten.logical_and: "logical_and",
+    aten.bitwise_and: "logical_and",
+    aten.logical_or: "logical_or",
+    aten.pow: "pow",
+}
+
+
+@lowering(*UNARY)
+def lower_unary(b, node, x, *rest, **kw):
+    return pointwise(b, node, "unary", UNARY[node.target.overloadpacket], [x])
+
+
+@lowering(aten.square)
+def lower_square(b, node, x):
+    return pointwise(b, node, "unary", "square", [x])
+
+
+@lowering(aten.gelu)
+def lower_gelu(b, node, x, approximate="none"):
+    return pointwise(b, node, "unary", "gelu_tanh" if approximate == "tanh" else "gelu", [x])
+
+
+@lowering(aten.softplus)
+def lower_softplus(b, node, x, beta=1, threshold=20):
+    if beta != 1:
+        raise SpyreCompileError(f"{node.name}: softplus with beta={beta} is not lowered; only beta=1")
+    return pointwise(b, node, "unary", "softplus", [x])
+
+
+@lowering(aten.clamp, aten.clamp_min, aten.clamp_max)
+def lower_clamp(b, node, x, lo=None, hi=None):
+    if node.target.overloadpacket is aten.clamp_max:
+        lo, hi = None, lo
+    if isinstance(lo, TRef) or isinstance(hi, TRef):
+        raise SpyreCompileError(f"{node.name}: clamp with tensor bounds is not lowered; use scalar bounds")
+    return pointwise(b, node, "unary", "clamp", [x], {"min": lo, "max": hi})
+
+
+@lowering(*BINARY)
+def lower_binary(b, node, x, y, *rest, alpha=1, rounding_mode=None):
+    packet = node.target.overloadpacket
+    if rounding_mode is not None:
+        raise SpyreCompileError(
+            f"{node.name}: div with rounding_mode={rounding_mode!r} is not lowered (#4643)"
+        )
+    if alpha != 1:
+        y = pointwise(b, node, "binary", "mul", [y, alpha]) if isinstance(y, TRef) else y * alpha
+    return pointwise(b, node, "binary", BINARY[packet], [x, y])
+
+
+@lowering(aten.where)
+def lower_where(b, node, cond, x, y):
+    return pointwise(b, node, "ternary", "where", [cond, x, y])
+
+
+@lowering(aten._to_copy)
+def lower_to_copy(b, node, x, **kwargs):
+    dtype = out_val(node).dtype
+    # Functional graphs never mutate, so a same-dtype copy can share the buffer.
+    return x if dtype == b.dtype_of(x) else b.materialize(x, dtype)
+
+
+# --- views (zero cost) -------------------------------------------------------------------------------------------
+@lowering(aten.alias, aten.detach, aten.lift_fresh_copy, aten.clone)
+def lower_alias(b, node, x, *rest, **kw):
+    return x
+
+
+@lowering(aten.permute)
+def lower_permute(b, node, x, perm):
+    return x.permute(tuple(perm))
+
+
+@lowering(aten.transpose)
+def lower_transpose(b, node, x, d0, d1):
+    return x.transpose(d0, d1)
+
+
+@lowering(aten.t)
+def lower_t(b, node, x):
+    return x.transpose(0, 1) if x.rank == 2 else x
+
+
+@lowering(aten.expand)
+def lower_expand(b, node, x, sizes, implicit=False):
+    return x.expand(tuple(sizes))
+
+
+@lowering(aten.unsqueeze)
+def lower_unsqueeze(b, node, x, dim):
+    return x.unsqueeze(dim)
+
+
+@lowering(aten.squeeze)
+def lower_squeeze(b, node, x, dims=None):
+    if isinstance(dims, int):
+        dims = (dims,)
+    return x.squeeze(None if dims is None else tuple(dims))
+
+
+@lowering(aten.select)
+def lower_select(b, node, x, dim, index):
+    return x.select(dim, index)
+
+
+@lowering(aten.slice)
+def lower_slice(b, node, x, dim=0, start=None, end=None, step=1):
+    size = x.shape[dim]
+    start, end, _ = slice(start, end).indices(size)
+    if step != 1:
+        raise SpyreCompileError(f"{node.name}: slice with step {step} is not lowered on device")
+    return x.narrow(dim, start, max(0, end - start))
+
+
+@lowering(aten.view, aten._unsafe_view, aten.reshape)
+def lower_view(b, node, x, shape):
+    shape = tuple(out_val(node).shape)
+    free = x.reshape_free(shape)
+    if free is not None:
+        return free
+    return b.materialize(x).reshape_free(shape)
+
+
+@lowering(aten.copy)
+def lower_copy(b, node, dst, src, non_blocking=False):
+    return b.materialize(src.expand(dst.shape) if src.shape != dst.shape else src, out_val(node).dtype)
+
+
+# --- constants -----------------------------------------------------------------------------------------------------
+def fill(b: Builder, node: fx.Node, value) -> TRef:
+    val = out_val(node)
+    shape = tuple(val.shape)
+    out = b.new_buffer(shape, val.dtype, "fill")
+    dims = dims_for(len(shape))
+    b.kernel("fill", [], [Arg(out, dims)], dict(zip(dims, shape, strict=True)), attrs={"value": float(value)})
+    return TRef.whole(out, shape)
+
+
+@lowering(aten.full)
+def lower_full(b, node, size, value, **kw):
+    return fill(b, node, value)
+
+
+@lowering(aten.full_like)
+def lower_full_like(b, node, x, value, **kw):
+    return fill(b, node, value)
+
+
+@lowering(aten.scalar_tensor)
+def lower_scalar_tensor(b, node, value, **kw):
+    return fill(b, node, value)
+
+
+@lowering(aten.zeros, aten.zeros_like, aten.new_zeros)
+def lower_zeros(b, node, *a, **kw):
+    return fill(b, node, 0.0)
+
+
+@lowering(aten.ones, aten.ones_like, aten.new_ones)
+def lower_ones(b, node, *a, **kw):
+    return fill(b, node, 1.0)
+
+
+# --- matmul --------------------------------------------------------------------------------------------------------
+@lowering(aten.bmm)
+def lower_bmm(b, node, x, y):
+    B, M, N = out_val(node).shape
+    K = x.shape[-1]
+    out = b.new_buffer((B, M, N), out_val(node).dtype, "mm")
+    bx = None if (x.shape[0] == 1 and B != 1) else "b"
+    by = None if (y.shape[0] == 1 and B != 1) else "b"
+    b.kernel(
+        "matmul",
+        [b.arg(x, (bx, "m", "k")), b.arg(y, (by, "k", "n"))],
+        [Arg(out, ("b", "m", "n"))],
+        {"b": B, "m": M, "n": N, "k": K},
+        reduce_dims=("k",),
+    )
+    return TRef.whole(out, (B, M, N))
+
+
+# --- reductions ----------------------------------------------------------------------------------------------------
+def reduce(b: Builder, node: fx.Node, x: TRef, fn: str, dims, keepdim: bool) -> TRef:
+    if dims is None or dims == [] or dims == ():
+        dims = list(range(x.rank))
+    if isinstance(dims, int):
+        dims = [dims]
+    red = sorted({d % x.rank for d in dims}) if x.rank else []
+    space_dims = dims_for(x.rank)
+    val = out_val(node)
+    out = b.new_buffer(tuple(val.shape), val.dtype, "red")
+    if keepdim:
+        out_dims = tuple(None if i in red else d for i, d in enumerate(space_dims))
+    else:
+        out_dims = tuple(d for i, d in enumerate(space_dims) if i not in red)
+    b.kernel(
+        "reduce",
+        [b.arg(x, space_dims)],
+        [Arg(out, out_dims)],
+        dict(zip(space_dims, x.shape, strict=True)),
+        fn=fn,
+        reduce_dims=tuple(space_dims[i] for i in red),
+    )
+    return TRef.whole(out, tuple(val.shape))
+
+
+@lowering(aten.sum)
+def lower_sum(b, node, x, dims=None, keepdim=False, dtype=None):
+    return reduce(b, node, x, "sum", dims, keepdim)
+
+
+@lowering(aten.mean)
+def lower_mean(b, node, x, dims=None, keepdim=False, dtype=None):
+    return reduce(b, node, x, "mean", dims, keepdim)
+
+
+@lowering(aten.amax)
+def lower_amax(b, node, x, dims=(), keepdim=False):
+    return reduce(b, node, x, "max", dims, keepdim)
+
+
+@lowering(aten.amin)
+def lower_amin(b, node, x, dims=(), keepdim=False):
+    return reduce(b, node, x, "min", dims, keepdim)
+
+
+@lowering(aten.max, aten.min)
+def lower_max_dim(b, node, x, dim=None, keepdim=False):
+    is_max = node.target.overloadpacket is aten.max
+    if dim is None:
+        return reduce(b, node, x, "max" if is_max else "min", None, False)
+    raise SpyreCompileError(f"{node.name}: max/min over a dim with indices is not lowered; use amax/amin")
+
+
+@lowering(aten._softmax)
+def lower_softmax(b, node, x, dim, half_to_float=False):
+    dims = dims_for(x.rank)
+    val = out_val(node)
+    out = b.new_buffer(tuple(val.shape), val.dtype, "softmax")
+    b.kernel(
+        "softmax",
+        [b.arg(x, dims)],
+        [Arg(out, dims)],
+        dict(zip(dims, x.shape, strict=True)),
+        reduce_dims=(dims[dim % x.rank],),
+    )
+    return TRef.whole(out, x.shape)
+
+
+@lowering(aten.native_layer_norm)
+def lower_layer_norm(b, node, x, normalized_shape, weight, bias, eps):
+    n = len(normalized_shape)
+    dims = dims_for(x.rank)
+    val = out_val(node, 0)
+    out = b.new_buffer(tuple(val.shape), val.dtype, "ln")
+    ins = [b.arg(x, dims)]
+    if weight is not None:
+        ins.append(b.arg(weight, dims[-n:]))
+        if bias is not None:
+            ins.append(b.arg(bias, dims[-n:]))
+    elif bias is not None:
+        raise SpyreCompileError(f"{node.name}: layer_norm with a bias but no weight is not lowered")
+    b.kernel(
+        "layernorm",
+        ins,
+        [Arg(out, dims)],
+        dict(zip(dims, x.shape, strict=True)),
+        reduce_dims=dims[-n:],
+        attrs={"eps": float(eps)},
+    )
+    return (TRef.whole(out, x.shape), Unavailable("layer_norm mean"), Unavailable("layer_norm rstd"))
+
+
+class Unavailable:
+    """A secondary output the device lowering does not produce (e.g. layer_norm's saved mean for backward)."""
+
+    def __init__(self, what: str):
+        self.what = what
+
+
+# --- data movement -------------------------------------------------------------------------------------------------
+@lowering(aten.cat)
+def lower_cat(b, node, tensors, dim=0):
+    val = out_val(node)
+    shape = tuple(val.shape)
+    dim = dim % len(shape)
+    out = b.new_buffer(shape, val.dtype, "cat")
+    offset = 0
+    for t in tensors:
+        if t.rank == 1 and t.shape[0] == 0:
+            continue
+        dims = dims_for(t.rank)
+        off = tuple(offset if i == dim else 0 for i in range(len(shape)))
+        b.kernel("copy", [b.arg(t, dims)], [Arg(out, dims, off)], dict(zip(dims, t.shape, strict=True)))
+        offset += t.shape[dim]
+    return TRef.whole(out, shape)
+
+
+@lowering(aten.constant_pad_nd)
+def lower_pad(b, node, x, pad, value=0.0):
+    val = out_val(node)
+    shape = tuple(val.shape)
+    if any(p < 0 for p in pad):
+        raise SpyreCompileError(f"{node.name}: constant_pad_nd with negative padding {pad} is not lowered")
+    out = fill(b, node, value)
+    off = [0] * x.rank
+    for i in range(len(pad) // 2):
+        off[x.rank - 1 - i] = pad[2 * i]
+    dims = dims_for(x.rank)
+    b.kernel(
+        "copy", [b.arg(x, dims)], [Arg(out.buffer, dims, tuple(off))], dict(zip(dims, x.shape, strict=True))
+    )
+    return TRef.whole(out.buffer, shape)

@@ -1,0 +1,152 @@
+"""Decompositions torch-spyre does itself (STACK §1.7): addmm -> matmul + scale + add; linear (already t + addmm
+after capture); SDPA -> the explicit QK^T.V math path; rms_norm; pow with small exponents; log_softmax.
+layer_norm is captured as native_layer_norm and lowered whole (custom ops exx2/layernormscale/layernormnorm).
+
+Applied by re-tracing the graph with this table (capture.retrace), so every new node gets fake metadata and keeps
+the user's module path.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.fx as fx
+
+from torch_spyre_emu.compiler.capture import retrace
+
+aten = torch.ops.aten
+
+
+def addmm(bias, a, b, *, beta=1, alpha=1):
+    out = torch.mm(a, b)
+    if alpha != 1:
+        out = out * alpha
+    if beta == 0:
+        return out
+    return out + (bias if beta == 1 else bias * beta)
+
+
+def _repeat_heads(x: torch.Tensor, heads: int) -> torch.Tensor:
+    if x.shape[-3] == heads:
+        return x
+    rep = heads // x.shape[-3]
+    shape = (*x.shape[:-3], x.shape[-3], rep, x.shape[-2], x.shape[-1])
+    return x.unsqueeze(-3).expand(shape).reshape(*x.shape[:-3], heads, x.shape[-2], x.shape[-1])
+
+
+def sdpa_math(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+    """softmax(Q K^T * scale + mask) V, the math path torch-spyre lowers SDPA to."""
+    if dropout_p:
+        raise NotImplementedError("SDPA with dropout_p > 0 is training-only; call model.eval()")
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    k = _repeat_heads(k, q.shape[-3])
+    v = _repeat_heads(v, q.shape[-3])
+    scores = torch.matmul(q, k.transpose(-2, -1)) * scale
+    if is_causal:
+        L, S = q.shape[-2], k.shape[-2]
+        causal = torch.ones(L, S, dtype=torch.bool).tril()
+        scores = torch.where(causal, scores, torch.tensor(float("-inf"), dtype=scores.dtype))
+    if attn_mask is not None:
+        if attn_mask.dtype == torch.bool:
+            scores = torch.where(attn_mask, scores, torch.tensor(float("-inf"), dtype=scores.dtype))
+        else:
+            scores = scores + attn_mask
+    probs = torch.softmax(scores, dim=-1)
+    return torch.matmul(probs, v)
+
+
+def sdpa_flash_cpu(q, k, v, dropout_p=0.0, is_causal=False, *, attn_mask=None, scale=None):
+    out = sdpa_math(q, k, v, attn_mask, dropout_p, is_causal, scale)
+    lse = torch.zeros(q.shape[:-1], dtype=torch.float32)  # logsumexp output; dead in inference graphs
+    return out, lse
+
+
+def sdpa_math_op(
+    q,
+    k,
+    v,
+    attn_mask=None,
+    dropout_p=0.0,
+    is_causal=False,
+    dropout_mask=None,
+    *,
+    scale=None,
+    enable_gqa=False,
+):
+    out = sdpa_math(q, k, v, attn_mask, dropout_p, is_causal, scale)
+    return out, torch.softmax(torch.zeros(1, dtype=q.dtype), 0)  # attn weights output; dead in inference
+
+
+def rms_norm(x, normalized_shape, weight=None, eps=None):
+    dims = tuple(range(-len(normalized_shape), 0))
+    eps = torch.finfo(x.dtype).eps if eps is None else eps
+    out = x * torch.rsqrt(torch.mean(x * x, dim=dims, keepdim=True) + eps)
+    return out * weight if weight is not None else out
+
+
+def fused_rms_norm(x, normalized_shape, weight=None, eps=None):
+    dims = tuple(range(-len(normalized_shape), 0))
+    eps = torch.finfo(x.dtype).eps if eps is None else eps
+    rstd = torch.rsqrt(torch.mean(x * x, dim=dims, keepdim=True) + eps)
+    out = x * rstd
+    return (out * weight if weight is not None else out), rstd
+
+
+# pow(x, e) for the exponents the stack rewrites into native ops; other exponents stay pow (a CPU fallback).
+POW_REWRITES = {
+    2: lambda x: x * x,
+    3: lambda x: x * x * x,
+    1: lambda x: x.clone(),
+    0.5: torch.sqrt,
+    -0.5: torch.rsqrt,
+    -1: torch.reciprocal,
+}
+
+
+def pow_scalar(x, exponent):
+    rewrite = POW_REWRITES.get(exponent)
+    if rewrite is None:
+        return NotImplemented
+    return rewrite(x)
+
+
+def log_softmax(x, dim, half_to_float=False):
+    return torch.log(torch.softmax(x, dim))
+
+
+def rsub(x, other, alpha=1):
+    return torch.sub(other, x, alpha=alpha) if isinstance(other, torch.Tensor) else (x * -alpha) + other
+
+
+SPYRE_DECOMPOSITIONS = {
+    aten.addmm.default: addmm,
+    aten._scaled_dot_product_flash_attention_for_cpu.default: sdpa_flash_cpu,
+    aten._scaled_dot_product_attention_math.default: sdpa_math_op,
+    aten.scaled_dot_product_attention.default: sdpa_math,
+    aten.rms_norm.default: rms_norm,
+    aten._fused_rms_norm.default: fused_rms_norm,
+    aten.pow.Tensor_Scalar: pow_scalar,
+    aten._log_softmax.default: log_softmax,
+}
+
+
+SDPA_OPS = {
+    aten._scaled_dot_product_flash_attention_for_cpu,
+    aten._scaled_dot_product_attention_math,
+    aten.scaled_dot_product_attention,
+}
+
+
+def decompose(gm: fx.GraphModule, ctx=None) -> fx.GraphModule:
+    targets = {n.target for n in gm.graph.nodes if n.op == "call_function"}
+    if not targets & set(SPYRE_DECOMPOSITIONS):
+        return gm
+    for n in gm.graph.nodes:
+        if n.op == "call_function" and getattr(n.target, "overloadpacket", None) in SDPA_OPS:
+            # `custom` meta survives re-tracing: the QK^T / PV bmms remember they come from attention
+            n.meta["custom"] = {**n.meta.get("custom", {}), "spyre_origin": "sdpa"}
+    new = retrace(gm, SPYRE_DECOMPOSITIONS)
+    new.graph.eliminate_dead_code()
+    new.recompile()
+    return new

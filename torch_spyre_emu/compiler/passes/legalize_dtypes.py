@@ -1,0 +1,46 @@
+"""Dtype legalization (STACK §3): every tensor value gets its device format in node.meta["spyre_format"]:
+fp16/bf16/bool -> "dl16" (SEN169_FP16), fp32 -> "fp32", int64/int32 -> "int32" (int64 narrowed with a one-time
+warning, TORCH_SPYRE_DOWNCAST_WARN), int8 -> "int8", fp8 -> fp8 formats. Values with no device format (float64,
+complex) get None; the support check turns those into fallbacks or errors."""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+import torch.fx as fx
+
+from torch_spyre_emu.compiler.context import TORCH_TO_FORMAT
+
+_warned = {"int64": False}
+
+
+def _downcast_warning() -> type[Warning]:
+    try:
+        from torch_spyre_emu.errors import SpyreDowncastWarning
+
+        return SpyreDowncastWarning
+    except ImportError:  # pragma: no cover - the device engineer's class
+        return UserWarning
+
+
+def legalize_dtypes(gm: fx.GraphModule, ctx=None) -> fx.GraphModule:
+    for node in gm.graph.nodes:
+        val = node.meta.get("val")
+        vals = val if isinstance(val, list | tuple) else [val]
+        fmts = []
+        for v in vals:
+            if not isinstance(v, torch.Tensor):
+                fmts.append(None)
+                continue
+            if v.dtype == torch.int64 and not _warned["int64"]:
+                _warned["int64"] = True
+                warnings.warn(
+                    "int64 tensors are stored as int32 on Spyre (values outside int32 wrap), as torch-spyre "
+                    "does with TORCH_SPYRE_DOWNCAST_WARN",
+                    _downcast_warning(),
+                    stacklevel=2,
+                )
+            fmts.append(TORCH_TO_FORMAT.get(v.dtype))
+        node.meta["spyre_format"] = fmts if isinstance(val, list | tuple) else fmts[0]
+    return gm

@@ -1,0 +1,188 @@
+"""Support check: read the capability table (the one source of truth) and decide, per op node, device or host.
+
+Status per node: the table's status for the op, then per-op conditions the table's notes describe (topk only
+largest/sorted; gelu erf form gated by `ops.gelu_erf`; fp16/bf16 -> fp32 casts gated by
+`numerics.rmsnorm_fp32_upcast`; int<->float casts fall back (#4643); pow with other exponents falls back;
+attention bmms with K or N not a whole number of sticks gated by `layout.head_dim_not_stick_multiple`; weight
+matmuls with a vocab-sized N that is not a stick multiple gated by `layout.vocab_not_stick_multiple`), then the
+dtype list: an op on a dtype the table does not list for it (e.g. fp32 off SPYRE_FP32_OPS) is treated as a
+fallback (its CPU island keeps the values right; strict mode raises).
+
+Decision: fallback -> CPU island (node.meta["spyre_placement"] = "host") with a FallbackWarning, or
+SpyreUnsupportedOpError in strict mode; unsupported -> SpyreUnsupportedOpError in both modes.
+"""
+
+from __future__ import annotations
+
+import operator
+import warnings
+
+import torch
+import torch.fx as fx
+
+from aiu_sim.layout import elems_per_stick
+from torch_spyre_emu.compiler.context import (
+    TORCH_TO_FORMAT,
+    CompileContext,
+    UnsupportedOp,
+    dtype_name,
+    module_path,
+)
+from torch_spyre_emu.errors import FallbackWarning, SpyreUnsupportedOpError
+
+aten = torch.ops.aten
+FLOAT16 = (torch.float16, torch.bfloat16)
+VOCAB_MIN_N = (
+    1000  # emulation assumption: "vocab-sized" weight matmul outputs (see capabilities feature note)
+)
+
+
+def _tensors(node: fx.Node) -> list[torch.Tensor]:
+    vals = [a.meta.get("val") for a in node.all_input_nodes]
+    return [v for v in vals if isinstance(v, torch.Tensor)]
+
+
+def _is_weight(node: fx.Node, ctx: CompileContext) -> bool:
+    """A parameter placeholder (or a view of one), or a constant."""
+    seen = 0
+    while node.op == "call_function" and seen < 8 and node.all_input_nodes:
+        if node.target not in (
+            aten.t.default,
+            aten.permute.default,
+            aten.unsqueeze.default,
+            aten.view.default,
+            aten.expand.default,
+            aten.transpose.int,
+        ):
+            break
+        node = node.all_input_nodes[0]
+        seen += 1
+    if node.op == "get_attr":
+        return True
+    return node.op == "placeholder" and node.meta.get("placeholder_index") in ctx.weight_inputs
+
+
+def classify(node: fx.Node, ctx: CompileContext) -> tuple[str, str, str]:
+    """(status, capability key, reason) for one call_function node."""
+    caps = ctx.caps
+    key = caps.op_key(node.target)
+    status = caps.status(node.target)
+    entry = caps.entry(node.target)
+    target = node.target
+    ins = _tensors(node)
+    out = node.meta.get("val")
+    if status == "unsupported":
+        return status, key, entry.note if entry else "no lowering exists for this op"
+
+    # per-op conditions
+    if target is aten.topk.default:
+        largest = node.kwargs.get("largest", node.args[3] if len(node.args) > 3 else True)
+        sorted_ = node.kwargs.get("sorted", node.args[4] if len(node.args) > 4 else True)
+        if not (largest and sorted_):
+            return "fallback", key, "topk is only supported with largest=True, sorted=True (PR #3713)"
+    if target is aten.gelu.default and node.kwargs.get("approximate", "none") == "none":
+        if not caps.supports("ops.gelu_erf"):
+            return "fallback", "ops.gelu_erf", "gelu(approximate='none') (erf form) is not native"
+    if target is aten._to_copy.default and ins and isinstance(out, torch.Tensor):
+        src, dst = ins[0].dtype, out.dtype
+        if src in FLOAT16 and dst == torch.float32 and not caps.supports("numerics.rmsnorm_fp32_upcast"):
+            return (
+                "fallback",
+                "numerics.rmsnorm_fp32_upcast",
+                "fp16/bf16 -> fp32 upcast does not run on device",
+            )
+        if src.is_floating_point != dst.is_floating_point and torch.bool not in (src, dst):
+            return "fallback", key, f"{dtype_name(src)} -> {dtype_name(dst)} cast falls back to CPU (#4643)"
+        if TORCH_TO_FORMAT.get(dst) is None or TORCH_TO_FORMAT.get(src) is None:
+            return "fallback", key, f"no device format for {dtype_name(src)} -> {dtype_name(dst)}"
+        return status, key, ""
+    if target is aten.pow.Tensor_Scalar or target is aten.pow.Tensor_Tensor:
+        return "fallback", key, "pow is only lowered for exponents 2, 3, 0.5, -0.5, -1"
+    if target is aten.bmm.default:
+        a, b = node.args[0], node.args[1]
+        k, n = a.meta["val"].shape[-1], b.meta["val"].shape[-1]
+        eps = elems_per_stick(TORCH_TO_FORMAT.get(a.meta["val"].dtype) or "dl16")
+        weight = _is_weight(a, ctx) or _is_weight(b, ctx)
+        attention = node.meta.get("custom", {}).get("spyre_origin") == "sdpa"
+        if attention and (k % eps or n % eps) and not caps.supports("layout.head_dim_not_stick_multiple"):
+            return (
+                "unsupported",
+                "layout.head_dim_not_stick_multiple",
+                f"attention bmm with K={k}, N={n}: not a multiple of {eps} elements (one stick); pad head_dim",
+            )
+        if weight and n % eps and n >= VOCAB_MIN_N and not caps.supports("layout.vocab_not_stick_multiple"):
+            return (
+                "unsupported",
+                "layout.vocab_not_stick_multiple",
+                f"weight matmul with N={n} not a multiple of {eps}: pad the LM head to whole sticks",
+            )
+
+    # dtypes
+    if entry is not None and status in ("native", "decomposed"):
+        for t in ins + ([out] if isinstance(out, torch.Tensor) and not ins else []):
+            if dtype_name(t.dtype) not in entry.dtypes:
+                return "fallback", key, f"{dtype_name(t.dtype)} is not accepted by {key} on device"
+    return status, key, ""
+
+
+def support_check(gm: fx.GraphModule, ctx: CompileContext) -> fx.GraphModule:
+    for i, node in enumerate(n for n in gm.graph.nodes if n.op == "placeholder"):
+        node.meta["placeholder_index"] = i
+    found: list[UnsupportedOp] = []
+    for node in gm.graph.nodes:
+        if node.op != "call_function":
+            continue
+        if node.target is operator.getitem:
+            node.meta["spyre_placement"] = node.args[0].meta.get("spyre_placement", "device")
+            continue
+        status, key, reason = classify(node, ctx)
+        node.meta["spyre_status"] = status
+        node.meta["spyre_placement"] = "host" if status in ("fallback", "unsupported") else "device"
+        if status in ("fallback", "unsupported"):
+            ins = _tensors(node)
+            found.append(
+                UnsupportedOp(
+                    op=ctx.caps.op_key(node.target),
+                    dtypes=tuple(dtype_name(t.dtype) for t in ins),
+                    shapes=tuple(tuple(t.shape) for t in ins),
+                    where=module_path(node),
+                    capability=key,
+                    status=status,
+                    reason=reason,
+                )
+            )
+    ctx.found.extend(found)
+    if ctx.collect_only:
+        return gm
+    errors = [u for u in found if u.status == "unsupported" or ctx.strict]
+    if errors:
+        mode = "strict mode" if ctx.strict else "any mode"
+        lines = "\n  ".join(u.describe() for u in _dedup(errors))
+        hint = (
+            "Run without strict mode to use CPU fallbacks, or patch the model (adapters)."
+            if ctx.strict and all(u.status == "fallback" for u in errors)
+            else "Patch the model to avoid these ops (see torch_spyre_emu.capabilities())."
+        )
+        raise SpyreUnsupportedOpError(
+            f"graph {ctx.name!r} has {len(errors)} op(s) that do not run on Spyre in {mode}:\n  {lines}\n{hint}",
+            errors,
+        )
+    fallbacks = [u for u in found if u.status == "fallback"]
+    if fallbacks:
+        lines = "\n  ".join(u.describe() for u in _dedup(fallbacks))
+        warnings.warn(
+            f"graph {ctx.name!r}: {len(fallbacks)} op(s) run as CPU islands:\n  {lines}",
+            FallbackWarning,
+            stacklevel=2,
+        )
+    return gm
+
+
+def _dedup(ops: list[UnsupportedOp]) -> list[UnsupportedOp]:
+    seen, out = set(), []
+    for u in ops:
+        k = (u.op, u.dtypes, u.shapes, u.where, u.capability)
+        if k not in seen:
+            seen.add(k)
+            out.append(u)
+    return out

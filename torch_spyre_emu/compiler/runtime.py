@@ -1,0 +1,180 @@
+"""Runtime: run a compiled graph with aiu_sim.run, from torch tensors to torch tensors.
+
+- CPU inputs are copied in (HostToDevice: PCIe-timed, converted to the device format); results come back as CPU
+  tensors. Spyre-tensor inputs and nn.Parameters are bound directly to their buffers (`resident`): parameters are
+  converted once per (parameter, version) and then stay on the device, and their one-time upload is reported
+  separately (`UploadRecord`), not charged to every call. With spyre inputs, results stay on the device as spyre
+  tensors.
+- CPU fallback islands (HostOp) call host functions that decode the device values to the host dtype, run the aten op
+  on the CPU with torch, and encode the results in the device format again.
+- mode "timing" computes no values: outputs are meta tensors of the right shapes and dtypes.
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass
+
+import ml_dtypes
+import numpy as np
+import torch
+
+import aiu_sim
+from aiu_sim.numerics import host as host_numerics
+from torch_spyre_emu.compiler.builder import HostSpec, host_array
+from torch_spyre_emu.compiler.codegen import Lowered
+from torch_spyre_emu.compiler.context import dtype_name
+from torch_spyre_emu.compiler.pipeline import Compiled
+
+
+@dataclass
+class UploadRecord:
+    """Weights converted and uploaded to the device for the first time in one call."""
+
+    count: int
+    bytes: int
+    pcie_us: float
+
+
+def to_host_numpy(t: torch.Tensor) -> np.ndarray:
+    t = t.detach()
+    if t.device.type != "cpu":
+        t = t.cpu()
+    if t.dtype == torch.bfloat16:
+        return t.contiguous().view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+    return t.contiguous().numpy()
+
+
+def from_host_numpy(a: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
+    a = np.asarray(a)
+    if a.dtype == ml_dtypes.bfloat16:
+        return torch.from_numpy(a.astype(np.float32)).to(dtype)
+    return torch.from_numpy(np.ascontiguousarray(a)).to(dtype)
+
+
+def device_values(t: torch.Tensor) -> np.ndarray:
+    """A tensor's values in its device format (float32-held DL16, fp32, int32, ...)."""
+    return host_numerics.to_device(to_host_numpy(t), dtype_name(t.dtype))
+
+
+def host_function(spec: HostSpec):
+    """The callable aiu_sim's executor invokes for one CPU island."""
+
+    def run(*arrays, **attrs):
+        tensors = [
+            from_host_numpy(host_numerics.to_host(a, dtype_name(d)), d).reshape(shape)
+            for a, d, shape in zip(arrays, spec.in_dtypes, spec.in_shapes, strict=True)
+        ]
+
+        def fill(x):
+            if isinstance(x, tuple) and len(x) == 2 and x[0] == "__in__":
+                return tensors[x[1]]
+            if isinstance(x, list | tuple):
+                return type(x)(fill(y) for y in x)
+            return x
+
+        with torch.no_grad():
+            out = spec.target(*fill(spec.args), **{k: fill(v) for k, v in spec.kwargs.items()})
+        outs = [o for o in (out if isinstance(out, list | tuple) else [out]) if isinstance(o, torch.Tensor)]
+        return [
+            host_numerics.to_device(to_host_numpy(o), dtype_name(o.dtype)).reshape(shape)
+            for o, shape in zip(outs, spec.out_shapes, strict=True)
+        ]
+
+    return run
+
+
+class WeightCache:
+    """Device copies of parameters, keyed by the parameter object and its version counter."""
+
+    def __init__(self) -> None:
+        self._cache: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+    def get(self, p: torch.Tensor) -> tuple[np.ndarray, bool]:
+        key = (p._version, p.dtype, tuple(p.shape))
+        hit = self._cache.get(p)
+        if hit is not None and hit[0] == key:
+            return hit[1], False
+        values = device_values(p)
+        self._cache[p] = (key, values)
+        return values, True
+
+
+WEIGHTS = WeightCache()
+
+
+def _rebuild(template, outs: list):
+    if isinstance(template, tuple) and len(template) == 2 and template[0] == "__out__":
+        return outs[template[1]]
+    if isinstance(template, list | tuple):
+        return type(template)(_rebuild(x, outs) for x in template)
+    return template
+
+
+def run_compiled(compiled: Compiled, args: list, mode: str = "both", trace_path=None):
+    """Run `compiled` on the call's flat args. Returns (user outputs, RunResult, UploadRecord)."""
+    lowered: Lowered = compiled.lowered
+    program = compiled.program
+    hw = compiled.ctx.hardware
+    inputs: dict[str, np.ndarray] = {}
+    resident: dict[str, np.ndarray] = {}
+    uploads = UploadRecord(0, 0, 0.0)
+    compute = mode in ("both", "functional")
+    for spec in lowered.inputs:
+        x = args[spec.index]
+        if not compute:
+            continue
+        if spec.weight:
+            values, fresh = WEIGHTS.get(x) if x.device.type == "cpu" else (_payload(x), False)
+            resident[spec.buffer] = values
+            if fresh:
+                nbytes = program.buffers[spec.buffer].nbytes
+                uploads = UploadRecord(
+                    uploads.count + 1, uploads.bytes + nbytes, uploads.pcie_us + nbytes / hw.pcie_gbps / 1e3
+                )
+        elif spec.resident:
+            resident[spec.buffer] = _payload(x)
+        else:
+            inputs[spec.name] = to_host_numpy(x)
+    host_fns = {name: host_function(s) for name, s in lowered.builder.host_specs.items()}
+    result = aiu_sim.run(
+        program,
+        inputs if compute else None,
+        config=hw,
+        mode=mode,
+        host_functions=host_fns,
+        trace_path=trace_path,
+        resident=resident or None,
+        fetch=list(lowered.output_buffers) if compiled.ctx.outputs_on_device and compute else None,
+    )
+    outs: list[torch.Tensor] = []
+    for name, buf, dtype, shape in zip(
+        lowered.output_names,
+        lowered.output_buffers,
+        lowered.output_dtypes,
+        lowered.output_shapes,
+        strict=True,
+    ):
+        if not compute:
+            outs.append(torch.empty(shape, dtype=dtype, device="meta"))
+        elif compiled.ctx.outputs_on_device:
+            outs.append(_to_spyre(result.outputs[buf].reshape(shape), dtype))
+        else:
+            outs.append(from_host_numpy(result.outputs[name], dtype).reshape(shape))
+    return _rebuild(lowered.output_template, outs), result, uploads
+
+
+def _payload(t: torch.Tensor) -> np.ndarray:
+    from torch_spyre_emu.tensor import payload
+
+    return payload(t)
+
+
+def _to_spyre(values: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
+    from torch_spyre_emu import host_dtypes
+    from torch_spyre_emu.tensor import from_payload
+
+    return from_payload(np.ascontiguousarray(values).astype(host_dtypes.payload_numpy_dtype(dtype)), dtype)
+
+
+__all__ = ["run_compiled", "host_function", "host_array", "UploadRecord", "WEIGHTS"]

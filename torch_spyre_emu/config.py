@@ -1,0 +1,72 @@
+"""Stack-level switches: strict vs fallback mode, the hardware config programs are built for, debug level.
+
+- `torch_spyre_emu.config.strict` (bool; env SPYRE_EMU_STRICT=1): strict mode raises SpyreUnsupportedOpError for
+  every op that would run as a CPU island; fallback mode (default) runs it on the CPU with a FallbackWarning.
+- `with torch_spyre_emu.strict(): ...` turns strict mode on for a block (`strict(False)` turns it off).
+- `torch_spyre_emu.config.hardware`: an aiu_sim HardwareConfig, a preset name ("spyre", "small") or None (the
+  "spyre" preset; env SPYRE_EMU_HARDWARE). `with torch_spyre_emu.config.use_hardware("small"): ...`.
+- `torch_spyre_emu.config.debug` (int; env SPYRE_EMU_DEBUG): 1 prints each lowered KernelProgram, 2 also prints
+  the graph after each pass and per-kernel timings.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from collections.abc import Iterator
+
+from aiu_sim.config import HardwareConfig, preset
+
+
+def _env_flag(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+strict: bool = _env_flag("SPYRE_EMU_STRICT")
+hardware: HardwareConfig | str | None = os.environ.get("SPYRE_EMU_HARDWARE") or None
+try:
+    debug: int = int(os.environ.get("SPYRE_EMU_DEBUG", "0") or 0)
+except ValueError:
+    debug = 1
+
+
+def hardware_config() -> HardwareConfig:
+    """The HardwareConfig the compiler targets now."""
+    hw = hardware
+    if hw is None:
+        return preset("spyre")
+    if isinstance(hw, str):
+        return preset(hw)
+    if isinstance(hw, HardwareConfig):
+        return hw
+    raise TypeError(
+        f"torch_spyre_emu.config.hardware must be a HardwareConfig, a preset name or None, got {hw!r}"
+    )
+
+
+@contextlib.contextmanager
+def strict_mode(on: bool = True) -> Iterator[None]:
+    """Strict mode for a block: CPU-fallback ops raise SpyreUnsupportedOpError instead of running on the host."""
+    mod = sys.modules[__name__]
+    old = mod.strict
+    mod.strict = bool(on)
+    try:
+        yield
+    finally:
+        mod.strict = old
+
+
+@contextlib.contextmanager
+def use_hardware(hw: HardwareConfig | str | None) -> Iterator[HardwareConfig]:
+    mod = sys.modules[__name__]
+    old = mod.hardware
+    mod.hardware = hw
+    try:
+        yield hardware_config()
+    finally:
+        mod.hardware = old
+
+
+def debug_level() -> int:
+    return int(sys.modules[__name__].debug or 0)

@@ -1,0 +1,230 @@
+"""Profiling: `torch_spyre_emu.profile(fn, *args, mode=..., config=...)` and `torch_spyre_emu.last_profile()`.
+
+Every compiled call (torch.compile(backend="spyre") or an eager op) runs its KernelProgram with aiu_sim and leaves
+a ProfileReport: the outputs, the total time, one KernelRecord per device kernel (name, op, shapes, cores, start and
+end in us, unit utilization) and the Perfetto/Chrome trace path when one was written. profile() runs `fn` once
+(compiling it with the spyre backend if it is not compiled yet) and merges the reports of all graphs it ran, one
+after the other on the device timeline.
+
+mode="timing" computes no values: graphs are traced with fake tensors and timed only, so full-size shapes (e.g. a
+512x4096x12800 fp16 matmul) cost no memory for values; inputs may be meta tensors, outputs are meta tensors.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+import weakref
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from aiu_sim.config import HardwareConfig
+from torch_spyre_emu import config as stack_config
+from torch_spyre_emu import debug
+
+MODES = ("both", "functional", "timing")
+
+
+@dataclass
+class KernelRecord:
+    name: str
+    op: str  # kernel op ("matmul", "binary", ...) or "h2d" / "d2h" / "host:<fn>" for transfers and CPU islands
+    fn: str | None
+    shapes: tuple[tuple[int, ...], ...]
+    dtypes: tuple[str, ...]
+    cores: int
+    start_us: float
+    end_us: float
+    utilization: float  # busiest compute unit's utilization (PT for matmul, SFP otherwise), 0..1
+    unit_utilization: dict[str, float] = field(default_factory=dict)
+    program: str = ""
+
+    @property
+    def duration_us(self) -> float:
+        return self.end_us - self.start_us
+
+
+@dataclass
+class ProfileReport:
+    name: str
+    outputs: object
+    total_us: float
+    kernels: list[KernelRecord]  # device kernels only
+    steps: list[KernelRecord]  # every step, including host copies and CPU islands
+    trace_path: str | None
+    trace_paths: list[str] = field(default_factory=list)
+    programs: list[str] = field(default_factory=list)
+    weights_uploaded: int = 0
+    weights_upload_bytes: int = 0
+    weights_upload_us: float = 0.0  # one-time PCIe cost of first uploads, not part of total_us
+    timing_reports: list = field(default_factory=list)
+    mode: str = "both"
+
+    @property
+    def host_us(self) -> float:
+        """Time in host copies and CPU islands (PCIe)."""
+        return sum(s.duration_us for s in self.steps if s.op in ("h2d", "d2h") or s.op.startswith("host"))
+
+    def summary(self) -> str:
+        lines = [
+            f"{self.name}: {self.total_us:.2f} us on device timeline, {len(self.kernels)} kernels ({self.mode})"
+        ]
+        for k in self.kernels:
+            lines.append(
+                f"  {k.name:<40} {k.op:<10} cores={k.cores:<3} {k.start_us:10.2f}..{k.end_us:10.2f} us util={k.utilization:.2f}"
+            )
+        return "\n".join(lines)
+
+
+class _Session:
+    def __init__(self, mode: str, trace_dir: str | None):
+        self.mode = mode
+        self.trace_dir = trace_dir
+        self.records: list[tuple] = []
+
+
+_SESSIONS: list[_Session] = []
+_LAST: ProfileReport | None = None
+_COMPILED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def current_run_options(program_name: str) -> tuple[str, str | None]:
+    """(mode, trace path) for the next run: from the active profile() call, else "both" and no trace."""
+    if not _SESSIONS:
+        return "both", None
+    s = _SESSIONS[-1]
+    trace = None
+    if s.trace_dir is not None and s.mode != "functional":
+        trace = str(Path(s.trace_dir) / f"{program_name}_{len(s.records)}.json")
+    return s.mode, trace
+
+
+def record(compiled, result, uploads, trace_path) -> None:
+    global _LAST
+    report = _report(
+        [(compiled, result, uploads, trace_path)],
+        outputs=None,
+        mode=_SESSIONS[-1].mode if _SESSIONS else "both",
+    )
+    _LAST = report
+    debug.timings(report)
+    if _SESSIONS:
+        _SESSIONS[-1].records.append((compiled, result, uploads, trace_path))
+
+
+def last_profile() -> ProfileReport | None:
+    """The report of the most recent compiled call (or of the last profile())."""
+    return _LAST
+
+
+def _util(step) -> tuple[float, dict[str, float]]:
+    units = dict(step.unit_utilization or {})
+    main = units.get("pt" if step.op == "matmul" else "sfp", max(units.values(), default=0.0))
+    return float(main), units
+
+
+def _report(records: list[tuple], outputs, mode: str) -> ProfileReport:
+    kernels: list[KernelRecord] = []
+    steps: list[KernelRecord] = []
+    t0 = 0.0
+    traces, programs, timing_reports = [], [], []
+    up_n, up_b, up_us = 0, 0, 0.0
+    for compiled, result, uploads, trace_path in records:
+        name = compiled.program.name
+        programs.append(name)
+        up_n, up_b, up_us = up_n + uploads.count, up_b + uploads.bytes, up_us + uploads.pcie_us
+        if trace_path:
+            traces.append(trace_path)
+        timing = result.timing
+        if timing is None:
+            continue
+        timing_reports.append(timing)
+        for s in timing.steps:
+            util, units = _util(s)
+            rec = KernelRecord(
+                s.name,
+                s.op,
+                s.fn,
+                tuple(s.shapes),
+                tuple(s.dtypes),
+                len(s.cores) if s.cores else 0,
+                t0 + s.start_us,
+                t0 + s.end_us,
+                util,
+                units,
+                name,
+            )
+            steps.append(rec)
+            if s.kind == "kernel":
+                kernels.append(rec)
+        t0 += timing.total_us
+    return ProfileReport(
+        name=programs[0] if len(programs) == 1 else f"{len(programs)} graphs",
+        outputs=outputs,
+        total_us=t0,
+        kernels=kernels,
+        steps=steps,
+        trace_path=traces[0] if traces else None,
+        trace_paths=traces,
+        programs=programs,
+        weights_uploaded=up_n,
+        weights_upload_bytes=up_b,
+        weights_upload_us=up_us,
+        timing_reports=timing_reports,
+        mode=mode,
+    )
+
+
+def _compiled(fn):
+    if getattr(fn, "_torchdynamo_orig_callable", None) is not None or getattr(fn, "_spyre_compiled", False):
+        return fn
+    try:
+        hit = _COMPILED.get(fn)
+    except TypeError:
+        hit = None
+    if hit is not None:
+        return hit
+    compiled = torch.compile(fn, backend="spyre", dynamic=False)
+    try:
+        _COMPILED[fn] = compiled
+    except TypeError:
+        pass
+    return compiled
+
+
+def profile(
+    fn,
+    *args,
+    mode: str = "both",
+    config: HardwareConfig | str | None = None,
+    trace_path: str | os.PathLike | None = None,
+    **kwargs,
+) -> ProfileReport:
+    """Run `fn(*args, **kwargs)` on emulated Spyre and return its ProfileReport.
+
+    fn: a module or function (compiled with backend="spyre" if it is not compiled yet). mode: "both" (values and
+    time), "functional" (values only) or "timing" (time only, no values: full-size shapes are fine). config: the
+    hardware (an aiu_sim HardwareConfig or preset name; default torch_spyre_emu.config.hardware). trace_path: a
+    directory for the Perfetto traces (default: a fresh temporary directory; none in functional mode)."""
+    global _LAST
+    if mode not in MODES:
+        raise ValueError(f"profile: mode {mode!r} is not one of {MODES}")
+    trace_dir = None
+    if mode != "functional":
+        trace_dir = str(trace_path) if trace_path is not None else tempfile.mkdtemp(prefix="spyre_emu_trace_")
+        Path(trace_dir).mkdir(parents=True, exist_ok=True)
+    session = _Session(mode, trace_dir)
+    target = _compiled(fn)
+    hw_ctx = stack_config.use_hardware(config) if config is not None else contextlib.nullcontext()
+    _SESSIONS.append(session)
+    try:
+        with hw_ctx, torch.no_grad():
+            outputs = target(*args, **kwargs)
+    finally:
+        _SESSIONS.remove(session)
+    report = _report(session.records, outputs, mode)
+    _LAST = report
+    return report
