@@ -58,6 +58,8 @@ def sdpa_math(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=Non
 
 def sdpa_flash_cpu(q, k, v, dropout_p=0.0, is_causal=False, *, attn_mask=None, scale=None):
     out = sdpa_math(q, k, v, attn_mask, dropout_p, is_causal, scale)
+    # the CPU flash kernel returns (B, H, L, D) laid out as (B, L, H, D); later views in the graph rely on it
+    out = out.transpose(1, 2).contiguous().transpose(1, 2)
     lse = torch.zeros(q.shape[:-1], dtype=torch.float32)  # logsumexp output; dead in inference graphs
     return out, lse
 
@@ -145,7 +147,8 @@ def decompose(gm: fx.GraphModule, ctx=None) -> fx.GraphModule:
     for n in gm.graph.nodes:
         if n.op == "call_function" and getattr(n.target, "overloadpacket", None) in SDPA_OPS:
             # `custom` meta survives re-tracing: the QK^T / PV bmms remember they come from attention
-            n.meta["custom"] = {**n.meta.get("custom", {}), "spyre_origin": "sdpa"}
+            head_dim = int(n.args[0].meta["val"].shape[-1])
+            n.meta["custom"] = {**n.meta.get("custom", {}), "spyre_origin": "sdpa", "head_dim": head_dim}
     new = retrace(gm, SPYRE_DECOMPOSITIONS)
     new.graph.eliminate_dead_code()
     new.recompile()

@@ -36,7 +36,7 @@ def legalize_dtypes(gm: fx.GraphModule, ctx=None) -> fx.GraphModule:
             if v.dtype == torch.int64 and not _warned["int64"]:
                 _warned["int64"] = True
                 warnings.warn(
-                    "int64 tensors are stored as int32 on Spyre (values outside int32 wrap), as torch-spyre "
+                    "int64 tensors are stored as int32 on Spyre (values outside the int32 range are an error), as torch-spyre "
                     "does with TORCH_SPYRE_DOWNCAST_WARN",
                     _downcast_warning(),
                     stacklevel=2,

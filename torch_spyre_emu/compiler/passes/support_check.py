@@ -103,12 +103,14 @@ def classify(node: fx.Node, ctx: CompileContext) -> tuple[str, str, str]:
         k, n = a.meta["val"].shape[-1], b.meta["val"].shape[-1]
         eps = elems_per_stick(TORCH_TO_FORMAT.get(a.meta["val"].dtype) or "dl16")
         weight = _is_weight(a, ctx) or _is_weight(b, ctx)
-        attention = node.meta.get("custom", {}).get("spyre_origin") == "sdpa"
-        if attention and (k % eps or n % eps) and not caps.supports("layout.head_dim_not_stick_multiple"):
+        custom = node.meta.get("custom") or {}
+        head_dim = custom.get("head_dim") if custom.get("spyre_origin") == "sdpa" else None
+        if head_dim and head_dim % eps and not caps.supports("layout.head_dim_not_stick_multiple"):
             return (
                 "unsupported",
                 "layout.head_dim_not_stick_multiple",
-                f"attention bmm with K={k}, N={n}: not a multiple of {eps} elements (one stick); pad head_dim",
+                f"attention bmm (K={k}, N={n}) with head_dim {head_dim}, not a multiple of {eps} elements (one "
+                "stick): the QK^T reduction and the PV stick dim need whole sticks; pad the heads",
             )
         if weight and n % eps and n >= VOCAB_MIN_N and not caps.supports("layout.vocab_not_stick_multiple"):
             return (
