@@ -45,6 +45,7 @@ class CompileContext:
     dram_buffers: set[str] = field(
         default_factory=set
     )  # graph results: must end in DRAM (LX planning skips them)
+    fold_constants: bool = True  # fold input-independent subgraphs (off for single eager ops)
     collect_only: bool = False  # support check records instead of raising (find_unsupported)
     found: list[UnsupportedOp] = field(default_factory=list)
     name: str = "graph"

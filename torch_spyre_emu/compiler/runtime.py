@@ -49,7 +49,7 @@ def from_host_numpy(a: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
     a = np.asarray(a)
     if a.dtype == ml_dtypes.bfloat16:
         return torch.from_numpy(a.astype(np.float32)).to(dtype)
-    return torch.from_numpy(np.ascontiguousarray(a)).to(dtype)
+    return torch.from_numpy(np.array(a, order="C")).to(dtype)
 
 
 def device_values(t: torch.Tensor) -> np.ndarray:
@@ -174,7 +174,7 @@ def _to_spyre(values: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
     from torch_spyre_emu import host_dtypes
     from torch_spyre_emu.tensor import from_payload
 
-    return from_payload(np.ascontiguousarray(values).astype(host_dtypes.payload_numpy_dtype(dtype)), dtype)
+    return from_payload(np.array(values, dtype=host_dtypes.payload_numpy_dtype(dtype), order="C"), dtype)
 
 
 __all__ = ["run_compiled", "host_function", "host_array", "UploadRecord", "WEIGHTS"]

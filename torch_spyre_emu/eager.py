@@ -1,0 +1,106 @@
+"""Eager ops on spyre tensors: one op at a time through the same compiler path as torch.compile.
+
+torch-spyre registers a PrivateUse1 kernel per op that calls `torch.compile(op, dynamic=False)` once and caches it
+(STACK §1.2). `run_op(func, args, kwargs)` does the same: it traces the single op into a graph, runs the same passes
+(support check, dtype rules, lowering, work division, ...) and the same runtime, and caches the compiled program by
+signature (op, tensor shapes/dtypes/strides, the other arguments, mode, capabilities, hardware). Inputs are bound
+as resident device buffers; results are new spyre tensors. CPU-fallback ops become a CPU island inside the program
+(FallbackWarning), or raise SpyreUnsupportedOpError in strict mode, exactly as in compiled code.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from torch_spyre_emu import config as stack_config
+from torch_spyre_emu.capabilities import capabilities
+from torch_spyre_emu.compiler.context import CompileContext
+from torch_spyre_emu.compiler.pipeline import Compiled, compile_fn
+from torch_spyre_emu.errors import SpyreDeviceError
+
+aten = torch.ops.aten
+_CACHE: dict[tuple, tuple[Compiled, list[int]]] = {}
+
+
+def _flatten(args, kwargs) -> list[torch.Tensor]:
+    flat, _ = torch.utils._pytree.tree_flatten((args, kwargs))
+    return [x for x in flat if isinstance(x, torch.Tensor)]
+
+
+def _key_of(x) -> object:
+    if isinstance(x, torch.Tensor):
+        return ("T", tuple(x.shape), tuple(x.stride()), x.dtype, x.device.type)
+    if isinstance(x, torch.device):
+        return ("D", x.type)
+    if isinstance(x, list | tuple):
+        return tuple(_key_of(y) for y in x)
+    return repr(x)
+
+
+def _on_cpu(x):
+    """Device arguments inside the traced op: everything is traced as CPU tensors."""
+    if isinstance(x, torch.device) or (isinstance(x, str) and x.startswith("spyre")):
+        return torch.device("cpu")
+    return x
+
+
+def _traced_op(func, args, kwargs):
+    flat, spec = torch.utils._pytree.tree_flatten((args, kwargs))
+    slots = [i for i, x in enumerate(flat) if isinstance(x, torch.Tensor)]
+
+    def op(*tensors):
+        filled = list(flat)
+        for i, t in zip(slots, tensors, strict=True):
+            filled[i] = t
+        a, kw = torch.utils._pytree.tree_unflatten([_on_cpu(x) for x in filled], spec)
+        return func(*a, **kw)
+
+    return op
+
+
+def run_op(func, args, kwargs):
+    """Run one aten op on spyre tensors through the compiler; returns spyre tensors (same structure as the op)."""
+    from torch_spyre_emu.compiler.runtime import run_compiled
+    from torch_spyre_emu.profile import current_run_options, record
+
+    kwargs = dict(kwargs or {})
+    if func in (aten._local_scalar_dense.default, aten.item.default):
+        return _item(args[0])
+    tensors = _flatten(args, kwargs)
+    caps = capabilities()
+    hw = stack_config.hardware_config()
+    key = (func, _key_of(args), _key_of(kwargs), stack_config.strict, id(caps), hash(hw))
+    hit = _CACHE.get(key)
+    if hit is None:
+        spyre = frozenset(i for i, t in enumerate(tensors) if t.device.type == "spyre")
+        ctx = CompileContext(
+            strict=stack_config.strict,
+            caps=caps,
+            hardware=hw,
+            device_inputs=spyre,
+            outputs_on_device=True,
+            fold_constants=False,
+            name=f"eager_{func.__name__.replace('.', '_')}",
+        )
+        compiled = compile_fn(_traced_op(func, args, kwargs), tensors, ctx)
+        _CACHE[key] = hit = (compiled, [])
+    compiled = hit[0]
+    mode, trace_path = current_run_options(compiled.program.name)
+    outputs, result, uploads = run_compiled(compiled, tensors, mode=mode, trace_path=trace_path)
+    record(compiled, result, uploads, trace_path)
+    return outputs
+
+
+def _item(t: torch.Tensor):
+    from torch_spyre_emu.tensor import payload
+
+    if t.numel() != 1:
+        raise SpyreDeviceError(f"item() needs a one-element tensor, got shape {list(t.shape)}")
+    value = payload(t).reshape(-1)[0].item()
+    if t.dtype == torch.bool:
+        return bool(value)
+    return int(value) if not t.dtype.is_floating_point else float(value)
+
+
+def clear_cache() -> None:
+    _CACHE.clear()
