@@ -1,0 +1,184 @@
+"""Matmul and reductions, accumulated in the order the program's split implies.
+
+A split reduction dim gives each core a piece of it. Every core accumulates its piece into a partial (the
+accumulation model of aiu_sim.numerics.accumulate), then the partials of one output tile are added on the
+partial-sum ring. The order is the contract shared with the timing engine (aiu_sim.timing.kernels._chains): the
+pieces of a tile are added in K order, lowest K first. torch-spyre places the cores of one K split next to each
+other on the ring in K order (STACK §1.4, "k_fast"), so with the default core assignment K order is also ascending
+core id, the direction the corelet-0 partial-sum ring runs (HW §4). kernel.reduction_order picks the tree over that
+sequence: "chain" (((p0 + p1) + p2) + ..., one running sum passed along the ring) or "pairwise" (a balanced tree).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import numpy as np
+
+from aiu_sim.errors import ExecutionError
+from aiu_sim.numerics.accumulate import AccumulationModel, ReductionOrder, combine, partial_sums
+from aiu_sim.program import Arg, Buffer, Kernel, core_slices
+
+Region = dict[str, tuple[int, int]]
+REDUCTION_ORDERS = ("chain", "pairwise")
+
+
+def split_reduce_dim(kernel: Kernel) -> str | None:
+    """The reduce dim the kernel splits across cores, if any (validation allows at most one)."""
+    for dim in kernel.reduce_dims:
+        if kernel.split.get(dim, 1) > 1:
+            return dim
+    return None
+
+
+def partial_sum_groups(kernel: Kernel, buffers: dict[str, Buffer]) -> list[tuple[Region, list[int]]]:
+    """For each output tile: (the tile's region over the dims other than the split reduce dim, the indices of the
+    slices (cores) holding its partials, in the order the partial-sum ring adds them: K order).
+
+    Without a split reduction every slice is its own tile with one partial."""
+    kdim = split_reduce_dim(kernel)
+    slices = core_slices(kernel, buffers)
+    groups: dict[tuple, tuple[Region, list[int]]] = {}
+    for index, region in enumerate(slices):
+        tile = {d: r for d, r in region.items() if d != kdim}
+        groups.setdefault(tuple(sorted(tile.items())), (tile, []))[1].append(index)
+    if kdim is not None:
+        for _, members in groups.values():
+            members.sort(key=lambda i: slices[i][kdim][0])
+    return list(groups.values())
+
+
+def reduction_tree(kernel: Kernel, n: int) -> ReductionOrder:
+    if kernel.reduction_order == "chain":
+        return ReductionOrder.chain(n)
+    if kernel.reduction_order == "pairwise":
+        return ReductionOrder.pairwise(n)
+    raise ExecutionError(
+        f"kernel {kernel.name!r}: reduction_order {kernel.reduction_order!r} is not one of {REDUCTION_ORDERS}"
+    )
+
+
+def split_accumulate(
+    kernel: Kernel,
+    buffers: dict[str, Buffer],
+    model: AccumulationModel,
+    partial: Callable[[tuple[int, int] | None], np.ndarray],
+) -> np.ndarray:
+    """Accumulate a reduction piecewise as the split implies. `partial(k_range)` returns the space-aligned partial
+    over [lo, hi) of the split dim (None: the whole reduction). Returns accumulator-format values."""
+    kdim = split_reduce_dim(kernel)
+    if kdim is None:
+        return partial(None)
+    # Every tile adds the same K pieces in the same (K) order, so the whole output combines at once.
+    ranges = sorted({region[kdim] for region in core_slices(kernel, buffers)})
+    parts = np.stack([partial(r) for r in ranges])
+    return combine(parts, reduction_tree(kernel, len(ranges)), model)
+
+
+def _take(x: np.ndarray, kernel: Kernel, kdim: str, k_range: tuple[int, int] | None) -> np.ndarray:
+    if k_range is None:
+        return x
+    axis = list(kernel.space).index(kdim)
+    if x.shape[axis] == 1:  # the operand broadcasts along K: its piece is itself
+        return x
+    index = [slice(None)] * x.ndim
+    index[axis] = slice(*k_range)
+    return x[tuple(index)]
+
+
+def matmul(kernel: Kernel, buffers: dict[str, Buffer], a: np.ndarray, b: np.ndarray, model) -> np.ndarray:
+    """C = sum over reduce_dims of A * B, einsum-style over kernel.space; returns space-aligned accumulator values
+    (reduce dims kept with size 1). Dims only A indexes are M, only B: N, both or neither: batch; several reduce
+    dims are contracted as one K in row-major order."""
+    space = list(kernel.space)
+    ext = kernel.space
+    red = list(kernel.reduce_dims)
+    a_arg, b_arg = kernel.inputs
+    a_dims, b_dims = _used(a_arg), _used(b_arg)
+    rest = [d for d in space if d not in red]
+    batch = [d for d in rest if (d in a_dims) == (d in b_dims)]
+    m_dims = [d for d in rest if d in a_dims and d not in b_dims]
+    n_dims = [d for d in rest if d in b_dims and d not in a_dims]
+    kdim = split_reduce_dim(kernel)
+    bt = math.prod(ext[d] for d in batch)
+    mt = math.prod(ext[d] for d in m_dims)
+    nt = math.prod(ext[d] for d in n_dims)
+    idx = {d: i for i, d in enumerate(space)}
+
+    def partial(k_range):
+        ap, bp = _take(a, kernel, kdim, k_range), _take(b, kernel, kdim, k_range)
+        k_ext = {d: (k_range[1] - k_range[0] if d == kdim and k_range else ext[d]) for d in red}
+        kt = math.prod(k_ext.values())
+        a3 = np.transpose(ap, [idx[d] for d in batch + m_dims + red + n_dims])
+        a_shape = [ext[d] for d in batch + m_dims] + [k_ext[d] for d in red] + [1] * len(n_dims)
+        a3 = np.broadcast_to(a3, a_shape).reshape(bt, mt, kt)
+        b3 = np.transpose(bp, [idx[d] for d in batch + red + n_dims + m_dims])
+        b_shape = (
+            [ext[d] for d in batch] + [k_ext[d] for d in red] + [ext[d] for d in n_dims] + [1] * len(m_dims)
+        )
+        b3 = np.broadcast_to(b3, b_shape).reshape(bt, kt, nt)
+        c = partial_sums(_f32(a3), _f32(b3), model, 1)[0]  # (bt, mt, nt), accumulator format
+        c = c.reshape([ext[d] for d in batch + m_dims + n_dims] + [1] * len(red))
+        return np.transpose(c, [(batch + m_dims + n_dims + red).index(d) for d in space])
+
+    return split_accumulate(kernel, buffers, model, partial)
+
+
+def reduce_sum(kernel: Kernel, buffers: dict[str, Buffer], x: np.ndarray, model) -> np.ndarray:
+    """Sum over kernel.reduce_dims with the accumulation model (as numerics does: a row of ones times the lanes),
+    split pieces combined on the partial-sum ring. Space-aligned accumulator values, reduce dims of size 1."""
+    space = list(kernel.space)
+    red = [d for d in space if d in kernel.reduce_dims]  # row-major in space order
+    keep = [d for d in space if d not in kernel.reduce_dims]
+    kdim = split_reduce_dim(kernel)
+    perm = [space.index(d) for d in keep + red]
+
+    def partial(k_range):
+        xp = np.transpose(_take(x, kernel, kdim, k_range), perm)
+        k_shape = [kernel.space[d] if d != kdim or not k_range else k_range[1] - k_range[0] for d in red]
+        xp = np.broadcast_to(xp, xp.shape[: len(keep)] + tuple(k_shape))
+        lanes_shape = xp.shape[: len(keep)]
+        kt = math.prod(k_shape)
+        lanes = xp.reshape(-1, kt)  # (L, K)
+        ones = np.ones((1, kt), dtype=np.float32)
+        sums = partial_sums(ones, _f32(lanes.T), model, 1)[0, 0]  # (L,)
+        out = sums.reshape(lanes_shape + (1,) * len(red))
+        return np.transpose(out, [(keep + red).index(d) for d in space])
+
+    return split_accumulate(kernel, buffers, model, partial)
+
+
+def reduce_count(kernel: Kernel) -> int:
+    return math.prod(kernel.space[d] for d in kernel.reduce_dims)
+
+
+def reduce_extreme(kernel: Kernel, x: np.ndarray, fn: str) -> np.ndarray:
+    """max / min / argmax / argmin over the reduce dims (exact: independent of any split). arg* give the index in
+    the row-major flattening of the reduce dims, first occurrence on ties (like torch)."""
+    space = list(kernel.space)
+    red = [d for d in space if d in kernel.reduce_dims]
+    keep = [d for d in space if d not in kernel.reduce_dims]
+    xp = np.transpose(x, [space.index(d) for d in keep + red])
+    xp = np.broadcast_to(xp, xp.shape[: len(keep)] + tuple(kernel.space[d] for d in red))
+    flat = xp.reshape(xp.shape[: len(keep)] + (-1,))
+    if fn == "max":
+        out = np.max(flat, axis=-1)
+    elif fn == "min":
+        out = np.min(flat, axis=-1)
+    elif fn == "argmax":
+        out = np.argmax(flat, axis=-1).astype(np.float64)
+    elif fn == "argmin":
+        out = np.argmin(flat, axis=-1).astype(np.float64)
+    else:
+        raise ExecutionError(f"kernel {kernel.name!r}: {fn!r} is not an extreme-value reduction")
+    out = out.reshape(out.shape + (1,) * len(red))
+    return np.transpose(out, [(keep + red).index(d) for d in space])
+
+
+def _used(arg: Arg) -> set[str]:
+    return {d for d in arg.dims if d is not None}
+
+
+def _f32(x: np.ndarray) -> np.ndarray:
+    return x if x.dtype == np.float32 else x.astype(np.float32)

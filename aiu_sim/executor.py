@@ -1,0 +1,248 @@
+"""The functional executor: runs a KernelProgram on numpy arrays, bit-exact under aiu_sim.numerics.
+
+Buffers hold numpy arrays in their LOGICAL shape, holding device-format values: float32 for float formats (DL16
+values are float32 numbers exactly representable in DL16) and bool, the numerics integer container for int
+formats. Every kernel computes in fp32 (SFP) or with the accumulation model (matmul, sums) and its result is rounded
+once to each output buffer's format. Semantics per op: docs/kernel_program.md.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+
+import numpy as np
+
+from aiu_sim import exec_reduce, sfp_math
+from aiu_sim.errors import ExecutionError
+from aiu_sim.exec_access import gather, scatter
+from aiu_sim.numerics import host
+from aiu_sim.numerics.accumulate import DEFAULT_MODEL, AccumulationModel
+from aiu_sim.numerics.errors import NumericsError
+from aiu_sim.numerics.formats import get_format
+from aiu_sim.program import Buffer, DeviceToHost, HostOp, HostToDevice, Kernel, KernelProgram
+
+HostFunction = Callable[..., object]
+
+
+def execute(
+    program: KernelProgram,
+    inputs: Mapping[str, np.ndarray],
+    host_functions: Mapping[str, HostFunction] | None = None,
+    accumulation: AccumulationModel | dict | str | None = None,
+    resident: Mapping[str, np.ndarray] | None = None,
+    fetch: Sequence[str] | None = None,
+) -> dict[str, np.ndarray]:
+    """Run `program` on host `inputs` (name -> host array); return the host outputs (name -> host array).
+
+    `host_functions` maps HostOp.fn names to Python callables; `accumulation` is the default accumulation model
+    for matmuls and sums (an AccumulationModel, its kwargs as a dict, or a kind string); kernels override it with
+    attrs["accumulation"]. `resident` gives buffers that already live on the device (weights, tensors kept on the
+    device between runs) their device values, like program.constants but per run; `fetch` names buffers whose final
+    device values are returned too, keyed by buffer name, without a DeviceToHost step."""
+    missing = [name for name in program.inputs if name not in inputs]
+    if missing:
+        raise ExecutionError(
+            f"program {program.name!r}: missing input(s) {missing}; it takes {list(program.inputs)}"
+        )
+    state = _State(program, dict(host_functions or {}), as_model(accumulation, "the run's accumulation"))
+    for name, values in (resident or {}).items():
+        if name not in program.buffers:
+            raise ExecutionError(f"resident value for {name!r}: program {program.name!r} has no such buffer")
+        state.data[name] = state.fit(name, np.asarray(values), f"resident buffer {name!r}")
+    for step in program.steps:
+        try:
+            state.run(step, inputs)
+        except NumericsError as e:
+            raise ExecutionError(f"step {step.name!r}: {e}") from e
+    for name in fetch or ():
+        if name in state.outputs:
+            raise ExecutionError(f"fetch: buffer {name!r} has the name of a host output; rename one of them")
+        state.outputs[name] = state.read(name, "fetch").copy()
+    return state.outputs
+
+
+def as_model(spec, where: str) -> AccumulationModel:
+    """An AccumulationModel from a model, a dict of its fields, a kind string, or None (numerics' default)."""
+    if spec is None:
+        return DEFAULT_MODEL
+    if isinstance(spec, AccumulationModel):
+        return spec
+    try:
+        if isinstance(spec, str):
+            return AccumulationModel(kind=spec)
+        if isinstance(spec, Mapping):
+            return AccumulationModel(**spec)
+    except (TypeError, NumericsError) as e:
+        raise ExecutionError(f"{where}: invalid accumulation model {spec!r}: {e}") from e
+    raise ExecutionError(
+        f"{where}: accumulation must be an AccumulationModel, a dict of its fields or a kind string, got {spec!r}"
+    )
+
+
+def storage_dtype(fmt: str) -> np.dtype:
+    """The numpy dtype a buffer of device format `fmt` is held in."""
+    f = get_format(fmt)
+    if f.kind == "int":
+        return get_format(fmt).quantize(np.zeros(0, dtype=np.int32)).dtype
+    return np.dtype(np.float32)
+
+
+class _State:
+    def __init__(self, program: KernelProgram, host_functions: dict, model: AccumulationModel) -> None:
+        self.program = program
+        self.buffers: dict[str, Buffer] = program.buffers
+        self.host_functions = host_functions
+        self.model = model
+        self.data: dict[str, np.ndarray] = {}
+        self.outputs: dict[str, np.ndarray] = {}
+        for name, values in program.constants.items():
+            self.data[name] = self.fit(name, np.asarray(values), f"constant {name!r}")
+
+    # ---- buffer store -----------------------------------------------------------------------------------------
+
+    def fit(self, name: str, values: np.ndarray, where: str) -> np.ndarray:
+        """`values` rounded into buffer `name`'s format, as an owned C-contiguous array of its shape."""
+        buf = self.buffers[name]
+        if values.shape != buf.shape:
+            raise ExecutionError(
+                f"{where}: shape {values.shape} does not match buffer {name!r} of shape {buf.shape}"
+            )
+        if values.dtype.kind in "iub" and get_format(buf.dtype).kind != "int":
+            values = values.astype(np.float64)
+        rounded = get_format(buf.dtype).quantize(values)
+        if (
+            not rounded.flags.c_contiguous
+            or not rounded.flags.owndata
+            or np.may_share_memory(rounded, values)
+        ):
+            rounded = np.array(rounded, order="C", copy=True)
+        return rounded
+
+    def read(self, name: str, where: str) -> np.ndarray:
+        if name not in self.data:
+            raise ExecutionError(
+                f"{where} reads buffer {name!r} before any step wrote it and it has no constant value; give it a "
+                "value in program.constants or write it with an earlier step"
+            )
+        return self.data[name]
+
+    def target(self, name: str) -> np.ndarray:
+        """The array a kernel writes a window of (zeros on first write: device memory starts cleared)."""
+        if name not in self.data:
+            buf = self.buffers[name]
+            self.data[name] = np.zeros(buf.shape, dtype=storage_dtype(buf.dtype))
+        return self.data[name]
+
+    # ---- steps ------------------------------------------------------------------------------------------------
+
+    def run(self, step, inputs: Mapping[str, np.ndarray]) -> None:
+        if isinstance(step, Kernel):
+            self.kernel(step)
+        elif isinstance(step, HostToDevice):
+            if step.src not in inputs:
+                raise ExecutionError(f"step {step.name!r}: host input {step.src!r} was not given")
+            values = host.to_device(inputs[step.src], step.host_dtype)
+            self.data[step.dst] = self.fit(step.dst, np.asarray(values), f"step {step.name!r}")
+        elif isinstance(step, DeviceToHost):
+            self.outputs[step.dst] = host.to_host(self.read(step.src, f"step {step.name!r}"), step.host_dtype)
+        elif isinstance(step, HostOp):
+            self.host_op(step)
+        else:  # validation rejects these; a program mutated after construction could still carry one
+            raise ExecutionError(f"unknown step type {type(step).__name__}")
+
+    def host_op(self, step: HostOp) -> None:
+        fn = self.host_functions.get(step.fn)
+        if fn is None:
+            raise ExecutionError(
+                f"host step {step.name!r} needs host function {step.fn!r}, which was not given; pass "
+                f"host_functions={{{step.fn!r}: callable}} (given: {sorted(self.host_functions)})"
+            )
+        args = [self.read(b, f"host step {step.name!r}") for b in step.inputs]
+        results = fn(*[a.copy() for a in args], **step.attrs)
+        if isinstance(results, np.ndarray) or not isinstance(results, list | tuple):
+            results = (results,)
+        if len(results) != len(step.outputs):
+            raise ExecutionError(
+                f"host step {step.name!r}: function {step.fn!r} returned {len(results)} array(s) for "
+                f"{len(step.outputs)} output buffer(s) {step.outputs}"
+            )
+        for name, value in zip(step.outputs, results, strict=True):
+            self.data[name] = self.fit(name, np.asarray(value), f"host step {step.name!r} output {name!r}")
+
+    def kernel(self, k: Kernel) -> None:
+        where = f"kernel {k.name!r} ({k.op})"
+        xs = [self._operand(k, arg, where) for arg in k.inputs]
+        with np.errstate(all="ignore"):  # device arithmetic: overflow / NaN are values, not errors
+            result = self.compute(k, xs, where)
+        for arg in k.outputs:
+            fmt = get_format(self.buffers[arg.buffer].dtype)
+            values = result if fmt.kind != "int" else _for_int(result, where)
+            rounded = fmt.quantize(values)
+            scatter(k, arg, rounded, self.target(arg.buffer))
+
+    def _operand(self, k: Kernel, arg, where: str) -> np.ndarray:
+        x = gather(arg, self.read(arg.buffer, where), k)
+        # Integer formats compute in float64 (exact for int32 adds and products); floats in fp32.
+        return x.astype(np.float64) if x.dtype.kind in "iu" else x
+
+    def compute(self, k: Kernel, xs: list[np.ndarray], where: str) -> np.ndarray:
+        op = k.op
+        if op in ("copy", "restickify"):
+            return xs[0]
+        if op == "fill":
+            if "value" not in k.attrs:
+                raise ExecutionError(f"{where}: fill needs attrs['value']")
+            return np.full([1] * len(k.space), k.attrs["value"], dtype=np.float64)
+        if op in ("unary", "binary", "ternary"):
+            table = {"unary": sfp_math.UNARY, "binary": sfp_math.BINARY, "ternary": sfp_math.TERNARY}[op]
+            for attr in sfp_math.REQUIRED_ATTRS.get(k.fn, ()):
+                if attr not in k.attrs:
+                    raise ExecutionError(f"{where}: fn {k.fn!r} needs attrs[{attr!r}]")
+            return table[k.fn](*xs, k.attrs)
+        if op == "matmul":
+            return exec_reduce.matmul(k, self.buffers, _f32(xs[0]), _f32(xs[1]), self._model(k, where))
+        if op == "reduce":
+            return self.reduce(k, xs[0], where)
+        axes = tuple(i for i, d in enumerate(k.space) if d in k.reduce_dims)
+        if not axes:
+            raise ExecutionError(f"{where}: a fused row op needs reduce_dims (the row)")
+        x = np.broadcast_to(xs[0], _full_rows(k, xs[0]))
+        if op == "softmax":
+            return sfp_math.softmax(x, axes)
+        if op == "layernorm":
+            weight, bias = (xs[1:] + [None, None])[:2]
+            return sfp_math.layernorm(x, axes, weight, bias, eps=float(k.attrs.get("eps", 1e-5)))
+        if op == "rmsnorm":
+            weight = xs[1] if len(xs) > 1 else None
+            return sfp_math.rmsnorm(x, axes, weight, eps=float(k.attrs.get("eps", 1e-6)))
+        raise ExecutionError(f"{where}: the executor has no semantics for op {op!r}")
+
+    def reduce(self, k: Kernel, x: np.ndarray, where: str) -> np.ndarray:
+        if k.fn in ("max", "min", "argmax", "argmin"):
+            return exec_reduce.reduce_extreme(k, x, k.fn)
+        model = self._model(k, where)
+        if k.fn == "sumsq":
+            x = _f32(x) * _f32(x)  # products rounded to fp32, as the accumulators do
+        total = exec_reduce.reduce_sum(k, self.buffers, _f32(x), model)
+        if k.fn == "mean":  # the accumulated sum divided by the count in fp32 (numerics.reduce_mean)
+            return total / np.float32(exec_reduce.reduce_count(k))
+        return total
+
+    def _model(self, k: Kernel, where: str) -> AccumulationModel:
+        spec = k.attrs.get("accumulation")
+        return self.model if spec is None else as_model(spec, where)
+
+
+def _full_rows(k: Kernel, x: np.ndarray) -> tuple[int, ...]:
+    """x's shape with every reduce dim at its full extent (a row op reads whole rows)."""
+    return tuple(k.space[d] if d in k.reduce_dims else n for d, n in zip(k.space, x.shape, strict=True))
+
+
+def _f32(x: np.ndarray) -> np.ndarray:
+    return x if x.dtype == np.float32 else x.astype(np.float32)
+
+
+def _for_int(result: np.ndarray, where: str) -> np.ndarray:
+    if np.issubdtype(result.dtype, np.floating) and np.isnan(result).any():
+        raise ExecutionError(f"{where}: NaN result cannot be written to an integer buffer")
+    return result
