@@ -1,0 +1,116 @@
+"""Strict vs fallback mode: typed errors naming op, dtypes, shapes and module path; CPU islands with warnings."""
+
+import warnings
+
+import pytest
+import torch
+
+import torch_spyre_emu
+from torch_spyre_emu.compiler import find_unsupported
+from torch_spyre_emu.errors import FallbackWarning, SpyreUnsupportedOpError
+
+
+class Rope(torch.nn.Module):
+    def forward(self, x):
+        return torch.sin(x) * 2.0
+
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.rope = Rope()
+        self.proj = torch.nn.Linear(64, 64)
+
+    def forward(self, x):
+        return self.proj(self.rope(x))
+
+
+def test_fallback_mode_runs_cpu_island_with_warning():
+    net = Net().half()
+    x = torch.randn(4, 64, dtype=torch.float16)
+    with pytest.warns(FallbackWarning, match=r"aten\.sin in rope"):
+        out = torch.compile(net, backend="spyre")(x)
+    with torch.no_grad():
+        ref = net.float()(x.float())
+    assert torch.nn.functional.cosine_similarity(out.float().flatten(), ref.flatten(), 0) > 0.999
+    steps = torch_spyre_emu.last_profile().steps
+    islands = [s for s in steps if s.op.startswith("host")]
+    assert islands and islands[0].end_us > islands[0].start_us  # PCIe-timed
+
+
+def test_strict_mode_raises_naming_op_dtype_shape_and_module():
+    net = Net().half()
+    x = torch.randn(4, 64, dtype=torch.float16)
+    with torch_spyre_emu.strict(), pytest.raises(SpyreUnsupportedOpError) as info:
+        torch.compile(net, backend="spyre")(x)
+    msg = str(info.value)
+    assert "aten.sin" in msg and "float16" in msg and "[4, 64]" in msg and "rope" in msg
+    (op,) = info.value.ops
+    assert (
+        op.op == "aten.sin" and op.where == "rope" and op.capability == "aten.sin" and op.status == "fallback"
+    )
+
+
+def test_strict_flag_from_config():
+    x = torch.randn(8, 64, dtype=torch.float16)
+    old = torch_spyre_emu.config.strict
+    torch_spyre_emu.config.strict = True
+    try:
+        with pytest.raises(SpyreUnsupportedOpError, match="aten.cos"):
+            torch.compile(torch.cos, backend="spyre")(x)
+    finally:
+        torch_spyre_emu.config.strict = old
+
+
+def test_unsupported_op_raises_in_fallback_mode_too():
+    x = torch.randn(8, 64, dtype=torch.float16)
+    idx = torch.randint(0, 64, (8, 4))
+    with pytest.raises(SpyreUnsupportedOpError, match=r"aten\.gather .*unsupported"):
+        torch.compile(lambda a, i: torch.gather(a, 1, i), backend="spyre")(x, idx)
+
+
+def test_fp32_off_the_fp32_list_falls_back():
+    x = torch.rand(8, 64) + 0.5
+    with pytest.warns(FallbackWarning, match=r"aten\.log .*float32 is not accepted"):
+        out = torch.compile(torch.log, backend="spyre")(x)
+    assert torch.allclose(out, torch.log(x), rtol=1e-6)  # the CPU island computes in fp32
+
+
+def test_capability_override_changes_lowering():
+    x = torch.randn(8, 64, dtype=torch.float16)
+    with torch_spyre_emu.capabilities.override({"aten.sin": "native"}), warnings.catch_warnings():
+        warnings.simplefilter("error", FallbackWarning)
+        out = torch.compile(torch.sin, backend="spyre")(x)
+    assert torch.allclose(out.float(), torch.sin(x.float()), atol=1e-2)
+    assert any(k.fn == "sin" for k in torch_spyre_emu.last_profile().kernels)
+
+
+def test_gelu_erf_feature_gates_lowering():
+    x = torch.randn(8, 64, dtype=torch.float16)
+    f = torch.compile(lambda t: torch.nn.functional.gelu(t), backend="spyre")
+    with pytest.warns(FallbackWarning, match="ops.gelu_erf"):
+        f(x)
+    with torch_spyre_emu.capabilities.override({"ops.gelu_erf": True}), warnings.catch_warnings():
+        warnings.simplefilter("error", FallbackWarning)
+        out = f(x)
+    assert torch.allclose(out.float(), torch.nn.functional.gelu(x.float()), atol=2e-2)
+
+
+def test_head_dim_not_stick_multiple_feature():
+    q = torch.randn(1, 2, 16, 32, dtype=torch.float16)
+    sdpa = torch.compile(
+        lambda a, b, c: torch.nn.functional.scaled_dot_product_attention(a, b, c), backend="spyre"
+    )
+    with pytest.raises(SpyreUnsupportedOpError, match="layout.head_dim_not_stick_multiple"):
+        sdpa(q, q, q)
+    with torch_spyre_emu.capabilities.override({"layout.head_dim_not_stick_multiple": True}):
+        out = sdpa(q, q, q)
+    ref = torch.nn.functional.scaled_dot_product_attention(q.float(), q.float(), q.float())
+    assert torch.nn.functional.cosine_similarity(out.float().flatten(), ref.flatten(), 0) > 0.999
+
+
+def test_find_unsupported_lists_everything_without_raising():
+    net = Net().half()
+    found = find_unsupported(net, (torch.randn(4, 64, dtype=torch.float16),))
+    assert [(u.op, u.where, u.capability) for u in found] == [("aten.sin", "rope", "aten.sin")]
+    assert found[0].dtypes == ("float16",) and found[0].shapes == ((4, 64),)
