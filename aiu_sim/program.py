@@ -271,6 +271,18 @@ class KernelProgram:
 
         return format_program(self)
 
+    def to_json(self, indent: int | None = None) -> str:
+        """The program as JSON (aiu_sim/serialize.py); KernelProgram.from_json(text) rebuilds it."""
+        from aiu_sim.serialize import to_json
+
+        return to_json(self, indent)
+
+    @classmethod
+    def from_json(cls, text: str, config: HardwareConfig | None = None) -> KernelProgram:
+        from aiu_sim.serialize import from_json
+
+        return from_json(text, config)
+
 
 # ---------------------------------------------------------------------------------------------------------------
 # Per-core work: which slice of the iteration space each core owns and which sticks each argument touches there.

@@ -1,9 +1,10 @@
 """ProgramBuilder: assemble a KernelProgram step by step, with a work-division policy filling in kernel splits.
 
-The default policy, `equal_split`, is torch-spyre's pass 3 (STACK §1.4) in miniature: split output dims first,
-largest first, each by the largest divisor of its size (in sticks for stick dims) that still fits the cores left,
-then at most one reduction dim (matmul and reduce only) with the cores that remain. Every core gets the same
-number of sticks. It does not search costs (pass 2) or enforce the span rule (validation checks that).
+The default policy, `equal_split`, is torch-spyre's pass 3 (STACK §1.4) in miniature: output dims are split first,
+largest first, each by a divisor of its size (in sticks for stick dims), then at most one reduction dim (matmul and
+reduce only) with the cores that remain; every core gets the same number of sticks. Among such splits it takes the
+one that keeps the most cores busy (a small exhaustive search: the divisor combinations under 32 cores are few). It
+does not model costs (pass 2) or enforce the span rule (validation checks that).
 """
 
 from __future__ import annotations
@@ -34,23 +35,36 @@ ArgSpec = Arg | tuple
 
 
 def equal_split(kernel: Kernel, buffers: dict[str, Buffer], num_cores: int) -> dict[str, int]:
-    """Equal-stick work division over at most `num_cores` cores (see the module docstring)."""
+    """Equal-stick work division over at most `num_cores` cores (see the module docstring).
+
+    Among the splits that divide whole sticks, it picks the one using the most cores, then the one with the most
+    cores on output dims (a K split costs a partial-sum combine), then larger splits of the larger dims."""
     sticky = stick_dims(kernel, buffers)
     units = {d: (math.ceil(n / sticky[d]) if d in sticky else n) for d, n in kernel.space.items()}
-    out_dims = [d for d in kernel.space if d not in kernel.reduce_dims]
-    split: dict[str, int] = {}
-    left = num_cores
-    for dim in sorted(out_dims, key=lambda d: -units[d]):  # stable: ties keep space order
-        pieces = _largest_divisor(units[dim], left)
-        if pieces > 1:
-            split[dim] = pieces
-            left //= pieces
-    if kernel.op in ("matmul", "reduce") and left > 1 and kernel.reduce_dims:
-        kdim = max(kernel.reduce_dims, key=lambda d: units[d])
-        pieces = _largest_divisor(units[kdim], left)
-        if pieces > 1:
-            split[kdim] = pieces
-    return split
+    out_dims = sorted((d for d in kernel.space if d not in kernel.reduce_dims), key=lambda d: -units[d])
+    k_dims = []
+    if kernel.op in ("matmul", "reduce") and kernel.reduce_dims:
+        k_dims = [max(kernel.reduce_dims, key=lambda d: units[d])]  # at most one reduce dim may be split
+    best: tuple = ()
+    best_split: dict[str, int] = {}
+
+    def search(i: int, left: int, chosen: list[int]) -> None:
+        nonlocal best, best_split
+        if i == len(out_dims):
+            k_pieces = [_largest_divisor(units[d], left) for d in k_dims]
+            out_cores = math.prod(chosen)
+            score = (out_cores * math.prod(k_pieces), out_cores, tuple(chosen))
+            if score > best:
+                best = score
+                best_split = {
+                    d: n for d, n in zip(out_dims + k_dims, chosen + k_pieces, strict=True) if n > 1
+                }
+            return
+        for pieces in _divisors(units[out_dims[i]], left):
+            search(i + 1, left // pieces, [*chosen, pieces])
+
+    search(0, num_cores, [])
+    return best_split
 
 
 def single_core(kernel: Kernel, buffers: dict[str, Buffer], num_cores: int) -> dict[str, int]:
@@ -58,6 +72,10 @@ def single_core(kernel: Kernel, buffers: dict[str, Buffer], num_cores: int) -> d
 
 
 POLICIES: dict[str, SplitPolicy] = {"equal": equal_split, "single": single_core}
+
+
+def _divisors(n: int, limit: int) -> list[int]:
+    return [d for d in range(min(n, limit), 0, -1) if n % d == 0]
 
 
 def _largest_divisor(n: int, limit: int) -> int:

@@ -95,6 +95,7 @@ def test_round_trip_gives_an_equal_program(make):
     again = from_json(text)
     assert_same_program(program, again)
     assert to_json(again) == text
+    assert_same_program(program, KernelProgram.from_json(program.to_json(indent=1)))
 
 
 def test_array_attributes_round_trip():
