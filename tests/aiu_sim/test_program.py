@@ -205,3 +205,12 @@ def test_split_must_divide_whole_sticks_and_only_matmul_splits_k():
                 )
             ],
         )
+
+
+def test_timing_mode_needs_no_inputs_and_writes_a_trace(tmp_path):
+    path = tmp_path / "mm.trace.json"
+    result = aiu_sim.run(split_matmul(), mode="timing", trace_path=path)
+    assert result.outputs is None and result.timing.total_us > 0
+    assert path.stat().st_size > 0
+    with pytest.raises(aiu_sim.ExecutionError, match="trace_path needs timing"):
+        aiu_sim.run(split_matmul(), {}, mode="functional", trace_path=path)
