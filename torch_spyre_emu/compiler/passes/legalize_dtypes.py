@@ -10,18 +10,10 @@ import warnings
 import torch
 import torch.fx as fx
 
+from aiu_sim.numerics.errors import Int64NarrowingWarning
 from torch_spyre_emu.compiler.context import TORCH_TO_FORMAT
 
 _warned = {"int64": False}
-
-
-def _downcast_warning() -> type[Warning]:
-    try:
-        from torch_spyre_emu.errors import SpyreDowncastWarning
-
-        return SpyreDowncastWarning
-    except ImportError:  # pragma: no cover - the device engineer's class
-        return UserWarning
 
 
 def legalize_dtypes(gm: fx.GraphModule, ctx=None) -> fx.GraphModule:
@@ -38,7 +30,7 @@ def legalize_dtypes(gm: fx.GraphModule, ctx=None) -> fx.GraphModule:
                 warnings.warn(
                     "int64 tensors are stored as int32 on Spyre (values outside the int32 range are an error), as torch-spyre "
                     "does with TORCH_SPYRE_DOWNCAST_WARN",
-                    _downcast_warning(),
+                    Int64NarrowingWarning,
                     stacklevel=2,
                 )
             fmts.append(TORCH_TO_FORMAT.get(v.dtype))
