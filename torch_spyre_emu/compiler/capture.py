@@ -19,6 +19,8 @@ from torch._decomp import core_aten_decompositions
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
 
+from torch_spyre_emu.errors import SpyreCompileError
+
 aten = torch.ops.aten
 
 # Ops whose core-aten decomposition we skip: torch-spyre lowers them as custom ops or decomposes them itself.
@@ -88,7 +90,43 @@ def capture(
         )
     gm.meta["fake_mode"] = mode
     gm.meta["fake_inputs"] = fakes
+    drop_leftover_inplace(gm)
     return gm
+
+
+def _functional_twin(target):
+    """aten.add_.Scalar -> aten.add.Scalar (None if there is no such overload)."""
+    packet = getattr(target, "overloadpacket", None)
+    name = getattr(packet, "__name__", "")
+    if not name.endswith("_") or name.startswith("_"):
+        return None
+    twin = getattr(aten, name[:-1], None)
+    return getattr(twin, target._overloadname, None) if twin is not None else None
+
+
+def drop_leftover_inplace(gm: fx.GraphModule) -> None:
+    """Rewrite in-place ops that functionalization left in the graph (some CompositeImplicit decompositions, e.g.
+    rms_norm's `add_`, run below it) into their functional overloads. Only safe when nothing reads the mutated
+    tensor afterwards; otherwise the graph is rejected rather than silently changed."""
+    order = {n: i for i, n in enumerate(gm.graph.nodes)}
+    changed = False
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function":
+            continue
+        twin = _functional_twin(node.target)
+        if twin is None:
+            continue
+        mutated = node.args[0]
+        later = [u for u in mutated.users if u is not node and order[u] > order[node]]
+        if later or mutated.op == "placeholder":
+            raise SpyreCompileError(
+                f"{node.target} mutates {mutated.name}, which is read again afterwards; the graph is not functional "
+                "(please report: capture should have removed this mutation)"
+            )
+        node.target = twin
+        changed = True
+    if changed:
+        gm.recompile()
 
 
 def retrace(gm: fx.GraphModule, table: dict) -> fx.GraphModule:
@@ -103,6 +141,7 @@ def retrace(gm: fx.GraphModule, table: dict) -> fx.GraphModule:
 
     with mode, torch.no_grad():
         new = make_fx(run, decomposition_table=table, tracing_mode="real", record_module_stack=True)(*fakes)
+    drop_leftover_inplace(new)
     new.meta.update(consts)
     new.meta["fake_mode"] = mode
     new.meta["fake_inputs"] = fakes
