@@ -110,11 +110,8 @@ class _State:
         if values.dtype.kind in "iub" and get_format(buf.dtype).kind != "int":
             values = values.astype(np.float64)
         rounded = get_format(buf.dtype).quantize(values)
-        if (
-            not rounded.flags.c_contiguous
-            or not rounded.flags.owndata
-            or np.may_share_memory(rounded, values)
-        ):
+        # Kernels write buffers in place (windows, views): never alias the caller's or the program's arrays.
+        if not rounded.flags.c_contiguous or np.may_share_memory(rounded, values):
             rounded = np.array(rounded, order="C", copy=True)
         return rounded
 

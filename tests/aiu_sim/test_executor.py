@@ -538,3 +538,21 @@ def test_resident_buffers_and_fetched_device_values():
         execute(program, {}, resident={"v": w})
     with pytest.raises(ExecutionError, match=r"resident buffer 'w': shape \(64,\) does not match"):
         execute(program, {}, resident={"w": w[0]})
+
+
+@pytest.mark.parametrize("dtype", ["dl16", "fp32"])
+def test_kernels_never_write_into_the_programs_constants(dtype):
+    cache = d(RNG.normal(size=(4, 64)))
+    pb = ProgramBuilder("cache", "small")
+    pb.buffer("cache", dtype, (4, 64))
+    pb.constant("cache", cache.copy())
+    pb.buffer("new", dtype, (1, 64))
+    pb.host_input("new", "new", "float32")
+    pb.kernel("append", "copy", [("new", (None, "j"))], [Arg("cache", (None, "j"), (3, 0))], {"j": 64})
+    pb.host_output("cache", "out", "float32")
+    program = pb.build()
+    new = np.full((1, 64), 2.0, np.float32)
+    first = execute(program, {"new": new})["out"]
+    np.testing.assert_array_equal(first[3], new[0])
+    np.testing.assert_array_equal(program.constants["cache"], cache)  # untouched
+    np.testing.assert_array_equal(execute(program, {"new": new})["out"], first)
