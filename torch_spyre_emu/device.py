@@ -1,0 +1,64 @@
+"""Registration of the "spyre" device: PrivateUse1 renamed, torch.spyre installed, kernels and Tensor API added.
+
+Mirrors torch-spyre's `_autoload` (STACK §1.1), but through torch's Python backend support
+(`_setup_privateuseone_for_python_backend`) instead of a C++ extension. `register()` is idempotent and is called by
+`import torch_spyre_emu`.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import torch
+from torch.utils.backend_registration import _setup_privateuseone_for_python_backend
+
+from torch_spyre_emu import device_kernels, spyre_module, tensor_api
+from torch_spyre_emu.errors import SpyreDeviceError
+
+DEVICE_NAME = "spyre"
+_lock = threading.Lock()
+
+
+class _Hooks(torch._C._acc.PrivateUse1Hooks):
+    """PrivateUse1 hooks: the device is always there (it is emulated)."""
+
+    def is_available(self) -> bool:
+        return True
+
+    def has_primary_context(self, dev_id) -> bool:
+        return True
+
+    def is_built(self) -> bool:
+        return True
+
+
+class _Guard(torch._C._acc.DeviceGuard):
+    def type_(self):
+        return torch._C._autograd.DeviceType.PrivateUse1
+
+
+# torch keeps only a raw pointer to these; hold them for the life of the process.
+_hooks = _Hooks()
+_guard = _Guard()
+
+
+def is_registered() -> bool:
+    return getattr(torch, DEVICE_NAME, None) is spyre_module
+
+
+def register() -> None:
+    """Make "spyre" a torch device backed by the emulator (safe to call more than once)."""
+    with _lock:
+        if is_registered():
+            return
+        current = torch._C._get_privateuse1_backend_name()
+        if current != "privateuseone":
+            raise SpyreDeviceError(
+                f"PrivateUse1 is already registered as {current!r} by another backend in this process; the spyre "
+                "emulator needs it. Import torch_spyre_emu in a process without that backend"
+            )
+        _setup_privateuseone_for_python_backend(
+            rename=DEVICE_NAME, backend_module=spyre_module, hook=_hooks, device_guard=_guard
+        )
+        device_kernels.install()
+        tensor_api.install()

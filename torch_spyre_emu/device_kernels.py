@@ -1,0 +1,170 @@
+"""The device plumbing kernels of the spyre backend: allocation, host<->device copies, scalar reads.
+
+These are the only aten kernels that do not go through the compiler: they move or allocate data, they do not
+compute. Host->device copies round into the device format once (numerics.host.to_device); a copy from a host tensor
+of another dtype is first cast on the host, as torch-spyre's DMA only converts between a dtype's host and device
+formats. Views run on metadata in op_dispatch.meta_view; everything else reaches op_dispatch.fallback -> run_op.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from torch_spyre_emu import host_dtypes, op_dispatch
+from torch_spyre_emu.errors import SpyreDeviceError
+from torch_spyre_emu.tensor import check_device, new_tensor, payload
+
+aten = torch.ops.aten
+_libraries: list[torch.library.Library] = []  # keep registrations alive
+
+
+def _check_layout(layout) -> None:
+    if layout not in (None, torch.strided):
+        raise SpyreDeviceError(f"spyre tensors are strided; layout={layout} is not supported")
+
+
+def _strides_for(size, memory_format) -> list[int] | None:
+    if memory_format in (None, torch.contiguous_format, torch.preserve_format):
+        return None
+    return list(torch.empty(size, memory_format=memory_format, device="meta").stride())
+
+
+def _filled(size, dtype, fill_value, device, strides=None) -> torch.Tensor:
+    """Allocate and initialize with a constant, converted to the device format on the host (like a DMA'd fill)."""
+    check_device(device)
+    dtype = dtype or torch.get_default_dtype()
+    t = new_tensor(size, dtype, strides)
+    if fill_value != 0:
+        payload(t)[...] = host_dtypes.to_device_values(torch.full((), fill_value, dtype=dtype))
+    return t
+
+
+def empty_memory_format(size, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
+    _check_layout(layout)
+    return _filled(size, dtype, 0, device, _strides_for(size, memory_format))
+
+
+def empty_strided(size, stride, dtype=None, layout=None, device=None, pin_memory=None):
+    _check_layout(layout)
+    return _filled(size, dtype, 0, device, stride)
+
+
+def zeros(size, dtype=None, layout=None, device=None, pin_memory=None):
+    _check_layout(layout)
+    return _filled(size, dtype, 0, device)
+
+
+def ones(size, dtype=None, layout=None, device=None, pin_memory=None):
+    _check_layout(layout)
+    return _filled(size, dtype, 1, device)
+
+
+def full(size, fill_value, dtype=None, layout=None, device=None, pin_memory=None):
+    _check_layout(layout)
+    if dtype is None:  # torch infers the dtype of full() from the fill value
+        dtype = torch.full((), fill_value).dtype
+    return _filled(size, dtype, fill_value, device)
+
+
+def scalar_tensor(s, dtype=None, layout=None, device=None, pin_memory=None):
+    _check_layout(layout)
+    return _filled((), dtype, s, device)
+
+
+def _like(fill_value):
+    def kernel(self, *args, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
+        value = args[0] if args else fill_value
+        dtype = dtype or self.dtype
+        target = torch.device(device) if device is not None else self.device
+        if target.type != "spyre":
+            return torch.full(self.shape, value, dtype=dtype, device=target)
+        _check_layout(layout)
+        meta = torch.empty_strided(self.shape, self.stride(), device="meta")
+        strides = torch.empty_like(meta, memory_format=memory_format or torch.preserve_format).stride()
+        return _filled(self.shape, dtype, value, target, strides)
+
+    return kernel
+
+
+def copy_from(src, dst, non_blocking=False):
+    """aten::_copy_from: every copy that touches a spyre tensor (H2D, D2H, D2D)."""
+    if src.device.type == "spyre" and dst.device.type == "spyre":
+        op_dispatch.copy_into(
+            dst, src.expand(dst.shape) if src.shape != dst.shape else src, aten.copy_.default
+        )
+    elif dst.device.type == "spyre":
+        if src.device.type != "cpu":
+            raise SpyreDeviceError(
+                f"cannot copy from {src.device} to spyre; move the tensor to the cpu first"
+            )
+        payload(dst)[...] = host_dtypes.to_device_values(src.detach().to(dst.dtype))
+    else:
+        dst.copy_(host_dtypes.to_host_tensor(payload(src), src.dtype))
+    return dst
+
+
+def copy_from_and_resize(src, dst):
+    if tuple(src.shape) != tuple(dst.shape):
+        raise SpyreDeviceError(
+            f"cannot resize a {tuple(dst.shape)} tensor to {tuple(src.shape)} while copying from spyre; "
+            "allocate the destination with the source's shape"
+        )
+    return copy_from(src, dst)
+
+
+def local_scalar_dense(self):
+    """.item(): read one value back to the host."""
+    return host_dtypes.to_host_tensor(payload(self), self.dtype).item()
+
+
+def resize_(self, size, memory_format=None):
+    if tuple(size) == tuple(self.shape):
+        return self
+    raise SpyreDeviceError(
+        f"spyre tensors cannot be resized ({tuple(self.shape)} -> {tuple(size)}); allocate a new tensor instead"
+    )
+
+
+def view_dtype(self, dtype):
+    if dtype == self.dtype:
+        return op_dispatch.meta_view(aten.alias.default, (self,), {})
+    raise SpyreDeviceError(
+        f"view({dtype}) reinterprets the bits of a {self.dtype} tensor; spyre tensors hold device-format values, "
+        "not host bits. Use .to(dtype) to convert, or .cpu().view(dtype) on the host"
+    )
+
+
+def as_strided_(self, size, stride, storage_offset=None):
+    # torch's composite as_strided_ bounds-checks against the 0-byte torch storage; set the metadata instead.
+    return op_dispatch.inplace_view(aten.as_strided_.default, (self, size, stride, storage_offset), {})
+
+
+_KERNELS = {
+    "empty.memory_format": empty_memory_format,
+    "empty_strided": empty_strided,
+    "zeros": zeros,
+    "ones": ones,
+    "full": full,
+    "scalar_tensor": scalar_tensor,
+    "zeros_like": _like(0),
+    "ones_like": _like(1),
+    "full_like": _like(None),
+    "_copy_from": copy_from,
+    "_copy_from_and_resize": copy_from_and_resize,
+    "_local_scalar_dense": local_scalar_dense,
+    "resize_": resize_,
+    "view.dtype": view_dtype,
+    "as_strided_": as_strided_,
+}
+
+
+def install() -> None:
+    """Register the plumbing kernels and the catch-all fallback for PrivateUse1 (once)."""
+    if _libraries:
+        return
+    lib = torch.library.Library("aten", "IMPL")
+    for name, fn in _KERNELS.items():
+        lib.impl(name, fn, "PrivateUse1")
+    fallback = torch.library.Library("_", "IMPL")
+    fallback.fallback(op_dispatch.fallback, dispatch_key="PrivateUse1", with_keyset=True)
+    _libraries.extend([lib, fallback])

@@ -1,0 +1,74 @@
+"""The device-side data of a spyre tensor, hung on its torch storage.
+
+Why the storage: a spyre tensor is a plain torch.Tensor whose TensorImpl has a 0-byte storage (torch's Python
+PrivateUse1 backend). Views, detach() and Parameters make new TensorImpls but share that StorageImpl, and torch keeps
+the storage's Python object alive as long as the StorageImpl lives. So the flat numpy buffer of device-format values
+lives there, and every tensor reads its values through its own sizes/strides/offset exactly like a CPU tensor does.
+The weakref finalizer on the storage object frees the accounted device bytes when the last tensor using it dies.
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from torch_spyre_emu import device_memory
+from torch_spyre_emu.errors import SpyreDeviceError
+from torch_spyre_emu.layout import SpyreTensorLayout
+
+_ATTR = "_spyre_device_storage"
+
+
+@dataclass
+class DeviceStorage:
+    """One device allocation: flat device-format values plus the layout of the tensor it was allocated for."""
+
+    buffer: np.ndarray  # 1-D, element i is storage element i (torch storage offsets/strides index into it)
+    layout: SpyreTensorLayout
+    base_shape: tuple[int, ...]
+    base_strides: tuple[int, ...]
+    device_index: int
+    nbytes: int  # device bytes, stick padding included
+
+
+def attach(t: torch.Tensor, storage: DeviceStorage) -> None:
+    """Bind `storage` to the torch storage of `t` and account its bytes until that storage dies."""
+    holder = t.untyped_storage()
+    if getattr(holder, _ATTR, None) is not None:
+        raise SpyreDeviceError("internal: this spyre tensor already owns device memory")
+    setattr(holder, _ATTR, storage)
+    device_memory.record_alloc(storage.device_index, storage.nbytes)
+    weakref.finalize(holder, device_memory.record_free, storage.device_index, storage.nbytes)
+
+
+def has_device_data(t: torch.Tensor) -> bool:
+    """True for real spyre tensors (not fake/meta stand-ins that merely report device spyre)."""
+    try:
+        return t.device.type == "spyre" and getattr(t.untyped_storage(), _ATTR, None) is not None
+    except (RuntimeError, NotImplementedError):
+        return False
+
+
+def get(t: torch.Tensor) -> DeviceStorage:
+    """The DeviceStorage behind spyre tensor `t`."""
+    if t.device.type != "spyre":
+        raise SpyreDeviceError(f"expected a spyre tensor, got one on {t.device}; move it with .to('spyre')")
+    storage = getattr(t.untyped_storage(), _ATTR, None)
+    if storage is None:
+        raise SpyreDeviceError(
+            "this spyre tensor has no device data (it was not created by torch_spyre_emu, e.g. a fake or meta "
+            "tensor); create spyre tensors with .to('spyre') or torch.empty(..., device='spyre')"
+        )
+    return storage
+
+
+def values_view(t: torch.Tensor) -> np.ndarray:
+    """The values of `t` in its logical shape, as a numpy view into its device buffer (writes go to the device)."""
+    buf = get(t).buffer
+    item = buf.itemsize
+    return np.lib.stride_tricks.as_strided(
+        buf[t.storage_offset() :], shape=tuple(t.shape), strides=tuple(s * item for s in t.stride())
+    )

@@ -1,0 +1,186 @@
+"""The one road from an aten op on spyre tensors to the device: torch_spyre_emu.eager.run_op.
+
+Every op that reaches the PrivateUse1 fallback is either a view (metadata only, computed by torch's Meta kernel on
+the shared storage) or computes, and then goes to run_op. torch hands backends `.out` and in-place overloads
+(aten.add.out, aten.add_.Tensor); they are turned into their functional overload here, so run_op always sees the
+same functional op the compiled path sees, and the result is written back into the out/self tensor.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from torch_spyre_emu import device_storage
+from torch_spyre_emu.errors import SpyreDeviceError, SpyreEagerUnavailableError
+
+_META = torch._C.DispatchKeySet(torch._C.DispatchKey.Meta)
+_EAGER_MODULE = "torch_spyre_emu.eager"
+
+
+def _describe(args, kwargs) -> str:
+    parts = []
+    for a in list(args) + list(kwargs.values()):
+        if isinstance(a, torch.Tensor):
+            parts.append(f"{str(a.dtype).removeprefix('torch.')}{list(a.shape)}@{a.device}")
+    return ", ".join(parts) or "no tensors"
+
+
+def _run_op():
+    """Import the eager hook lazily: it is written by the compiler side and may not exist yet."""
+    try:
+        from torch_spyre_emu.eager import run_op
+    except ImportError as e:
+        missing = isinstance(e, ModuleNotFoundError) and e.name == _EAGER_MODULE
+        if not (missing or "run_op" in str(e)):
+            raise
+        return None
+    return run_op
+
+
+def run_on_device(op, args, kwargs):
+    """Send `op` to run_op (as its functional overload) and write results into mutated/out arguments."""
+    functional = functional_overload(op)
+    mutated = _mutated_args(op)
+    target = functional if functional is not None else op
+    if functional is not None and mutated:
+        fargs, fkwargs = _drop_out_args(op, args, kwargs)
+    else:
+        fargs, fkwargs = args, kwargs
+    run_op = _run_op()
+    if run_op is None:
+        raise SpyreEagerUnavailableError(
+            f"{target} on spyre tensors ({_describe(fargs, fkwargs)}) needs the eager lowering hook "
+            f"{_EAGER_MODULE}.run_op, which is not available yet; move the tensors to the host with .cpu() to "
+            "compute there"
+        )
+    result = run_op(target, fargs, fkwargs)
+    if functional is None or not mutated:
+        return result
+    return _write_back(op, mutated, args, kwargs, result)
+
+
+@functools.cache
+def _mutated_args(op) -> tuple[tuple[int, str, bool], ...]:
+    """(position, name, kwarg_only) of every argument `op` writes to."""
+    return tuple(
+        (i, a.name, a.kwarg_only)
+        for i, a in enumerate(op._schema.arguments)
+        if a.alias_info is not None and a.alias_info.is_write
+    )
+
+
+def _signature(args) -> tuple:
+    return tuple((a.name, str(a.type)) for a in args)
+
+
+@functools.cache
+def functional_overload(op):
+    """The non-mutating overload computing the same thing as `op` (None if op is already functional or has none).
+
+    aten.add_.Tensor -> aten.add.Tensor; aten.add.out -> aten.add.Tensor; aten.max.dim_max -> aten.max.dim."""
+    mutated = _mutated_args(op)
+    if not mutated:
+        return None
+    schema = op._schema
+    out_names = {name for _, name, kwarg_only in mutated if kwarg_only}
+    if out_names:  # .out variant: same packet, same inputs without the out arguments
+        want = _signature(a for a in schema.arguments if a.name not in out_names)
+        packet = op.overloadpacket
+    else:  # in-place variant: aten.X_.overload -> aten.X.overload
+        want = _signature(schema.arguments)
+        packet = getattr(torch.ops.aten, op.overloadpacket.__name__.rstrip("_"), None)
+        if packet is None:
+            return None
+    for name in packet.overloads():
+        candidate = getattr(packet, name)
+        if _mutated_args(candidate):
+            continue
+        if _signature(candidate._schema.arguments) == want:
+            return candidate
+    return None
+
+
+def _drop_out_args(op, args, kwargs):
+    """Remove the out= arguments (they are kwarg-only) for the functional call."""
+    out_names = {name for _, name, kwarg_only in _mutated_args(op) if kwarg_only}
+    return args, {k: v for k, v in kwargs.items() if k not in out_names}
+
+
+def _arg(op, args, kwargs, position: int, name: str):
+    return kwargs[name] if name in kwargs else args[position]
+
+
+def _write_back(op, mutated, args, kwargs, result):
+    results = result if isinstance(result, (tuple, list)) else (result,)
+    targets = [_arg(op, args, kwargs, pos, name) for pos, name, _ in mutated]
+    if len(results) < len(targets):
+        raise SpyreDeviceError(
+            f"internal: run_op({op}) returned {len(results)} results for {len(targets)} outputs"
+        )
+    for dst, src in zip(targets, results, strict=False):
+        copy_into(dst, src, op)
+    return targets[0] if len(targets) == 1 else tuple(targets)
+
+
+def copy_into(dst: torch.Tensor, src: torch.Tensor, op=None) -> None:
+    """Write spyre tensor `src` into spyre tensor `dst` (same shape; cast through run_op if dtypes differ)."""
+    from torch_spyre_emu.tensor import payload
+
+    if not isinstance(src, torch.Tensor) or src.device.type != "spyre":
+        raise SpyreDeviceError(
+            f"run_op({op}) must return spyre tensors (made with torch_spyre_emu.tensor.from_payload), got "
+            f"{type(src).__name__}{'' if not isinstance(src, torch.Tensor) else ' on ' + str(src.device)}"
+        )
+    if tuple(dst.shape) != tuple(src.shape):
+        raise SpyreDeviceError(
+            f"{op} produced shape {tuple(src.shape)} but its out tensor has shape {tuple(dst.shape)}; spyre "
+            "tensors cannot be resized, so pass an out tensor of the right shape"
+        )
+    if dst.dtype != src.dtype:
+        src = run_on_device(torch.ops.aten._to_copy.default, (src,), {"dtype": dst.dtype})
+    payload(dst)[...] = payload(src)
+
+
+def meta_view(op, args, kwargs):
+    """Run a view op on metadata only: torch's Meta kernel aliases the shared (0-byte) storage."""
+    result = op.redispatch(_META, *args, **kwargs)
+    base = next(a for a in args if isinstance(a, torch.Tensor))
+    for r in result if isinstance(result, (tuple, list)) else (result,):
+        if isinstance(r, torch.Tensor) and r.dtype != base.dtype:
+            raise SpyreDeviceError(
+                f"{op} reinterprets {base.dtype} as {r.dtype}; spyre tensors hold device-format values (e.g. DL16), "
+                "not host bits, so bit-casting views are not supported. Use .to(dtype) to convert values"
+            )
+    device_storage.get(base)  # the view only makes sense over real device data
+    return result
+
+
+def inplace_view(op, args, kwargs):
+    """t_(), unsqueeze_(), as_strided_()...: compute the new metadata on a meta twin, then set it on self.
+
+    Why not redispatch to Meta directly: those kernels bounds-check against the (0-byte) torch storage."""
+    self, rest = args[0], args[1:]
+    extent = sum((n - 1) * s for n, s in zip(self.shape, self.stride(), strict=True)) if self.numel() else 0
+    span = self.storage_offset() + extent + 1
+    twin = torch.empty(span, dtype=self.dtype, device="meta").as_strided(
+        self.shape, self.stride(), self.storage_offset()
+    )
+    op(twin, *rest, **kwargs)
+    device_storage.get(self)
+    source = torch.ops.aten.as_strided.default.redispatch(
+        _META, self, list(twin.shape), list(twin.stride()), twin.storage_offset()
+    )
+    return torch.ops.aten.set_.source_Tensor.redispatch(_META, self, source)
+
+
+def fallback(keyset, op, *args, **kwargs):
+    """PrivateUse1 boxed fallback: views stay local, everything else computes through run_op."""
+    if op.overloadpacket is torch.ops.aten.set_:  # repoint at a (spyre) storage: metadata only
+        return op.redispatch(_META, *args, **kwargs)
+    if torch.Tag.inplace_view in op.tags:
+        return inplace_view(op, args, kwargs)
+    if op.is_view:
+        return meta_view(op, args, kwargs)
+    return run_on_device(op, args, kwargs)

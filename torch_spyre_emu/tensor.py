@@ -1,0 +1,133 @@
+"""Spyre tensors: how they are made, and how the rest of the stack reads and writes their device values.
+
+A spyre tensor is a plain torch.Tensor on device "spyre" with a 0-byte torch storage; its values live in a
+DeviceStorage (see device_storage.py) as DEVICE-FORMAT values in logical (host) order: fp16/bf16/bool as DL16
+values held in float32, fp32 as fp32, int64 narrowed to int32, int8 and fp8 as themselves. The stick-padded
+device picture is derived on demand from the layout (device_image()).
+
+API for the compiler / eager path:
+    payload(t)                    numpy view of t's device values in t's shape (writable)
+    from_payload(values, dtype)   new spyre tensor holding already-device-format values (no second rounding)
+    empty_with_layout(shape, dtype, layout)
+    device_tensor_layout(t), device_image(t)
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+from torch_spyre_emu import device_storage, host_dtypes
+from torch_spyre_emu.errors import SpyreDeviceError, SpyreLayoutError
+from torch_spyre_emu.layout import SpyreTensorLayout, default_layout, host_dim_map, to_device_image
+
+_META = torch._C.DispatchKeySet(torch._C.DispatchKey.Meta)
+
+
+def _contiguous_strides(shape) -> tuple[int, ...]:
+    strides, acc = [], 1
+    for s in reversed(shape):
+        strides.append(acc)
+        acc *= max(int(s), 1)
+    return tuple(reversed(strides))
+
+
+def check_device(device) -> int:
+    """The device index a factory may allocate on; only spyre:0 exists for torch's Python backend."""
+    if device is None:
+        return 0
+    device = torch.device(device)
+    if device.index not in (None, 0):
+        raise SpyreDeviceError(
+            f"cannot allocate on {device}: torch's Python PrivateUse1 backend only creates tensors on spyre:0. "
+            "Use device='spyre'; torch.spyre.set_device(i) selects which emulated card is accounted"
+        )
+    return 0
+
+
+def check_layout(layout: SpyreTensorLayout, shape, dtype: torch.dtype) -> None:
+    """Raise SpyreLayoutError unless `layout` can hold a `dtype` tensor of `shape`."""
+    if not isinstance(layout, SpyreTensorLayout):
+        raise SpyreLayoutError(f"device_layout must be a SpyreTensorLayout, got {type(layout).__name__}")
+    fmt = host_dtypes.device_format(dtype)
+    if layout.format != fmt:
+        raise SpyreLayoutError(
+            f"layout device_dtype {layout.device_dtype} does not match {dtype}, which is stored as "
+            f"{default_layout((), dtype).device_dtype}; build the layout with default_layout(shape, {dtype})"
+        )
+    host_dim_map(layout, tuple(shape))
+
+
+def new_tensor(
+    shape, dtype: torch.dtype, strides=None, layout: SpyreTensorLayout | None = None
+) -> torch.Tensor:
+    """Allocate a zero-filled spyre tensor of `shape`/`dtype` (torch strides `strides`, default contiguous)."""
+    from torch_spyre_emu import spyre_module
+
+    shape = tuple(int(s) for s in shape)
+    strides = _contiguous_strides(shape) if strides is None else tuple(int(s) for s in strides)
+    if layout is None:
+        layout = default_layout(shape, dtype)
+    else:
+        check_layout(layout, shape, dtype)
+    t = torch._C._acc.create_empty_tensor(list(shape), dtype)
+    if strides != tuple(t.stride()):
+        # Non-contiguous torch strides (e.g. preserve_format copies): set metadata through the Meta kernel.
+        t = torch.ops.aten.as_strided.default.redispatch(_META, t, list(shape), list(strides), 0)
+    span = 1 + sum((n - 1) * s for n, s in zip(shape, strides, strict=True)) if math.prod(shape) else 0
+    buffer = np.zeros(span, dtype=host_dtypes.payload_numpy_dtype(dtype))
+    device_storage.attach(
+        t,
+        device_storage.DeviceStorage(
+            buffer, layout, shape, strides, spyre_module.current_device(), nbytes=layout.nbytes
+        ),
+    )
+    return t
+
+
+def payload(t: torch.Tensor) -> np.ndarray:
+    """t's device-format values in t's logical shape: a writable numpy view into device memory."""
+    return device_storage.values_view(t)
+
+
+def from_payload(values, dtype: torch.dtype, layout: SpyreTensorLayout | None = None) -> torch.Tensor:
+    """A new spyre tensor of torch `dtype` holding `values`, which must already be device-format values."""
+    values = np.asarray(values)
+    want = host_dtypes.payload_numpy_dtype(dtype)
+    if values.dtype != want:
+        raise SpyreDeviceError(
+            f"device values for {dtype} are held as {want}, got {values.dtype}; convert host data with "
+            "aiu_sim.numerics.host.to_device first"
+        )
+    t = new_tensor(values.shape, dtype, layout=layout)
+    payload(t)[...] = values
+    return t
+
+
+def empty_with_layout(shape, dtype: torch.dtype, layout: SpyreTensorLayout) -> torch.Tensor:
+    """A zero-filled spyre tensor stored in the given device layout (torch-spyre's spyre_empty_with_layout)."""
+    return new_tensor(shape, dtype, layout=layout)
+
+
+def _is_storage_base(t: torch.Tensor, storage: device_storage.DeviceStorage) -> bool:
+    return (
+        t.storage_offset() == 0
+        and tuple(t.shape) == storage.base_shape
+        and tuple(t.stride()) == storage.base_strides
+    )
+
+
+def device_tensor_layout(t: torch.Tensor) -> SpyreTensorLayout:
+    """The SpyreTensorLayout of `t`. A strided view of another tensor has no device layout of its own; it gets
+    the default layout for its shape, which is what it is stored in once materialized (e.g. .contiguous())."""
+    storage = device_storage.get(t)
+    if _is_storage_base(t, storage):
+        return storage.layout
+    return default_layout(tuple(t.shape), t.dtype)
+
+
+def device_image(t: torch.Tensor) -> np.ndarray:
+    """The stick-padded device array of `t` (shape layout.device_size; padding positions are zero)."""
+    return to_device_image(payload(t), device_tensor_layout(t))
