@@ -1,0 +1,168 @@
+"""Host <-> device data mapping, as torch-spyre's copy path does it.
+
+Table (../shared/reference/torch_spyre_stack.md §3, ``stringToDTDataFormatPair``):
+  float16, bfloat16, bool -> DL16 (SEN169_FP16)     float32 -> fp32      int64, int32 -> int32 (int64 with a warning)
+  int8 -> int8 (SENINT8)    int4 -> int4 (SENINT4)  float8_e4m3fn -> fp8_e4m3    float8_e5m2(fnuz) -> fp8_e5m2
+Host dtypes are given by name ("float16", "torch.float16" or a numpy dtype): this package never imports torch.
+
+Device values are returned as numpy arrays: float32 holding values of the device format for float formats and bool
+(0.0 / 1.0 in DL16), int32 / int8 for integer formats (int4 in an int8 container).
+
+Decisions (also in docs/numerics.md):
+  * ``to_device`` first converts ``x`` to the host dtype (a no-op when it already has it), then rounds once to the
+    device format. fp16/bf16 Inf and NaN become the DL16 NaN/Inf code (held as Inf / NaN, see dl16.round).
+  * int64 -> int32: a one-time ``Int64NarrowingWarning`` (torch-spyre warns once too); any value outside int32 raises
+    ``Int64RangeError`` naming how many and one example. Never a silent wraparound.
+  * ``to_host``: DL16 -> float16 rounds to nearest even, values beyond fp16's range become +-Inf, the NaN/Inf code
+    comes back as it is held (NaN or Inf); DL16 -> bfloat16 rounds with ml_dtypes (nearest even).
+"""
+
+import warnings
+
+import ml_dtypes
+import numpy as np
+
+from aiu_sim.numerics import fp8, ints
+from aiu_sim.numerics._inputs import as_float32, as_integer_array
+from aiu_sim.numerics.errors import (
+    Int64NarrowingWarning,
+    Int64RangeError,
+    UnknownFormatError,
+    UnsupportedInputError,
+)
+from aiu_sim.numerics.formats import FORMATS
+
+__all__ = [
+    "Int64NarrowingWarning",
+    "device_format_for",
+    "host_dtype",
+    "reset_int64_warning",
+    "to_device",
+    "to_host",
+]
+
+# host dtype name -> numpy dtype of a host array of that dtype (int4 has no numpy type: int8 container)
+_HOST_NUMPY = {
+    "float16": np.dtype(np.float16),
+    "bfloat16": np.dtype(ml_dtypes.bfloat16),
+    "bool": np.dtype(np.bool_),
+    "float32": np.dtype(np.float32),
+    "int64": np.dtype(np.int64),
+    "int32": np.dtype(np.int32),
+    "int8": np.dtype(np.int8),
+    "int4": np.dtype(np.int8),
+    "float8_e4m3fn": np.dtype(ml_dtypes.float8_e4m3fn),
+    "float8_e5m2": np.dtype(ml_dtypes.float8_e5m2),
+    "float8_e5m2fnuz": np.dtype(ml_dtypes.float8_e5m2fnuz),
+}
+_HOST_TO_FORMAT = {torch_name: fmt.name for fmt in FORMATS.values() for torch_name in fmt.torch_dtypes}
+
+_int64_warned = False
+
+
+def device_format_for(host_dtype_name) -> str:
+    """Canonical device format name for a host dtype name, e.g. "torch.bfloat16" -> "dl16", "int64" -> "int32"."""
+    return FORMATS[_host_format(_normalize(host_dtype_name))].storage
+
+
+def host_dtype(host_dtype_name) -> np.dtype:
+    """The numpy dtype that holds host data of this dtype (ml_dtypes for bfloat16 / FP8, int8 for int4)."""
+    name = _normalize(host_dtype_name)
+    _host_format(name)
+    return _HOST_NUMPY[name]
+
+
+def to_device(x, host_dtype_name, *, exponent_bias: int | None = None) -> np.ndarray:
+    """Values of host data ``x`` (of dtype ``host_dtype_name``) as the device holds them.
+
+    ``exponent_bias`` applies to FP8 device formats only (default: the format's default bias).
+    """
+    name = _normalize(host_dtype_name)
+    fmt = FORMATS[_host_format(name)]
+    if exponent_bias is not None and fmt.name not in fp8.FORMAT_NAMES:
+        raise UnsupportedInputError(f"exponent_bias applies to FP8 host dtypes only, not to {name!r}")
+    if fmt.kind == "bool":
+        return fmt.quantize(x)
+    if fmt.kind == "int":
+        return _ints_to_device(x, name, fmt.name)
+    with np.errstate(over="ignore"):  # e.g. float32 -> float16 overflow to Inf: the host value is Inf
+        host_values = as_float32(x, f"to_device({name})").astype(_HOST_NUMPY[name])
+    if fmt.name in fp8.FORMAT_NAMES:
+        return fp8.round(host_values, fmt.name, exponent_bias)
+    return fmt.quantize(host_values)
+
+
+def to_host(x, host_dtype_name) -> np.ndarray:
+    """Device values ``x`` copied back to host dtype ``host_dtype_name`` (a numpy / ml_dtypes array)."""
+    name = _normalize(host_dtype_name)
+    fmt = FORMATS[_host_format(name)]
+    target = _HOST_NUMPY[name]
+    if fmt.kind == "bool":
+        return np.asarray(x) != 0
+    if fmt.kind == "int":
+        arr = as_integer_array(x, f"to_host({name})")
+        if name == "int64":
+            return arr.astype(np.int64)
+        return _check_int_range(arr, name, fmt.name).astype(target)
+    with np.errstate(over="ignore"):  # DL16 values beyond fp16's range become +-Inf, as documented
+        return as_float32(x, f"to_host({name})").astype(target)
+
+
+def reset_int64_warning() -> None:
+    """Re-arm the once-per-process int64 narrowing warning (for tests and long-running sessions)."""
+    global _int64_warned
+    _int64_warned = False
+
+
+def _ints_to_device(x, name: str, fmt_name: str) -> np.ndarray:
+    global _int64_warned
+    arr = as_integer_array(x, f"to_device({name})")
+    lo, hi, container = ints.RANGES[fmt_name]
+    if name != "int64":
+        return _check_int_range(arr, name, fmt_name).astype(container)
+    outside = (arr < lo) | (arr > hi)
+    if outside.any():
+        index = tuple(int(i) for i in np.argwhere(outside)[0])
+        raise Int64RangeError(
+            f"{int(outside.sum())} of {arr.size} int64 values lie outside the device's int32 range [{lo}, {hi}] "
+            f"(e.g. {arr[index]} at index {index}); Spyre narrows int64 to int32. Keep this tensor on the CPU, "
+            "or rescale / offset the values so they fit"
+        )
+    if not _int64_warned:
+        _int64_warned = True
+        warnings.warn(
+            "int64 data is narrowed to int32 on the Spyre device (as torch-spyre does); values are checked to fit",
+            Int64NarrowingWarning,
+            stacklevel=3,
+        )
+    return arr.astype(container)
+
+
+def _check_int_range(arr: np.ndarray, name: str, fmt_name: str) -> np.ndarray:
+    """Host int32 / int8 / int4 data must already fit its dtype; anything else is a caller error, not narrowing."""
+    lo, hi, _ = ints.RANGES[fmt_name]
+    outside = (arr < lo) | (arr > hi)
+    if outside.any():
+        raise UnsupportedInputError(
+            f"{int(outside.sum())} values do not fit host dtype {name} [{lo}, {hi}] "
+            f"(e.g. {arr[outside].flat[0]}); pass data of that dtype"
+        )
+    return arr
+
+
+def _normalize(host_dtype_name) -> str:
+    """'torch.float16' / 'float16' / np.dtype('float16') -> 'float16'."""
+    if isinstance(host_dtype_name, np.dtype):
+        return host_dtype_name.name
+    name = str(host_dtype_name)
+    return name.removeprefix("torch.")
+
+
+def _host_format(name: str) -> str:
+    if name not in _HOST_TO_FORMAT:
+        hint = " (the device has no float64: cast to float32 or float16 first)" if name == "float64" else ""
+        raise UnknownFormatError(
+            f"host dtype {name!r} has no Spyre device format{hint}; supported host dtypes: "
+            f"{', '.join(_HOST_TO_FORMAT)}"
+        )
+    return _HOST_TO_FORMAT[name]
