@@ -109,7 +109,7 @@ def _host_mask_forward(self, prev, sig, causal, pass_types, args, kwargs):
 class HostAttentionMask(Adapter):
     name = "attention_mask"
     gap = "aten.index"
-    also = ("aten.arange", "aten.gather")
+    also = ("aten.arange", "aten.gather", "aten.slice")  # BERT slices its position-id buffer
     applies_to = frozenset(_FAMILIES)
     order = 20
     summary = "4-D additive masks, position ids and BERT token types built on the host"

@@ -104,8 +104,8 @@ class Adapter:
         raise NotImplementedError(f"adapter {self.name!r} does not implement patch()")
 
     def check(self, model: nn.Module, example_inputs, atol: float = 1e-5, rtol: float = 1e-5) -> CheckResult:
-        """Run `model` unpatched and patched (this adapter alone, on top of whatever is already applied)
-        and compare the primary output. The model is left as it was."""
+        """Run `model` unpatched and patched (this adapter alone) and compare the primary output at the
+        real (unpadded) positions. The model is left as it was."""
         if model.__dict__.get("_spyre_adapters") is not None:
             raise ValueError(
                 f"{self.name}.check() compares stock vs patched, but the model is already patched by "
@@ -124,6 +124,11 @@ class Adapter:
             model.train(was_training)
         if out.shape != ref.shape:
             return CheckResult(self.name, float("inf"), float(ref.abs().max()), atol, rtol, False)
+        mask = example_inputs.get("attention_mask") if isinstance(example_inputs, dict) else None
+        if mask is not None and mask.dim() == 2 and tuple(mask.shape) == tuple(ref.shape[:2]):
+            # Padded positions attend to nothing; their outputs are arbitrary in stock and patched alike.
+            keep = mask.bool()
+            out, ref = out[keep], ref[keep]
         diff = (out.float() - ref.float()).abs()
         ok = bool((diff <= atol + rtol * ref.float().abs()).all())
         return CheckResult(self.name, float(diff.max()), float(ref.abs().max()), atol, rtol, ok)

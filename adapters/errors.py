@@ -34,15 +34,19 @@ class UnbridgedGapError(AdapterError):
         lines = []
         for op in self.ops:
             dtypes = ",".join(str(d) for d in (getattr(op, "dtypes", None) or ())) or "?"
-            where = getattr(op, "where", "") or "?"
+            where = getattr(op, "where", "") or "<model root>"
             cap = getattr(op, "capability", "") or getattr(op, "op", "?")
             lines.append(f"  - {getattr(op, 'op', op)} [{dtypes}] at {where} (needs capability {cap!r})")
         super().__init__(
             f"{model_name}: {len(self.ops)} op(s) that the Spyre stack cannot lower and no adapter bridges:\n"
             + "\n".join(lines)
             + "\nWhat to do: write an adapter for the capability (adapters/registry.py, @register_adapter) or "
-            "add the op to the stack (torch_spyre_emu capability table); meanwhile run in fallback mode "
-            "(non-strict), where these ops become CPU islands."
+            "add the op to the stack (torch_spyre_emu capability table)."
+            + (
+                " Meanwhile fallback mode (non-strict) runs the 'fallback' ones as CPU islands."
+                if any(getattr(op, "status", "") == "fallback" for op in self.ops)
+                else " Fallback mode does not help: these ops have no CPU island in the stack either."
+            )
         )
 
 

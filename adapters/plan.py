@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import torch
 from torch import nn
 
 from adapters import _stack
@@ -70,6 +71,14 @@ def plan(model: nn.Module, example_inputs, only=None, exclude=None, strict: bool
             "call .remove() on the handle apply() returned, then plan again"
         )
     name = type(model).__name__
+    # Spyre binaries are static-shape. Without this, dynamo turns dims that changed since an earlier
+    # compile of the same code (other models, or the stock run before the padded one) symbolic, and
+    # symbolic dims cannot be checked for stick alignment.
+    with torch._dynamo.config.patch(automatic_dynamic_shapes=False):
+        return _plan(model, example_inputs, find_unsupported, name, only, exclude, strict)
+
+
+def _plan(model, example_inputs, find_unsupported, name, only, exclude, strict) -> Plan:
     before = list(find_unsupported(model, example_inputs))
     candidates = [a for a in select(only, exclude) if a.applicable(model)]
     result = Plan(name, before)
