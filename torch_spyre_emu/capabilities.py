@@ -141,8 +141,8 @@ _OPS: list[OpEntry] = [
     _e("mean", "native", FP, "DL16 accumulation; may be inaccurate for small fp16 values (#2400)", S3),
     _e("amax", "native", FP, "max", S3),
     _e("amin", "native", FP, "min", S3),
-    _e("max", "decomposed", FP, "max.dim -> amax + index (STACK §1.7 decompositions); full max native"),
-    _e("min", "decomposed", FP, "min.dim -> amin + index"),
+    _e("max", "decomposed", F16, "max.dim -> max reduce + argmax reduce (STACK §1.7 decompositions)"),
+    _e("min", "decomposed", F16, "min.dim -> min reduce + argmin reduce"),
     _e(
         "_softmax", "native", F16, "fused row softmax; ~2e-5 leaks into -inf positions (hf-adapters findings)"
     ),
@@ -179,6 +179,8 @@ _OPS: list[OpEntry] = [
     _e("rsub", "decomposed", F16, "-> sub"),
     _e("var_mean", "unsupported", (), "welford reduction -> UnimplementedOp at run time (STACK §1.7)"),
     _e("var", "unsupported", (), "welford reduction -> UnimplementedOp"),
+    _e("std", "unsupported", (), "welford reduction -> UnimplementedOp"),
+    _e("std_mean", "unsupported", (), "welford reduction -> UnimplementedOp"),
     _e("prod", "unsupported", (), "prod reduction -> UnimplementedOp"),
     # --- views (metadata; device copies/restickify where layouts differ) ---------------------------------------
     _e("view", "native", ALL, VIEW),

@@ -5,6 +5,8 @@
 - `with torch_spyre_emu.strict(): ...` turns strict mode on for a block (`strict(False)` turns it off).
 - `torch_spyre_emu.config.hardware`: an aiu_sim HardwareConfig, a preset name ("spyre", "small") or None (the
   "spyre" preset; env SPYRE_EMU_HARDWARE). `with torch_spyre_emu.config.use_hardware("small"): ...`.
+- `torch_spyre_emu.config.mode` (env SPYRE_EMU_MODE): what a compiled call outside profile() does: "both" (values
+  and time, the default, so last_profile() always has timings), "functional" (values only: faster) or "timing".
 - `torch_spyre_emu.config.debug` (int; env SPYRE_EMU_DEBUG): 1 prints each lowered KernelProgram, 2 also prints
   the graph after each pass and per-kernel timings.
 """
@@ -25,6 +27,7 @@ def _env_flag(name: str) -> bool:
 
 strict: bool = _env_flag("SPYRE_EMU_STRICT")
 hardware: HardwareConfig | str | None = os.environ.get("SPYRE_EMU_HARDWARE") or None
+mode: str = os.environ.get("SPYRE_EMU_MODE", "both") or "both"
 try:
     debug: int = int(os.environ.get("SPYRE_EMU_DEBUG", "0") or 0)
 except ValueError:

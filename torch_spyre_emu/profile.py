@@ -92,9 +92,11 @@ _COMPILED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def current_run_options(program_name: str) -> tuple[str, str | None]:
-    """(mode, trace path) for the next run: from the active profile() call, else "both" and no trace."""
+    """(mode, trace path) for the next run: from the active profile() call, else config.mode and no trace."""
     if not _SESSIONS:
-        return "both", None
+        if stack_config.mode not in MODES:
+            raise ValueError(f"torch_spyre_emu.config.mode {stack_config.mode!r} is not one of {MODES}")
+        return stack_config.mode, None
     s = _SESSIONS[-1]
     trace = None
     if s.trace_dir is not None and s.mode != "functional":

@@ -66,3 +66,14 @@ def test_debug_level_2_prints_pass_graphs_and_timings(capsys):
         config.debug = old
     err = capsys.readouterr().err
     assert "graph after pass support_check" in err and "timing of" in err
+
+
+def test_config_mode_functional_skips_timing():
+    old = config.mode
+    config.mode = "functional"
+    try:
+        out = torch.compile(lambda t: t - 1.0, backend="spyre")(torch.ones(4, 64, dtype=torch.float16))
+    finally:
+        config.mode = old
+    assert torch.equal(out, torch.zeros(4, 64, dtype=torch.float16))
+    assert torch_spyre_emu.last_profile().kernels == []

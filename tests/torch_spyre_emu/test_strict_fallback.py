@@ -114,3 +114,17 @@ def test_find_unsupported_lists_everything_without_raising():
     found = find_unsupported(net, (torch.randn(4, 64, dtype=torch.float16),))
     assert [(u.op, u.where, u.capability) for u in found] == [("aten.sin", "rope", "aten.sin")]
     assert found[0].dtypes == ("float16",) and found[0].shapes == ((4, 64),)
+
+
+def test_welford_reductions_are_unsupported():
+    x = torch.randn(8, 64, dtype=torch.float16)
+    with pytest.raises(SpyreUnsupportedOpError, match=r"aten\.var.*UnimplementedOp"):
+        torch.compile(lambda t: t.var(-1), backend="spyre")(x)
+
+
+def test_max_dim_decomposes_to_values_and_indices():
+    x = torch.randn(8, 100, dtype=torch.float16)
+    values, indices = torch.compile(lambda t: torch.max(t, dim=-1), backend="spyre")(x)
+    ref_v, ref_i = torch.max(x, -1)
+    assert torch.equal(indices, ref_i) and indices.dtype == torch.int64
+    assert torch.allclose(values.float(), ref_v.float(), rtol=2**-9)

@@ -33,6 +33,12 @@ KEEP_WHOLE = {
     aten._scaled_dot_product_flash_attention_for_cpu,
     aten._scaled_dot_product_attention_math,
     aten._safe_softmax,
+    # welford reductions: torch-spyre has no lowering (UnimplementedOp, STACK §1.7), so the support check must see
+    # them whole and report them, not their core-aten pieces
+    aten.var_mean,
+    aten.var,
+    aten.std,
+    aten.std_mean,
 }
 
 

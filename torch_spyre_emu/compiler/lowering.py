@@ -264,6 +264,13 @@ def lower_full_like(b, node, x, value, **kw):
     return fill(b, node, value)
 
 
+@lowering(aten.fill)
+def lower_fill(b, node, x, value):
+    if isinstance(value, TRef):
+        return b.materialize(value.expand(x.shape) if value.shape != x.shape else value, out_val(node).dtype)
+    return fill(b, node, value)
+
+
 @lowering(aten.scalar_tensor)
 def lower_scalar_tensor(b, node, value, **kw):
     return fill(b, node, value)
@@ -299,13 +306,16 @@ def lower_bmm(b, node, x, y):
 
 # --- reductions ----------------------------------------------------------------------------------------------------
 def reduce(b: Builder, node: fx.Node, x: TRef, fn: str, dims, keepdim: bool) -> TRef:
+    return _reduce_to(b, node, x, fn, dims, keepdim, out_val(node))
+
+
+def _reduce_to(b: Builder, node: fx.Node, x: TRef, fn: str, dims, keepdim: bool, val: torch.Tensor) -> TRef:
     if dims is None or dims == [] or dims == ():
         dims = list(range(x.rank))
     if isinstance(dims, int):
         dims = [dims]
     red = sorted({d % x.rank for d in dims}) if x.rank else []
     space_dims = dims_for(x.rank)
-    val = out_val(node)
     out = b.new_buffer(tuple(val.shape), val.dtype, "red")
     if keepdim:
         out_dims = tuple(None if i in red else d for i, d in enumerate(space_dims))
@@ -344,10 +354,14 @@ def lower_amin(b, node, x, dims=(), keepdim=False):
 
 @lowering(aten.max, aten.min)
 def lower_max_dim(b, node, x, dim=None, keepdim=False):
+    """max()/min() over everything, or max.dim/min.dim -> (values, indices): a max reduce plus an argmax reduce
+    (torch-spyre decomposes max.dim/min.dim, STACK §1.7)."""
     is_max = node.target.overloadpacket is aten.max
     if dim is None:
         return reduce(b, node, x, "max" if is_max else "min", None, False)
-    raise SpyreCompileError(f"{node.name}: max/min over a dim with indices is not lowered; use amax/amin")
+    values = _reduce_to(b, node, x, "max" if is_max else "min", dim, keepdim, out_val(node, 0))
+    indices = _reduce_to(b, node, x, "argmax" if is_max else "argmin", dim, keepdim, out_val(node, 1))
+    return values, indices
 
 
 @lowering(aten._softmax)
