@@ -150,7 +150,9 @@ class HostRope(Adapter):
             patch.override_forward(rotary, _host_rotary_forward, f"{path}: host table lookup")
         r = rotate_half_matrix(head_dim)
         for attn in attns:
-            patch.add_buffer(attn, "_spyre_rope_R", r.clone().to(attn.q_proj.weight.dtype))
+            patch.add_buffer(
+                attn, "_spyre_rope_R", r.to(device=attn.q_proj.weight.device, dtype=attn.q_proj.weight.dtype)
+            )
             patch.set_attr(attn, "_spyre_rope", True, "rope marker")
             patch.override_forward(attn, llama_attention_forward, "LlamaAttention: rotation by matmul")
         return patch
