@@ -85,19 +85,29 @@ def host_function(spec: HostSpec):
 
 
 class WeightCache:
-    """Device copies of parameters, keyed by the parameter object and its version counter."""
+    """Device copies of parameters, keyed by the parameter's identity and its version counter (tensors compare
+    elementwise, so they cannot be dict keys by value; entries die with their parameter)."""
 
     def __init__(self) -> None:
-        self._cache: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self._cache: dict[int, tuple[weakref.ref, tuple, np.ndarray]] = {}
 
     def get(self, p: torch.Tensor) -> tuple[np.ndarray, bool]:
         key = (p._version, p.dtype, tuple(p.shape))
-        hit = self._cache.get(p)
-        if hit is not None and hit[0] == key:
-            return hit[1], False
+        hit = self._cache.get(id(p))
+        if hit is not None and hit[0]() is p and hit[1] == key:
+            return hit[2], False
         values = device_values(p)
-        self._cache[p] = (key, values)
+        pid = id(p)
+
+        def forget(ref, pid=pid):
+            if pid in self._cache and self._cache[pid][0] is ref:
+                del self._cache[pid]
+
+        self._cache[pid] = (weakref.ref(p, forget), key, values)
         return values, True
+
+    def __len__(self) -> int:
+        return len(self._cache)
 
 
 WEIGHTS = WeightCache()
