@@ -251,7 +251,9 @@ _FEATURES: list[Feature] = [
         "layout.vocab_not_stick_multiple",
         False,
         "A weight matmul whose N (output stick dim, e.g. the LM head vocab) is not a whole number of sticks is "
-        "rejected; hf-adapters pad the LM head (pad_lm_head) and crop logits.",
+        "rejected; hf-adapters pad the LM head (pad_lm_head) and crop logits. Emulation assumption: only "
+        "vocab-sized N (>= 1000) is checked, smaller outputs are padded in-stick as usual. Independently, work "
+        "division raises when no split keeps every core under the 256 MiB span (the real EAR failure).",
         "hf_adapters.md §2 (pad_lm_head)",
     ),
     Feature(
