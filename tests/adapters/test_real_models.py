@@ -40,6 +40,7 @@ def _scale_tol(ref: torch.Tensor) -> float:
     return 1e-5 * float(ref.abs().max())
 
 
+@pytest.mark.slow  # ~2 min: loads the 135M GGUF and generates twice
 def test_smollm2_all_adapters_equivalent_and_same_greedy_text(smollm2):
     model, tok, inputs = smollm2
     with torch.no_grad():

@@ -43,6 +43,7 @@ def test_loading_is_offline():
     assert os.environ.get("HF_HUB_OFFLINE") == "1"
 
 
+@pytest.mark.slow  # ~30 s: de-quantizes the GGUF and generates on CPU
 def test_smollm2_answers_paris_greedily():
     model, tok = weights.load_smollm2()
     assert type(model).__name__ == "LlamaForCausalLM" and model.config.num_hidden_layers == 30
