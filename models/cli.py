@@ -7,7 +7,11 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help="Spyre hardware simulator and torch-spyre stack emulator.")
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    help="Spyre hardware simulator and torch-spyre stack emulator.",
+)
 console = Console(soft_wrap=True, highlight=False)
 
 
@@ -25,7 +29,9 @@ def simulate(
     k: int = typer.Option(4096, help="Reduction size."),
     n: int = typer.Option(4096, help="Columns of B."),
     config: str = typer.Option("spyre", help="Preset name or hardware TOML path."),
-    trace: Path = typer.Option(Path("spyre_emu_out/simulate.trace.json"), help="Where to write the Perfetto trace."),
+    trace: Path = typer.Option(
+        Path("spyre_emu_out/simulate.trace.json"), help="Where to write the Perfetto trace."
+    ),
 ) -> None:
     """Time one fp16 matmul on the simulated chip (aiu_sim alone, no torch) and print where the time went."""
     from aiu_sim import run

@@ -31,7 +31,9 @@ def test_only_the_stick_dimension_is_padded():
     assert padded(150, "dl16") == 192
 
 
-@pytest.mark.parametrize("dtype, eps", [("dl16", 64), ("fp32", 32), ("int32", 32), ("int8", 128), ("fp8_e4m3", 128)])
+@pytest.mark.parametrize(
+    "dtype, eps", [("dl16", 64), ("fp32", 32), ("int32", 32), ("int8", 128), ("fp8_e4m3", 128)]
+)
 def test_elements_per_stick(dtype, eps):
     assert elems_per_stick(dtype) == eps
     assert default_layout((3, eps * 2), dtype).device_size == (2, 3, eps)
