@@ -76,7 +76,11 @@ def default_layout(
         device = list(dims[1:-1]) + [(tiles, eps * stick_stride if tiles > 1 else -1), dims[0]]
     device.append((eps, stick_stride))
     sizes = tuple(s for s, _ in device)
+    # Size-1 host dims never contribute (canonical form, STACK §2): their device dims get stride -1, including the
+    # in-stick index of a size-1 stick dim, which only ever holds element 0.
     strides = tuple(-1 if (s == 1 and i < len(device) - 1) else st for i, (s, st) in enumerate(device))
+    if stick_size == 1:
+        strides = strides[:-1] + (-1,)
     return StickLayout(sizes, strides, dtype)
 
 
