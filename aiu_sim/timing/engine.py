@@ -1,0 +1,274 @@
+"""Discrete-event core: a DAG of tasks competing for first-come-first-served resources.
+
+A task uses one or more resources for a given time each (a DMA chunk uses DRAM, the ring links on its path, the
+core's DMA engine and LX port; a compute tile uses the two PT arrays and the LX port). The one event is "task
+becomes ready": the queue is a binary heap ordered by (ready time, task id), so runs are deterministic. When a
+task is dispatched at time t each of its resources serves it at max(t, the time that resource frees up), for its
+own duration; the task ends when its slowest resource finishes, plus a fixed latency (ring hops). Resources are
+treated as independent pipelined servers: a transfer does not hold link 1 idle while it waits for link 2, as
+cut-through routing with small flits would not (an approximation, chosen because whole-chunk reservation of every
+resource on the path would create idle gaps no real ring has). Every resource's busy time is the sum of what it
+served, so no resource ever exceeds its bandwidth.
+
+DRAM is the one resource whose service time depends on history: a chunk of r read and w written bytes costs
+(r + w) / bandwidth + alpha * (min(R', W') - min(R, W)), where R, W are the kernel's cumulative read and write bytes
+before and R', W' after it. Summed over a kernel that is exactly the calibrated
+(R + W) / BW + alpha * min(R, W) model of TS-CM (HW §2); dram.py holds the parameters.
+
+The dispatch loop is compiled with numba: it is the part that runs once per event.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from numba import njit
+
+from aiu_sim.errors import AiuSimError
+
+
+class EngineError(AiuSimError, RuntimeError):
+    """The task graph could not be run (a cycle, or a dangling dependency)."""
+
+
+@dataclass
+class EngineResult:
+    finish: np.ndarray  # per task: end time, ns
+    use_start: np.ndarray  # per resource use: start time, ns
+    use_dur: np.ndarray  # per resource use: service time, ns (DRAM uses filled in by the engine)
+    busy: np.ndarray  # per resource: total busy ns
+    makespan: float
+    events: int
+
+
+class TaskGraph:
+    """Builder for a task DAG. Tasks are added in any order that names predecessors before successors."""
+
+    def __init__(self) -> None:
+        self._use_ptr = [0]
+        self.use_res: list[int] = []
+        self.use_dur: list[float] = []
+        self.use_bytes: list[float] = []
+        self._pred_ptr = [0]
+        self._pred_idx: list[int] = []
+        self.latency: list[float] = []
+        self.dram_read: list[float] = []
+        self.dram_write: list[float] = []
+        self.kind: list[int] = []
+
+    def __len__(self) -> int:
+        return len(self.latency)
+
+    def add(
+        self,
+        kind: int,
+        uses: list[tuple[int, float, float]],
+        preds: list[int] | tuple[int, ...] = (),
+        latency: float = 0.0,
+        dram_read: float = 0.0,
+        dram_write: float = 0.0,
+    ) -> int:
+        """Add a task; `uses` is [(resource id, service ns, bytes moved)]; returns the task id."""
+        if uses:
+            res, dur, nbytes = zip(*uses, strict=True)
+            return self.add_uses(kind, res, dur, nbytes, preds, latency, dram_read, dram_write)
+        return self.add_uses(kind, (), (), (), preds, latency, dram_read, dram_write)
+
+    def add_uses(
+        self,
+        kind: int,
+        res,
+        dur,
+        nbytes,
+        preds=(),
+        latency: float = 0.0,
+        dram_read: float = 0.0,
+        dram_write: float = 0.0,
+    ) -> int:
+        """Like add, with the uses as three parallel sequences (the builder's fast path)."""
+        tid = len(self.latency)
+        self.use_res.extend(res)
+        self.use_dur.extend(dur)
+        self.use_bytes.extend(nbytes)
+        self._use_ptr.append(len(self.use_res))
+        for p in preds:
+            if p is not None:
+                if not 0 <= p < tid:
+                    raise EngineError(f"task {tid} depends on task {p}, which does not exist yet")
+                self._pred_idx.append(p)
+        self._pred_ptr.append(len(self._pred_idx))
+        self.latency.append(latency)
+        self.dram_read.append(dram_read)
+        self.dram_write.append(dram_write)
+        self.kind.append(kind)
+        return tid
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        return {
+            "use_ptr": np.asarray(self._use_ptr, dtype=np.int64),
+            "use_res": np.asarray(self.use_res, dtype=np.int64),
+            "use_dur": np.asarray(self.use_dur, dtype=np.float64),
+            "use_bytes": np.asarray(self.use_bytes, dtype=np.float64),
+            "pred_ptr": np.asarray(self._pred_ptr, dtype=np.int64),
+            "pred_idx": np.asarray(self._pred_idx, dtype=np.int64),
+            "latency": np.asarray(self.latency, dtype=np.float64),
+            "dram_read": np.asarray(self.dram_read, dtype=np.float64),
+            "dram_write": np.asarray(self.dram_write, dtype=np.float64),
+            "kind": np.asarray(self.kind, dtype=np.int8),
+        }
+
+
+def run(
+    arrays: dict[str, np.ndarray],
+    n_resources: int,
+    dram_resource: int,
+    dram_ns_per_byte: float,
+    dram_alpha_ns_per_byte: float,
+) -> EngineResult:
+    """Run the graph from time 0 with every resource idle."""
+    use_dur = arrays["use_dur"].copy()
+    finish, use_start, busy, done = _run(
+        n_resources,
+        arrays["use_ptr"],
+        arrays["use_res"],
+        use_dur,
+        arrays["pred_ptr"],
+        arrays["pred_idx"],
+        arrays["latency"],
+        arrays["dram_read"],
+        arrays["dram_write"],
+        dram_resource,
+        dram_ns_per_byte,
+        dram_alpha_ns_per_byte,
+    )
+    n = len(arrays["latency"])
+    if done != n:
+        raise EngineError(f"only {done} of {n} tasks ran: the task graph has a dependency cycle")
+    makespan = float(finish.max()) if n else 0.0
+    return EngineResult(finish, use_start, use_dur, busy, makespan, n)
+
+
+@njit(cache=True)
+def _heap_less(t_a, i_a, t_b, i_b):
+    return t_a < t_b or (t_a == t_b and i_a < i_b)
+
+
+@njit(cache=True)
+def _heap_push(ht, hi, size, t, i):
+    pos = size
+    ht[pos] = t
+    hi[pos] = i
+    while pos > 0:
+        parent = (pos - 1) >> 1
+        if _heap_less(ht[pos], hi[pos], ht[parent], hi[parent]):
+            ht[pos], ht[parent] = ht[parent], ht[pos]
+            hi[pos], hi[parent] = hi[parent], hi[pos]
+            pos = parent
+        else:
+            break
+    return size + 1
+
+
+@njit(cache=True)
+def _heap_pop(ht, hi, size):
+    t = ht[0]
+    i = hi[0]
+    size -= 1
+    ht[0] = ht[size]
+    hi[0] = hi[size]
+    pos = 0
+    while True:
+        left = 2 * pos + 1
+        if left >= size:
+            break
+        best = left
+        right = left + 1
+        if right < size and _heap_less(ht[right], hi[right], ht[left], hi[left]):
+            best = right
+        if _heap_less(ht[best], hi[best], ht[pos], hi[pos]):
+            ht[pos], ht[best] = ht[best], ht[pos]
+            hi[pos], hi[best] = hi[best], hi[pos]
+            pos = best
+        else:
+            break
+    return t, i, size
+
+
+@njit(cache=True)
+def _run(
+    n_res,
+    use_ptr,
+    use_res,
+    use_dur,
+    pred_ptr,
+    pred_idx,
+    latency,
+    dram_read,
+    dram_write,
+    dram_rid,
+    dram_ns_per_byte,
+    alpha,
+):
+    n = latency.shape[0]
+    # successors in CSR form, from the predecessor lists
+    n_succ = np.zeros(n + 1, np.int64)
+    for k in range(pred_idx.shape[0]):
+        n_succ[pred_idx[k] + 1] += 1
+    for i in range(n):
+        n_succ[i + 1] += n_succ[i]
+    succ = np.empty(pred_idx.shape[0], np.int64)
+    fill = n_succ[:-1].copy()
+    for j in range(n):
+        for k in range(pred_ptr[j], pred_ptr[j + 1]):
+            p = pred_idx[k]
+            succ[fill[p]] = j
+            fill[p] += 1
+    waiting = np.empty(n, np.int64)
+    for j in range(n):
+        waiting[j] = pred_ptr[j + 1] - pred_ptr[j]
+
+    ready = np.zeros(n, np.float64)
+    finish = np.zeros(n, np.float64)
+    use_start = np.zeros(use_res.shape[0], np.float64)
+    free = np.zeros(n_res, np.float64)
+    busy = np.zeros(n_res, np.float64)
+    ht = np.empty(n, np.float64)
+    hi = np.empty(n, np.int64)
+    size = 0
+    for j in range(n):
+        if waiting[j] == 0:
+            size = _heap_push(ht, hi, size, 0.0, j)
+
+    reads = 0.0
+    writes = 0.0
+    done = 0
+    while size > 0:
+        t, i, size = _heap_pop(ht, hi, size)
+        done += 1
+        end = t
+        for k in range(use_ptr[i], use_ptr[i + 1]):
+            r = use_res[k]
+            d = use_dur[k]
+            if r == dram_rid:
+                before = min(reads, writes)
+                reads += dram_read[i]
+                writes += dram_write[i]
+                d = (dram_read[i] + dram_write[i]) * dram_ns_per_byte + alpha * (min(reads, writes) - before)
+                use_dur[k] = d
+            s = t if t > free[r] else free[r]
+            free[r] = s + d
+            busy[r] += d
+            use_start[k] = s
+            if s + d > end:
+                end = s + d
+        end += latency[i]
+        finish[i] = end
+        for k in range(n_succ[i], n_succ[i + 1]):
+            j = succ[k]
+            if end > ready[j]:
+                ready[j] = end
+            waiting[j] -= 1
+            if waiting[j] == 0:
+                size = _heap_push(ht, hi, size, ready[j], j)
+    return finish, use_start, busy, done

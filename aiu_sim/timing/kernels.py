@@ -1,0 +1,243 @@
+"""Time one kernel: work out each core's slice, tile plan and compute cost, build its task graph (tasks.py), run
+it on the engine, and summarize the result as a KernelTiming.
+
+Every core gets the same tile plan (splits give each core the same number of sticks, HW §7); per-core bytes are
+scaled by the stick alignment of each core's slice. Inputs several cores read identically are multicast (read from
+DRAM once). Buffers placed in LX cost no DRAM traffic (HW §3). A fused row op whose row does not fit LX reads its
+input twice (statistics pass, then output pass: an assumption about how it would be tiled).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import defaultdict
+
+import numpy as np
+
+from aiu_sim.config import HardwareConfig
+from aiu_sim.program import Buffer, Kernel, arg_bytes, core_slices, stick_dims
+from aiu_sim.timing import engine
+from aiu_sim.timing.compute import ComputeCost, elem_bytes, matmul_cost, matmul_dims, sfp_cost
+from aiu_sim.timing.dram import kernel_dram_model
+from aiu_sim.timing.report import Intervals, KernelTiming
+from aiu_sim.timing.resources import DMA, LX, PSUM, PT, RING, SFP, ResourceMap
+from aiu_sim.timing.tasks import PSUM_BYTES, TaskBuilder
+from aiu_sim.timing.tiling import ArgAccess, Rates, TilePlan, plan_tiles
+
+_ROW_OPS = ("softmax", "layernorm", "rmsnorm")
+_ACCUMULATING = ("matmul", "reduce")
+
+
+def time_kernel(
+    kernel: Kernel,
+    buffers: dict[str, Buffer],
+    config: HardwareConfig,
+    resources: ResourceMap | None = None,
+    record_intervals: bool = True,
+) -> KernelTiming:
+    """The timing of `kernel`'s body on an idle chip (launch overhead is the program's business)."""
+    t0 = time.perf_counter()
+    res = resources or ResourceMap(config)
+    slices = core_slices(kernel, buffers)
+    cores = kernel.cores
+    extents = {d: hi - lo for d, (lo, hi) in slices[0].items()}
+    sticky = stick_dims(kernel, buffers)
+    padded = {d: (-(-e // sticky[d]) * sticky[d] if d in sticky else e) for d, e in extents.items()}
+
+    groups = _multicast_groups(kernel, slices)
+    accesses, scale = _accesses(kernel, buffers, slices, groups)
+    cost = _compute_cost(kernel, buffers, config, extents, padded)
+    dram_cores = len(cores) if any(not a.in_lx for a in accesses) else 0
+    dram = kernel_dram_model(config, dram_cores, turnaround=kernel.op != "restickify")
+    rates = _planner_rates(cost, dram_cores)
+    plan = _plan(kernel, buffers, config, extents, sticky, accesses, rates)
+    two_pass = kernel.op in _ROW_OPS and not plan.fits  # a row does not fit LX: statistics pass + output pass
+
+    graph = TaskBuilder(kernel, buffers, config, res, plan, cost, groups, scale, two_pass).build()
+    arrays = graph.arrays()
+    t1 = time.perf_counter()
+    result = engine.run(arrays, res.size, res.dram, dram.ns_per_byte, dram.alpha_ns_per_byte)
+    t2 = time.perf_counter()
+    return _summarize(
+        kernel, buffers, config, res, plan, cost, arrays, result, record_intervals, t1 - t0, t2 - t1
+    )
+
+
+# --- what each argument costs on one core -------------------------------------------------------------------
+
+
+def _multicast_groups(kernel: Kernel, slices: list[dict]) -> dict[int, list[list[int]]]:
+    """Input index -> groups (lists of slice indices) of cores that read the identical region, size > 1 only."""
+    out: dict[int, list[list[int]]] = {}
+    for i, arg in enumerate(kernel.inputs):
+        by_region: dict[tuple, list[int]] = defaultdict(list)
+        for s, sl in enumerate(slices):
+            by_region[tuple(sl[d] for d in arg.dims if d is not None)].append(s)
+        shared = [g for g in by_region.values() if len(g) > 1]
+        if shared:
+            out[i] = shared
+    return out
+
+
+def _accesses(
+    kernel: Kernel, buffers: dict[str, Buffer], slices: list[dict], groups: dict[int, list[list[int]]]
+) -> tuple[list[ArgAccess], np.ndarray]:
+    """Per-argument access of slice 0, and scale[a, s] = bytes of slice s / bytes of slice 0 (stick alignment)."""
+    n_in = len(kernel.inputs)
+    accesses = []
+    scale = np.ones((len(kernel.args), len(slices)))
+    for i, arg in enumerate(kernel.args):
+        buf = buffers[arg.buffer]
+        per_slice = np.array([arg_bytes(arg, buf, s) for s in slices], dtype=float)
+        base = per_slice[0]
+        scale[i] = per_slice / base if base else 1.0
+        is_input = i < n_in
+        sharing = max((len(g) for g in groups.get(i, [])), default=1) if is_input else 1
+        psum_scale = (
+            PSUM_BYTES / elem_bytes(buf.dtype) if kernel.op in _ACCUMULATING and not is_input else 1.0
+        )
+        accesses.append(
+            ArgAccess(
+                index=i,
+                is_input=is_input,
+                deps=frozenset(d for d in arg.dims if d is not None),
+                core_bytes=float(base),
+                in_lx=buf.placement == "lx",
+                footprint_scale=psum_scale,
+                dram_weight=1.0 / sharing,
+            )
+        )
+    return accesses, scale
+
+
+def _plan(
+    kernel: Kernel,
+    buffers: dict[str, Buffer],
+    config: HardwareConfig,
+    extents: dict[str, int],
+    sticky: dict[str, int],
+    accesses: list[ArgAccess],
+    rates: Rates,
+) -> TilePlan:
+    lx_used = sum(
+        b.lx_bytes_per_core
+        for b in {buffers[a.buffer].name: buffers[a.buffer] for a in kernel.args}.values()
+        if b.placement == "lx"
+    )
+    budget = max(config.lx_allocatable_bytes - lx_used, 0)
+    if kernel.op == "matmul":
+        md = matmul_dims(kernel)
+        # KG3 (HW §3): N outer, K inner; M streams inside a tile. M becomes an outer loop only if the fp32
+        # partial sums of one N tile overflow LX (the "LX cliff").
+        order = [*md.batch, *md.m, *md.n, md.k]
+        cuttable = [md.k, *md.batch, *md.n, *md.m]
+    else:
+        reduce = [d for d in kernel.space if d in kernel.reduce_dims]
+        rows = [d for d in kernel.space if d not in kernel.reduce_dims]
+        order = rows + reduce
+        cuttable = rows + (reduce if kernel.op == "reduce" else [])
+    order = [d for d in order if d in extents]
+    cuttable = [d for d in cuttable if d in extents]
+    return plan_tiles(extents, sticky, order, cuttable, accesses, budget, rates)
+
+
+# The tiling is the compiler's decision, made with its own cost model, whose rates are fixed constants (as
+# torch-spyre's planner's are, STACK §1.4): the reference chip's defaults. A what-if config changes the hardware,
+# not the compiler: a faster clock or more DRAM bandwidth runs the same plan faster. The compiler does know the
+# config's LX capacity, core count and PT geometry (they shape the budget and the cycle counts).
+_COMPILER_MODEL = HardwareConfig()
+
+
+def _planner_rates(cost: ComputeCost, dram_cores: int) -> Rates:
+    model = _COMPILER_MODEL
+    dram = kernel_dram_model(model, dram_cores)
+    return Rates(
+        compute_ns=cost.cycles / model.core_clock_ghz,
+        dram_bytes_per_ns=dram.bandwidth / max(dram_cores, 1),
+        lx_bytes_per_ns=model.lx_port_bytes_per_cycle * model.core_clock_ghz,
+    )
+
+
+def _compute_cost(
+    kernel: Kernel,
+    buffers: dict[str, Buffer],
+    config: HardwareConfig,
+    extents: dict[str, int],
+    padded: dict[str, int],
+) -> ComputeCost:
+    if kernel.unit == "pt":
+        return matmul_cost(kernel, buffers, extents, config)
+    return sfp_cost(kernel, buffers, padded, config)
+
+
+# --- results -------------------------------------------------------------------------------------------------
+
+
+def _summarize(
+    kernel, buffers, config, res, plan, cost, arrays, result, record, build_s, engine_s
+) -> KernelTiming:
+    n_res = res.size
+    use_res = arrays["use_res"]
+    moved = np.bincount(use_res, weights=arrays["use_bytes"], minlength=n_res)
+    dram_read = float(arrays["dram_read"].sum())
+    dram_write = float(arrays["dram_write"].sum())
+    duration = result.makespan
+    cores = tuple(kernel.cores)
+    kinds = res.kinds
+    util: dict[str, float] = {}
+    if duration > 0:
+        for kind in (DMA, PT, SFP, LX):
+            rids = [i for c in cores for i in _core_units(res, c, kind)]
+            util[kind] = float(result.busy[rids].sum() / (duration * len(rids)))
+        for kind in (RING, PSUM):
+            rids = [i for i, k in enumerate(kinds) if k == kind and result.busy[i] > 0]
+            util[kind] = float(result.busy[rids].sum() / (duration * len(rids))) if rids else 0.0
+        util["dram"] = float(result.busy[res.dram] / duration)
+    macs = math.prod(kernel.space.values()) if kernel.op == "matmul" else 0
+    # The roofline is a lower bound: take the fastest operand format's PT rate.
+    scale = max((config.pt_precision_scale.get(buffers[a.buffer].dtype, 1) for a in kernel.inputs), default=1)
+    peak_macs_ns = config.pt_macs_per_cycle() * scale * config.core_clock_ghz * len(cores)
+    roofline = max(macs / peak_macs_ns, (dram_read + dram_write) / config.dram_effective_gbps)
+    intervals = None
+    if record:
+        kind_per_use = np.repeat(arrays["kind"], np.diff(arrays["use_ptr"]))
+        intervals = Intervals.coalesce(use_res, result.use_start, result.use_dur, kind_per_use)
+    return KernelTiming(
+        op=kernel.op,
+        fn=kernel.fn,
+        duration_ns=duration,
+        cores=cores,
+        busy=result.busy,
+        bytes=moved,
+        dram_read=dram_read,
+        dram_write=dram_write,
+        macs=macs,
+        sfp_elem_ops=cost.elem_ops * len(cores),
+        pt_efficiency=cost.efficiency if cost.unit == "pt" else None,
+        bmm_layout_penalty=cost.bmm_penalty,
+        unit_utilization=util,
+        roofline_ns=roofline,
+        events=result.events,
+        plan={
+            "loops": dict(zip(plan.loop_dims, plan.trips, strict=True)),
+            "tiles": plan.n_tiles,
+            "chunks": plan.n_chunks,
+            "lx_footprint": plan.footprint,
+            "fits_lx": plan.fits,
+            "resident": sorted(kernel.args[a].buffer for a in plan.resident),
+        },
+        intervals=intervals,
+        build_seconds=build_s,
+        engine_seconds=engine_s,
+    )
+
+
+def _core_units(res: ResourceMap, core: int, kind: str) -> list[int]:
+    if kind == DMA:
+        return [res.dma(core)]
+    if kind == LX:
+        return [res.lx(core)]
+    if kind == PT:
+        return [res.pt(core, j) for j in range(res.corelets)]
+    return [res.sfp(core, j) for j in range(res.corelets)]

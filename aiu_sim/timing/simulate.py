@@ -1,0 +1,234 @@
+"""Time a whole KernelProgram: steps run one after another, as a runtime JobPlan queues them FIFO (STACK §1.6).
+
+- A kernel costs the fixed launch overhead (`kernel_launch_overhead_us`, HW §1) and then its body (kernels.py).
+  Kernels start on an idle chip, so a kernel's body time depends only on the kernel and the config: identical
+  kernels (same op, shapes, formats, placements, split and cores) are timed once and reused.
+- Host steps move bytes over PCIe (`pcie_gbps`, HW §1) and write or read DRAM at the effective one-way rate; the
+  two are pipelined, so a copy takes the longer of the two. Host bytes are the host array's (e.g. fp16, 2 B per
+  element); device bytes are whole sticks. A CPU fallback island (HostOp) copies its inputs out and its outputs
+  back; its host compute time is not modelled (an assumption: zero), which the report's notes say when it occurs.
+
+Timing never touches values, so programs whose buffers would take many GB time in seconds.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+
+import numpy as np
+
+from aiu_sim.config import HardwareConfig, load_config
+from aiu_sim.errors import ProgramError
+from aiu_sim.program import Buffer, DeviceToHost, HostOp, HostToDevice, Kernel, KernelProgram
+from aiu_sim.timing.kernels import time_kernel
+from aiu_sim.timing.report import KernelTiming, StepTiming, TimingReport
+from aiu_sim.timing.resources import ResourceMap
+
+# Host element sizes by host dtype name (numpy names plus the torch names numpy lacks).
+_HOST_ITEMSIZE = {"bfloat16": 2, "float8_e4m3fn": 1, "float8_e5m2": 1, "float8_e5m2fnuz": 1, "bool": 1}
+
+
+class KernelCache:
+    """Memo of kernel timings, keyed by everything that affects a kernel's time. Share one across simulate()
+    calls to reuse timings between programs on the same config. memoize=False times every kernel (for checking
+    the memo and measuring the engine)."""
+
+    def __init__(self, memoize: bool = True) -> None:
+        self._store: dict[tuple, KernelTiming] = {}
+        self.memoize = memoize
+        self.hits = 0
+        self.misses = 0
+
+    def __len__(self) -> int:
+        return len(self._store)
+
+    def get_or_time(self, key: tuple, compute) -> tuple[KernelTiming, bool]:
+        found = self._store.get(key) if self.memoize else None
+        if found is not None:
+            self.hits += 1
+            return found, True
+        self.misses += 1
+        timing = compute()
+        if self.memoize:
+            self._store[key] = timing
+        return timing, False
+
+
+def kernel_key(kernel: Kernel, buffers: dict[str, Buffer]) -> tuple:
+    """What a kernel's time depends on: op, function, iteration space, split, cores, and per argument its access
+    (dims, offsets) and buffer (format, shape, layout, placement); buffer names only through aliasing."""
+    first_use: dict[str, int] = {}
+    args = []
+    for i, arg in enumerate(kernel.args):
+        buf = buffers[arg.buffer]
+        alias = first_use.setdefault(arg.buffer, i)
+        args.append(
+            (
+                i < len(kernel.inputs),
+                alias,
+                arg.dims,
+                arg.offset,
+                arg.view,
+                buf.dtype,
+                buf.shape,
+                buf.layout.device_size,
+                buf.layout.stride_map,
+                buf.placement,
+                buf.lx_bytes_per_core if buf.placement == "lx" else 0,
+            )
+        )
+    return (
+        kernel.op,
+        kernel.fn,
+        tuple(kernel.space.items()),
+        kernel.reduce_dims,
+        tuple(sorted(kernel.split.items())),
+        kernel.cores,
+        kernel.reduction_order,
+        tuple(args),
+    )
+
+
+def simulate(
+    program: KernelProgram,
+    config: HardwareConfig | str | None = None,
+    *,
+    mode: str = "timing-only",
+    cache: KernelCache | None = None,
+    record_intervals: bool = True,
+) -> TimingReport:
+    """Time `program` on `config` (default: the program's config, else the `spyre` preset).
+
+    mode is a note carried into the report ("timing-only" when no values are computed, e.g. "functional+timing"
+    when a caller also ran the executor). Pass `cache` to share kernel timings between calls; by default each call
+    starts with an empty one. record_intervals=False skips the per-resource intervals a trace needs.
+    """
+    t0 = time.perf_counter()
+    config = load_config(config if config is not None else program.config)
+    res = ResourceMap(config)
+    cache = cache if cache is not None else KernelCache()
+    config_token = json.dumps(config.to_dict(), sort_keys=True, default=str)
+    hits0, misses0 = cache.hits, cache.misses
+    busy = np.zeros(res.size)
+    moved = np.zeros(res.size)
+    steps: list[StepTiming] = []
+    notes: list[str] = []
+    events = 0
+    now = 0.0
+    launch_ns = config.kernel_launch_overhead_us * 1e3
+    buffers = program.buffers
+    for index, step in enumerate(program.steps):
+        if isinstance(step, Kernel):
+            key = (config_token, record_intervals, kernel_key(step, buffers))
+            timing, hit = cache.get_or_time(
+                key, lambda step=step: time_kernel(step, buffers, config, res, record_intervals)
+            )
+            if not hit:
+                events += timing.events
+            busy += timing.busy
+            moved += timing.bytes
+            end = now + launch_ns + timing.duration_ns
+            steps.append(
+                StepTiming(
+                    index=index,
+                    name=step.name,
+                    kind="kernel",
+                    op=step.op,
+                    fn=step.fn,
+                    shapes=tuple(buffers[a.buffer].shape for a in step.args),
+                    dtypes=tuple(buffers[a.buffer].dtype for a in step.args),
+                    cores=tuple(step.cores),
+                    start_ns=now,
+                    end_ns=end,
+                    launch_ns=launch_ns,
+                    timing=timing,
+                    dram_bytes=timing.dram_read + timing.dram_write,
+                    memo_hit=hit,
+                )
+            )
+            now = end
+        else:
+            record, now = _host_step(index, step, buffers, config, res, now, busy, moved)
+            steps.append(record)
+            if isinstance(step, HostOp) and "host-compute" not in notes:
+                notes.append("host-compute: CPU fallback islands are charged their PCIe copies only")
+    return TimingReport(
+        program=program.name,
+        config=config,
+        resources=res,
+        mode=mode,
+        steps=steps,
+        total_ns=now,
+        busy=busy,
+        bytes=moved,
+        events=events,
+        unique_kernels=cache.misses - misses0,
+        memo_hits=cache.hits - hits0,
+        wall_seconds=time.perf_counter() - t0,
+        notes=notes,
+    )
+
+
+def _host_step(
+    index: int,
+    step,
+    buffers: dict[str, Buffer],
+    config: HardwareConfig,
+    res: ResourceMap,
+    now: float,
+    busy: np.ndarray,
+    moved: np.ndarray,
+) -> tuple[StepTiming, float]:
+    if isinstance(step, HostToDevice):
+        copies = [(buffers[step.dst], _host_itemsize(step.host_dtype, step.name))]
+        kind, names = "h2d", (step.dst,)
+    elif isinstance(step, DeviceToHost):
+        copies = [(buffers[step.src], _host_itemsize(step.host_dtype, step.name))]
+        kind, names = "d2h", (step.src,)
+    else:  # HostOp: inputs out, outputs back; host formats unknown, so device bytes cross PCIe
+        copies = [(buffers[b], None) for b in [*step.inputs, *step.outputs]]
+        kind, names = "host", (*step.inputs, *step.outputs)
+    start = now
+    pcie_total = dram_total = 0.0
+    for buf, itemsize in copies:
+        host_bytes = buf.nbytes if itemsize is None else math.prod(buf.shape) * itemsize
+        pcie_ns = host_bytes / config.pcie_gbps
+        dram_bytes = buf.nbytes if buf.placement == "dram" else 0.0
+        dram_ns = dram_bytes / config.dram_effective_gbps
+        busy[res.pcie] += pcie_ns
+        moved[res.pcie] += host_bytes
+        busy[res.dram] += dram_ns
+        moved[res.dram] += dram_bytes
+        now += max(pcie_ns, dram_ns)
+        pcie_total += host_bytes
+        dram_total += dram_bytes
+    record = StepTiming(
+        index=index,
+        name=step.name,
+        kind=kind,
+        op=kind if kind != "host" else f"host:{step.fn}",
+        fn=getattr(step, "fn", None),
+        shapes=tuple(buffers[b].shape for b in names),
+        dtypes=tuple(buffers[b].dtype for b in names),
+        cores=(),
+        start_ns=start,
+        end_ns=now,
+        pcie_bytes=pcie_total,
+        dram_bytes=dram_total,
+    )
+    return record, now
+
+
+def _host_itemsize(host_dtype: str, step_name: str) -> int:
+    name = host_dtype.removeprefix("torch.")
+    if name in _HOST_ITEMSIZE:
+        return _HOST_ITEMSIZE[name]
+    try:
+        return np.dtype(name).itemsize
+    except TypeError:
+        raise ProgramError(
+            f"step {step_name!r}: unknown host dtype {host_dtype!r}; use a numpy dtype name or one of "
+            f"{sorted(_HOST_ITEMSIZE)}"
+        ) from None
