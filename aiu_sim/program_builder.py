@@ -3,8 +3,9 @@
 The default policy, `equal_split`, is torch-spyre's pass 3 (STACK §1.4) in miniature: output dims are split first,
 largest first, each by a divisor of its size (in sticks for stick dims), then at most one reduction dim (matmul and
 reduce only) with the cores that remain; every core gets the same number of sticks. Among such splits it takes the
-one that keeps the most cores busy (a small exhaustive search: the divisor combinations under 32 cores are few). It
-does not model costs (pass 2) or enforce the span rule (validation checks that).
+one that keeps the most cores busy (a small exhaustive search: the divisor combinations under 32 cores are few), and
+among those the one whose cores read the fewest input elements each. It does not model costs beyond that (pass 2) or
+enforce the span rule (validation checks that).
 """
 
 from __future__ import annotations
@@ -53,7 +54,16 @@ def equal_split(kernel: Kernel, buffers: dict[str, Buffer], num_cores: int) -> d
         if i == len(out_dims):
             k_pieces = [_largest_divisor(units[d], left) for d in k_dims]
             out_cores = math.prod(chosen)
-            score = (out_cores * math.prod(k_pieces), out_cores, tuple(chosen))
+            split = dict(zip(out_dims + k_dims, chosen + k_pieces, strict=True))
+            # Then output dims before K (a K split costs a partial-sum combine); then the fewest input elements read
+            # per core: splitting a prefill
+            # projection on tokens would make every core stream the whole weight through its LX port.
+            score = (
+                out_cores * math.prod(k_pieces),
+                out_cores,
+                -_input_elems_per_core(kernel, split),
+                tuple(chosen),
+            )
             if score > best:
                 best = score
                 best_split = {
@@ -65,6 +75,13 @@ def equal_split(kernel: Kernel, buffers: dict[str, Buffer], num_cores: int) -> d
 
     search(0, num_cores, [])
     return best_split
+
+
+def _input_elems_per_core(kernel: Kernel, split: dict[str, int]) -> float:
+    total = 0.0
+    for arg in kernel.inputs:
+        total += math.prod(kernel.space[d] / split.get(d, 1) for d in arg.dims if d is not None)
+    return total
 
 
 def single_core(kernel: Kernel, buffers: dict[str, Buffer], num_cores: int) -> dict[str, int]:

@@ -30,7 +30,9 @@ TINY = dict(layers=2, hidden=128, intermediate=256, heads=4, kv_heads=2, head_di
 def test_equal_split_fills_outputs_first_then_k():
     program = matmul_program(64, 4096, 256)  # N = 4 sticks, M = 64 rows, K = 64 sticks
     (kernel,) = program.kernels
-    assert kernel.split == {"m": 32}  # M (64) is the largest output dim: 32 of its divisors fit
+    # Output dims fill all 32 cores without a K split; among those splits, m=8 x n=4 reads 8x4096 + 4096x64
+    # elements per core where m=32 would read 2x4096 + 4096x256 (every core streaming all of B).
+    assert kernel.split == {"m": 8, "n": 4}
     decode = matmul_program(1, 4096, 256)  # M = 1: N gives 4, K takes the remaining 8
     assert decode.kernels[0].split == {"n": 4, "k": 8}
     assert decode.kernels[0].num_slices == 32
