@@ -111,6 +111,12 @@ _OPS: list[OpEntry] = [
     _e("fill", "native", ALL, "constant"),
     _e("full", "native", FP + INT + BOOL, "custom op constant/full"),
     _e("full_like", "native", FP + INT + BOOL, "custom op constant/full"),
+    _e("zeros", "native", FP + INT + BOOL, "constant fill"),
+    _e("ones", "native", FP + INT + BOOL, "constant fill"),
+    _e("zeros_like", "native", FP + INT + BOOL, "constant fill"),
+    _e("ones_like", "native", FP + INT + BOOL, "constant fill"),
+    _e("new_zeros", "native", FP + INT + BOOL, "constant fill"),
+    _e("new_ones", "native", FP + INT + BOOL, "constant fill"),
     _e(
         "scalar_tensor",
         "native",

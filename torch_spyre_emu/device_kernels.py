@@ -158,6 +158,21 @@ _KERNELS = {
 }
 
 
+# Ops torch implements as composite kernels (CompositeImplicit/Explicit) whose pieces differ from what the compiler
+# lowers: layer_norm would become native_batch_norm, SDPA the fp32-upcasting math path, embedding index_select. On
+# spyre tensors they go to run_op whole, as one op, exactly like the compiled path sees them.
+WHOLE_OPS = ("layer_norm", "scaled_dot_product_attention", "embedding")
+
+
+def _whole(name: str):
+    op = getattr(torch.ops.aten, name).default
+
+    def kernel(*args, **kwargs):
+        return op_dispatch.run_on_device(op, args, kwargs)
+
+    return kernel
+
+
 def install() -> None:
     """Register the plumbing kernels and the catch-all fallback for PrivateUse1 (once)."""
     if _libraries:
@@ -165,6 +180,8 @@ def install() -> None:
     lib = torch.library.Library("aten", "IMPL")
     for name, fn in _KERNELS.items():
         lib.impl(name, fn, "PrivateUse1")
+    for name in WHOLE_OPS:
+        lib.impl(name, _whole(name), "PrivateUse1")
     fallback = torch.library.Library("_", "IMPL")
     fallback.fallback(op_dispatch.fallback, dispatch_key="PrivateUse1", with_keyset=True)
     _libraries.extend([lib, fallback])

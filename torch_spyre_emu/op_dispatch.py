@@ -133,6 +133,13 @@ def copy_into(dst: torch.Tensor, src: torch.Tensor, op=None) -> None:
             f"run_op({op}) must return spyre tensors (made with torch_spyre_emu.tensor.from_payload), got "
             f"{type(src).__name__}{'' if not isinstance(src, torch.Tensor) else ' on ' + str(src.device)}"
         )
+    if dst.numel() == 0 and tuple(dst.shape) != tuple(src.shape):
+        # torch's composite kernels call X.out(empty tensor) (e.g. abs, logical_and): an empty out tensor takes
+        # the result's shape, as resize_output allows; it is repointed at the result's device storage.
+        if dst.dtype != src.dtype:
+            src = run_on_device(torch.ops.aten._to_copy.default, (src,), {"dtype": dst.dtype})
+        torch.ops.aten.set_.source_Tensor(dst, src)
+        return
     if tuple(dst.shape) != tuple(src.shape):
         raise SpyreDeviceError(
             f"{op} produced shape {tuple(src.shape)} but its out tensor has shape {tuple(dst.shape)}; spyre "

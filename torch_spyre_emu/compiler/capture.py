@@ -43,7 +43,17 @@ KEEP_WHOLE = {
 
 
 def decomposition_table() -> dict:
-    return {op: fn for op, fn in core_aten_decompositions().items() if op.overloadpacket not in KEEP_WHOLE}
+    """Core-aten decompositions, minus KEEP_WHOLE and minus every op the capability table sends to the CPU or
+    cannot run ("fallback" / "unsupported": tril, masked_fill, split, ...): the support check must see those whole
+    and report them, not their native-looking pieces (tril -> iota/ge/where would silently run on the device)."""
+    from torch_spyre_emu.capabilities import capabilities
+
+    caps = capabilities()
+    return {
+        op: fn
+        for op, fn in core_aten_decompositions().items()
+        if op.overloadpacket not in KEEP_WHOLE and caps.status(op) not in ("fallback", "unsupported")
+    }
 
 
 def as_fake_inputs(mode: FakeTensorMode, inputs: Sequence[object]) -> list[object]:

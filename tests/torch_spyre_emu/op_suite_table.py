@@ -1,0 +1,331 @@
+"""The op table of the compare-with-CPU suite (torch-spyre's PARAMS dict, as data): op -> function, inputs per
+shape, error bound, capability entry (which dtypes the device accepts) and default shapes.
+
+Bounds come from op_suite_util (see its docstring for the model); `fallback` names paths on which the capability
+table sends the op to the CPU (the suite then expects a FallbackWarning instead of forbidding one).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from op_suite_util import (
+    U_DL16,
+    addmm_bound,
+    dl16_tolerance,
+    layer_norm_bound,
+    log_softmax_bound,
+    matmul_bound,
+    rms_norm_rel,
+    sdpa_bound,
+    unit,
+)
+
+S2, S3, S1 = (3, 100), (2, 5, 130), (257,)
+POINTWISE_SHAPES = (S2, S3, S1)
+SLOW_SHAPES = ((64, 128), (1,), (4, 3, 2, 70))
+
+
+@dataclass(frozen=True)
+class Op:
+    name: str
+    fn: Callable
+    cap: str  # capability-table op whose dtype list applies
+    bound: Callable  # (device-value inputs, float64 reference, device dtype) -> elementwise bound
+    inputs: Callable = lambda s: [(s, "normal")]  # shape -> [(input shape, kind)]
+    shapes: tuple = POINTWISE_SHAPES
+    fallback: frozenset = frozenset()  # paths the capability table sends to the CPU
+    slow_shapes: tuple = SLOW_SHAPES  # added in the slow run
+    ref: Callable | None = None  # the float64 reference, when it is not fn itself
+
+
+def exact(xs, ref, dt):
+    return torch.zeros_like(ref)
+
+
+def pointwise(xs, ref, dt):
+    return dl16_tolerance("pointwise", xs, ref, dt).bound(ref)
+
+
+def chain(k: int):
+    """k roundings in a multiplicative chain (x*x*x, x * 0.1 with the scalar rounded): relative (1 + u)^k - 1."""
+
+    def bound(xs, ref, dt):
+        tol = dl16_tolerance("pointwise", xs, ref, dt)
+        return ((1 + unit(dt)) ** k - 1 + tol.rtol - unit(dt)) * ref.abs() + tol.atol
+
+    return bound
+
+
+def reduce_sum(dims, mean: bool = False):
+    def bound(xs, ref, dt):
+        x = xs[0]
+        d = dims if dims is not None else tuple(range(x.dim()))
+        n = 1
+        for i in d:
+            n *= x.shape[i]
+        terms = x.abs().sum(d).reshape(ref.shape) / (n if mean else 1)
+        return dl16_tolerance("reduce", xs, ref, dt, n=n, terms=terms).bound(ref)
+
+    return bound
+
+
+def binary(kind="normal", kind2=None):
+    return lambda s: [(s, kind), (s, kind2 or kind)]
+
+
+def last(s):
+    return s[-1]
+
+
+def mm_inputs(s):
+    return [((*s[:-1], last(s)), "normal"), ((last(s), 70), "normal")]
+
+
+def rows(s):
+    return s if len(s) > 1 else (1, *s)
+
+
+def sdpa(q, k, v):
+    return F.scaled_dot_product_attention(q, k, v)
+
+
+def sdpa_causal(q, k, v):
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
+def rms_norm_formula(x, w):
+    """The RMSNorm the stack lowers natively (fp16 throughout, as hf-adapters write it)."""
+    return x * torch.rsqrt((x * x).mean(-1, keepdim=True) + 1e-6) * w
+
+
+SDPA_SHAPES = ((1, 2, 5, 64), (2, 1, 7, 64))
+SDPA_SLOW = ((1, 1, 1, 64), (1, 4, 65, 64))
+MM_SLOW = ((64, 128), (1, 1))
+MM_SHAPES = ((3, 100), (2, 5, 130), (1, 257))
+
+OPS: list[Op] = [
+    # --- unary pointwise --------------------------------------------------------------------------------------
+    Op("abs", lambda *a: torch.abs(*a), "abs", exact),
+    Op("neg", lambda *a: torch.neg(*a), "neg", exact),
+    Op("relu", lambda *a: torch.relu(*a), "relu", exact),
+    Op("exp", lambda *a: torch.exp(*a), "exp", pointwise),
+    Op("log", lambda *a: torch.log(*a), "log", pointwise, lambda s: [(s, "pos")]),
+    Op("sqrt", lambda *a: torch.sqrt(*a), "sqrt", pointwise, lambda s: [(s, "pos")]),
+    Op("rsqrt", lambda *a: torch.rsqrt(*a), "rsqrt", pointwise, lambda s: [(s, "pos")]),
+    Op("reciprocal", lambda *a: torch.reciprocal(*a), "reciprocal", pointwise, lambda s: [(s, "pos")]),
+    Op("tanh", lambda *a: torch.tanh(*a), "tanh", pointwise),
+    Op("sigmoid", lambda *a: torch.sigmoid(*a), "sigmoid", pointwise),
+    Op("floor", lambda x: torch.floor(x * 4), "floor", chain(1)),
+    Op("ceil", lambda x: torch.ceil(x * 4), "ceil", chain(1)),
+    Op("sign", lambda *a: torch.sign(*a), "sign", exact),
+    Op("square", lambda *a: torch.square(*a), "square", pointwise),
+    Op("gelu_tanh", lambda x: F.gelu(x, approximate="tanh"), "gelu", pointwise),
+    Op("silu", lambda *a: F.silu(*a), "silu", pointwise),
+    Op("softplus", lambda *a: F.softplus(*a), "softplus", pointwise),
+    Op("clamp", lambda x: torch.clamp(x, -0.5, 0.7), "clamp", pointwise),
+    Op("clamp_min", lambda x: torch.clamp_min(x, -0.25), "clamp_min", exact),
+    Op("clamp_max", lambda x: torch.clamp(x, max=0.3), "clamp_max", pointwise),
+    # --- binary -----------------------------------------------------------------------------------------------
+    Op("add", lambda *a: torch.add(*a), "add", pointwise, binary()),
+    Op(
+        "add_broadcast",
+        lambda *a: torch.add(*a),
+        "add",
+        pointwise,
+        lambda s: [(s, "normal"), ((last(s),), "normal")],
+    ),
+    Op("sub", lambda *a: torch.sub(*a), "sub", pointwise, binary()),
+    Op("mul", lambda *a: torch.mul(*a), "mul", pointwise, binary()),
+    Op("div", lambda *a: torch.div(*a), "div", pointwise, binary("normal", "pos")),
+    Op("maximum", lambda *a: torch.maximum(*a), "maximum", exact, binary("int", "normal")),
+    Op("minimum", lambda *a: torch.minimum(*a), "minimum", exact, binary("int", "normal")),
+    Op("pow2", lambda x: x**2, "pow", pointwise),
+    Op("pow3", lambda x: x**3, "pow", chain(2)),
+    Op("pow_half", lambda x: x**0.5, "pow", pointwise, lambda s: [(s, "pos")]),
+    Op("pow_neg1", lambda x: x**-1, "pow", pointwise, lambda s: [(s, "pos")]),
+    Op("eq", lambda *a: torch.eq(*a), "eq", exact, binary("int")),
+    Op("ne", lambda *a: torch.ne(*a), "ne", exact, binary("int")),
+    Op("lt", lambda *a: torch.lt(*a), "lt", exact, binary("int")),
+    Op("le", lambda *a: torch.le(*a), "le", exact, binary("int")),
+    Op("gt", lambda *a: torch.gt(*a), "gt", exact, binary("int")),
+    Op("ge", lambda *a: torch.ge(*a), "ge", exact, binary("int")),
+    Op(
+        "where",
+        lambda c, x, y: torch.where(c, x, y),
+        "where",
+        exact,
+        lambda s: [(s, "bool"), (s, "normal"), (s, "normal")],
+    ),
+    Op("logical_and", lambda x, y: torch.logical_and(x > 0, y > 0), "logical_and", exact, binary()),
+    Op("logical_not", lambda x: torch.logical_not(x > 0), "logical_not", exact),
+    # --- scalar variants --------------------------------------------------------------------------------------
+    Op("add_scalar", lambda x: x + 2.5, "add", pointwise),
+    Op("mul_neg1", lambda x: x * -1, "mul", exact),
+    Op("mul_tenth", lambda x: x * 0.1, "mul", chain(2)),  # 0.1 is rounded to DL16 as a 1-element tensor
+    Op("rsub_scalar", lambda x: 1.5 - x, "rsub", pointwise),
+    Op("div_scalar", lambda x: x / 3.0, "div", pointwise),
+    Op("gt_scalar", lambda x: x > 0.5, "gt", exact),
+    # --- reductions (keepdim and not) ---------------------------------------------------------------------------
+    Op(
+        "sum_last_keepdim",
+        lambda x: x.sum(-1, keepdim=True),
+        "sum",
+        lambda xs, r, d: reduce_sum((-1,))(xs, r, d),
+    ),
+    Op("sum_first", lambda x: x.sum(0), "sum", reduce_sum((0,))),
+    Op("sum_all", lambda x: x.sum(), "sum", reduce_sum(None)),
+    Op("mean_last", lambda x: x.mean(-1), "mean", reduce_sum((-1,), mean=True)),
+    Op("mean_keepdim", lambda x: x.mean(0, keepdim=True), "mean", reduce_sum((0,), mean=True)),
+    Op("amax", lambda x: x.amax(-1, keepdim=True), "amax", exact),
+    Op("amin", lambda x: x.amin(0), "amin", exact),
+    Op("max_dim", lambda x: torch.max(x, -1), "max", exact),
+    Op("min_dim_keepdim", lambda x: torch.min(x, 0, keepdim=True), "min", exact),
+    Op("max_all", lambda x: x.max(), "max", exact),
+    # --- matmul (K not a multiple of 64) ------------------------------------------------------------------------
+    Op(
+        "matmul",
+        lambda *a: torch.matmul(*a),
+        "matmul",
+        lambda xs, r, d: matmul_bound(*xs, r, d),
+        mm_inputs,
+        MM_SHAPES,
+        slow_shapes=MM_SLOW,
+    ),
+    Op(
+        "bmm",
+        lambda *a: torch.bmm(*a),
+        "bmm",
+        lambda xs, r, d: matmul_bound(*xs, r, d),
+        lambda s: [((2, 5, last(s)), "normal"), ((2, last(s), 30), "normal")],
+        MM_SHAPES,
+        slow_shapes=MM_SLOW,
+    ),
+    Op(
+        "addmm",
+        lambda *a: torch.addmm(*a),
+        "addmm",
+        lambda xs, r, d: addmm_bound(*xs, r, d),
+        lambda s: [((70,), "normal"), ((3, last(s)), "normal"), ((last(s), 70), "normal")],
+        MM_SHAPES,
+        slow_shapes=MM_SLOW,
+    ),
+    Op(
+        "linear",
+        lambda *a: F.linear(*a),
+        "linear",
+        lambda xs, r, d: addmm_bound(
+            xs[2], xs[0].reshape(-1, xs[0].shape[-1]), xs[1].t(), r.reshape(-1, 70), d
+        ).reshape(r.shape),
+        lambda s: [(s, "normal"), ((70, last(s)), "normal"), ((70,), "normal")],
+        MM_SHAPES,
+        slow_shapes=MM_SLOW,
+    ),
+    # --- fused row ops and decompositions -----------------------------------------------------------------------
+    Op(
+        "softmax",
+        lambda x: torch.softmax(x, -1),
+        "_softmax",
+        lambda xs, r, d: dl16_tolerance("rows", xs, r, d, n=xs[0].shape[-1]).bound(r),
+    ),
+    Op(
+        "log_softmax",
+        lambda x: torch.log_softmax(x, -1),
+        "_log_softmax",
+        lambda xs, r, d: log_softmax_bound(xs[0], r, d),
+    ),
+    Op(
+        "layer_norm",
+        lambda x, w, b: F.layer_norm(x, (x.shape[-1],), w, b),
+        "native_layer_norm",
+        lambda xs, r, d: layer_norm_bound(*xs, r, d),
+        lambda s: [(rows(s), "normal"), ((last(s),), "normal"), ((last(s),), "normal")],
+    ),
+    Op(
+        "rms_norm",
+        rms_norm_formula,
+        "rms_norm",
+        lambda xs, r, d: rms_norm_rel(xs[0].shape[-1], d) * r.abs(),
+        lambda s: [(rows(s), "normal"), ((last(s),), "normal")],
+    ),
+    Op(
+        "sdpa",
+        lambda *a: sdpa(*a),
+        "scaled_dot_product_attention",
+        lambda xs, r, d: sdpa_bound(*xs, r, d),
+        lambda s: [(s, "normal")] * 3,
+        SDPA_SHAPES,
+        slow_shapes=SDPA_SLOW,
+    ),
+    Op(
+        "sdpa_causal",
+        lambda *a: sdpa_causal(*a),
+        "scaled_dot_product_attention",
+        lambda xs, r, d: sdpa_bound(*xs, r, d, causal=True),
+        lambda s: [(s, "normal")] * 3,
+        SDPA_SHAPES,
+        slow_shapes=SDPA_SLOW,
+    ),
+    # --- data movement and views --------------------------------------------------------------------------------
+    Op("transpose", lambda x: x.transpose(0, -1).contiguous(), "transpose", exact),
+    Op("permute", lambda x: x.permute(*reversed(range(x.dim()))).contiguous(), "permute", exact),
+    Op(
+        "reshape",
+        lambda x: x.reshape(-1, 5) * 2,
+        "reshape",
+        exact,
+        lambda s: [((*s[:-1], 5 * last(s)), "normal")],
+    ),
+    Op("unsqueeze", lambda x: x.unsqueeze(1) * 2, "unsqueeze", exact),
+    Op("select", lambda x: x[x.shape[0] // 2] * 2, "select", exact),
+    Op(
+        "slice",
+        lambda x: x[..., 10:50] * 2,
+        "slice",
+        exact,
+        fallback=frozenset({"compiled"}),
+        slow_shapes=((64, 128),),
+    ),
+    Op("split", lambda x: torch.split(x, 40, -1), "split", exact, fallback=frozenset({"compiled"})),
+    Op(
+        "cat",
+        lambda x, y: torch.cat([x, y], -1),
+        "cat",
+        exact,
+        lambda s: [(s, "normal"), ((*s[:-1], 30), "normal")],
+    ),
+    Op("cat_first", lambda x, y: torch.cat([x, y], 0), "cat", exact, binary()),
+    Op(
+        "expand_clone",
+        lambda x: x.expand(4, *x.shape[1:]).contiguous(),
+        "expand",
+        exact,
+        lambda s: [((1, *s), "normal")],
+    ),
+    Op(
+        "expand_add",
+        lambda x, y: x.expand(y.shape) + y,
+        "add",
+        pointwise,
+        lambda s: [((1, last(s)), "normal"), (rows(s), "normal")],
+    ),
+    # fp32 -> bf16 goes through DL16 on the device (fp32todl16, then the host's bf16): the reference is the exact
+    # value, rounded once to DL16 (+ the host's bf16 rounding that assert_close_bound adds).
+    Op(
+        "to_bf16",
+        lambda x: x.to(torch.bfloat16),
+        "_to_copy",
+        lambda xs, r, d: U_DL16 * r.abs(),
+        ref=lambda x: x,
+    ),
+    # --- constants ------------------------------------------------------------------------------------------------
+    Op("zeros_add", lambda x: x + torch.zeros(x.shape, dtype=x.dtype, device=x.device), "add", exact),
+    Op("ones_like", lambda x: torch.ones_like(x) * x, "mul", exact),
+    Op("full_mul", lambda x: torch.full(x.shape, 2.5, dtype=x.dtype, device=x.device) * x, "mul", pointwise),
+    Op("fill", lambda x: torch.zeros_like(x).fill_(1.5) + x, "add", pointwise),
+]
+
+OPS_BY_NAME = {op.name: op for op in OPS}
