@@ -46,6 +46,42 @@ def simulate(
     console.print(f"trace: {trace} (open in https://ui.perfetto.dev)")
 
 
+@app.command()
+def demo(
+    model: str = typer.Option(
+        "smollm2", help="Which demo: smollm2 (chat answer) or minilm (sentence embeddings)."
+    ),
+    prompt: str = typer.Option(None, help="Chat prompt for smollm2 (default: a question about France)."),
+    max_new_tokens: int = typer.Option(
+        32, help="Greedy tokens to generate (smollm2; stops early at end-of-turn)."
+    ),
+    config: str = typer.Option("spyre", help="Preset name (spyre, small) or path to a hardware TOML file."),
+    out: Path = typer.Option(Path("spyre_emu_out"), help="Output directory for traces, plot and summary."),
+) -> None:
+    """The main job: a real model on emulated Spyre, compared with CPU fp32, with simulated timings."""
+    from models import demo as demo_mod
+    from models.generate import GenerationError
+    from models.weights import WeightsNotInstalledError
+
+    if model not in demo_mod.MODELS:
+        console.print(
+            f"[red]error:[/red] unknown --model {model!r}; choose one of: {', '.join(demo_mod.MODELS)}"
+        )
+        raise typer.Exit(2)
+    _load_config_or_exit(config)
+    try:
+        if model == "smollm2":
+            result = demo_mod.run_chat(
+                prompt or demo_mod.DEFAULT_PROMPT, max_new_tokens, config, out, console
+            )
+            demo_mod.print_chat(result, console)
+        else:
+            demo_mod.print_embed(demo_mod.run_embed(None, config, out, console), console)
+    except (WeightsNotInstalledError, GenerationError, demo_mod.DemoError) as e:
+        console.print(f"[red]error:[/red] {e}")
+        raise typer.Exit(2) from None
+
+
 def _load_config_or_exit(spec: str):
     from aiu_sim.config import load_config
     from aiu_sim.errors import ConfigError

@@ -1,0 +1,218 @@
+"""Greedy decoding on emulated Spyre with static shapes: one prefill program and one decode program.
+
+Spyre binaries are static-shape: every new shape is a new compiled program. `model.generate` grows its KV
+cache by one position per token (a recompile per step) and slices logits in-graph, so this module runs its
+own loop, the way IBM's hf-adapters do ("64-token decode blocks"):
+
+* the prompt is right-padded to a multiple of 64 (`BLOCK`), so prefill is one [1, P] program;
+* the KV cache is a fixed [1, kv_heads, L, head_dim] buffer per layer (L = prompt + new tokens rounded up to
+  64), so every decode step is the same [1, 1] program;
+* aten.index_copy_ (a static cache's write) is a gap on the stack, so the compiled step writes its new K/V
+  rows with a blend the device can run: ``cache * keep + write @ k`` with 0/1 `keep` [L, 1] and one-hot
+  `write` [L, q] built on the host (exact: every output element is one product by 1 plus zeros);
+* what runs on the host, between device programs: the token embedding gather, the RoPE cos/sin table
+  gather (both via the adapters), the additive attention mask, the one-hot write/select vectors, and the
+  argmax over the logits.
+
+The step runs the patched HuggingFace decoder layers (adapters.apply: RMSNorm, RoPE-as-matmul, explicit
+attention ...), then the final norm and LM head on the one row whose next token is wanted.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+import torch_spyre_emu
+from torch_spyre_emu.profile import ProfileReport
+
+BLOCK = 64  # sequence lengths are padded to whole 64-token blocks (one stick of fp16)
+
+
+class GenerationError(ValueError):
+    """The decode loop cannot run as asked (e.g. the prompt and new tokens do not fit the cache)."""
+
+
+def round_up(n: int, block: int = BLOCK) -> int:
+    return -(-n // block) * block
+
+
+def device_copy(causal_lm: nn.Module, dtype: torch.dtype = torch.float16) -> nn.Module:
+    """A fresh instance of the model's class with its weights cast to `dtype`; the original is untouched.
+
+    (transformers refuses `.half()` on GGUF-loaded models: it flags them quantized although the weights are
+    already de-quantized.) Tied weights stay tied; buffers (e.g. RoPE inv_freq) are copied as they are.
+    """
+    import copy
+
+    with torch.device("meta"):
+        fresh = type(causal_lm)(copy.deepcopy(causal_lm.config))
+    state = {k: v.detach().to(dtype) for k, v in causal_lm.state_dict().items()}
+    fresh.load_state_dict(state, assign=True)
+    for name, buf in causal_lm.named_buffers():
+        owner, _, attr = name.rpartition(".")
+        fresh.get_submodule(owner).register_buffer(attr, buf.detach().clone(), persistent=False)
+    if getattr(fresh.config, "tie_word_embeddings", False):
+        fresh.lm_head.weight = fresh.model.embed_tokens.weight
+    return fresh.eval()
+
+
+class _BlendCache:
+    """Duck-typed transformers cache for one compiled step: K/V written into fixed-size buffers by a blend."""
+
+    def __init__(self, kv: tuple[torch.Tensor, ...], write: torch.Tensor, keep: torch.Tensor):
+        self.kv, self.write, self.keep = kv, write, keep
+        self.out: list[torch.Tensor] = []
+
+    def _blend(self, buf: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
+        if new.shape[-2] == 1:  # decode: a broadcast multiply, not a K=1 matmul
+            return buf * self.keep + self.write * new
+        return buf * self.keep + torch.matmul(self.write, new)
+
+    def update(self, key_states, value_states, layer_idx, *args, **kwargs):
+        k = self._blend(self.kv[2 * layer_idx], key_states)
+        v = self._blend(self.kv[2 * layer_idx + 1], value_states)
+        self.out += [k, v]
+        return k, v
+
+
+class StaticStep(nn.Module):
+    """The device program: decoder layers over a static cache, final norm, LM head on one selected row."""
+
+    def __init__(self, causal_lm: nn.Module):
+        super().__init__()
+        self.layers = causal_lm.model.layers
+        self.norm = causal_lm.model.norm
+        self.lm_head = causal_lm.lm_head
+
+    def forward(self, hidden, cos, sin, mask, select, write, keep, *kv):
+        cache = _BlendCache(kv, write, keep)
+        for layer in self.layers:
+            hidden = layer(hidden, attention_mask=mask, position_embeddings=(cos, sin), cache=cache)
+        if hidden.shape[1] > 1:
+            hidden = torch.matmul(select, hidden)  # [1, 1, H]: the last real prompt position
+        logits = self.lm_head(self.norm(hidden))
+        return (logits, *cache.out)
+
+
+@dataclass
+class StepRecord:
+    kind: str  # "prefill" or "decode"
+    position: int  # position of the (last) token fed
+    token: int  # the greedy token chosen from this step's logits
+    sim_us: float  # simulated device-timeline time of the step's program(s)
+    wall_s: float
+    report: ProfileReport | None = None
+
+
+@dataclass
+class Generation:
+    prompt_ids: list[int]
+    new_ids: list[int]
+    steps: list[StepRecord] = field(default_factory=list)
+    prompt_pad: int = 0  # P
+    cache_len: int = 0  # L
+
+    @property
+    def prefill(self) -> StepRecord:
+        return self.steps[0]
+
+    @property
+    def decodes(self) -> list[StepRecord]:
+        return [s for s in self.steps if s.kind == "decode"]
+
+
+class StaticGreedy:
+    """Greedy decoding of a patched fp16 LlamaForCausalLM on emulated Spyre with two static programs."""
+
+    def __init__(self, causal_lm: nn.Module):
+        self.lm = causal_lm
+        cfg = causal_lm.config
+        self.layers = cfg.num_hidden_layers
+        self.kv_heads = cfg.num_key_value_heads
+        self.head_dim = causal_lm.model.layers[0].self_attn.head_dim
+        self.dtype = causal_lm.lm_head.weight.dtype
+        self.step = torch.compile(StaticStep(causal_lm), backend="spyre", dynamic=False)
+
+    # --- host side ---------------------------------------------------------------------------------
+    def host_inputs(self, ids: torch.Tensor, start: int, cache_len: int, last: int) -> tuple:
+        """Everything the step needs besides the cache, built on the host for tokens at start..start+q-1."""
+        q = ids.shape[1]
+        inner = self.lm.model
+        with torch.no_grad():
+            hidden = inner.embed_tokens(ids).to(self.dtype)  # host gather (embedding adapter)
+            positions = torch.arange(start, start + q).unsqueeze(0)
+            cos, sin = inner.rotary_emb(hidden, position_ids=positions)  # host table gather (rope adapter)
+        slots = torch.arange(cache_len)
+        allowed = slots[None, :] <= positions[0][:, None]  # [q, L]: causal over the filled slots
+        mask = torch.zeros(1, 1, q, cache_len, dtype=self.dtype)
+        mask = mask.masked_fill(~allowed[None, None], torch.finfo(self.dtype).min)
+        write = torch.zeros(cache_len, q, dtype=self.dtype)
+        write[start + torch.arange(q), torch.arange(q)] = 1
+        keep = 1 - write.sum(dim=1, keepdim=True)
+        select = torch.zeros(1, q, dtype=self.dtype)
+        select[0, last] = 1
+        return hidden, cos.to(self.dtype), sin.to(self.dtype), mask, select, write, keep
+
+    def empty_cache(self, cache_len: int) -> tuple[torch.Tensor, ...]:
+        shape = (1, self.kv_heads, cache_len, self.head_dim)
+        return tuple(torch.zeros(shape, dtype=self.dtype) for _ in range(2 * self.layers))
+
+    def _run(self, args: tuple, profiled: bool, trace_dir: str | None):
+        if profiled:
+            rep = torch_spyre_emu.profile(self.step, *args, mode="both", trace_path=trace_dir)
+            return rep.outputs, rep
+        with torch.no_grad():
+            out = self.step(*args)
+        return out, torch_spyre_emu.last_profile()
+
+    # --- the loop ----------------------------------------------------------------------------------
+    def generate(
+        self,
+        prompt_ids: torch.Tensor,
+        max_new_tokens: int,
+        eos_token_id: int | None = None,
+        trace_dir: str | None = None,
+        on_step: Callable[[StepRecord], None] | None = None,
+    ) -> Generation:
+        """Greedy tokens after `prompt_ids` [1, n]; prefill and the first decode step write Perfetto traces."""
+        if prompt_ids.dim() != 2 or prompt_ids.shape[0] != 1:
+            raise GenerationError(f"prompt_ids must be [1, n], got {tuple(prompt_ids.shape)}")
+        if max_new_tokens < 1:
+            raise GenerationError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        n = prompt_ids.shape[1]
+        pad = round_up(n)
+        cache_len = round_up(n + max_new_tokens)
+        limit = self.lm.config.max_position_embeddings
+        if cache_len > limit:
+            raise GenerationError(
+                f"{n} prompt + {max_new_tokens} new tokens need a {cache_len}-slot cache, over the model's "
+                f"{limit} positions"
+            )
+        gen = Generation(prompt_ids[0].tolist(), [], prompt_pad=pad, cache_len=cache_len)
+        padded = torch.zeros(1, pad, dtype=prompt_ids.dtype)
+        padded[:, :n] = prompt_ids  # right padding: pads sit in slots n..P-1, never attended by real tokens
+        kv = self.empty_cache(cache_len)
+        ids, start, last, kind = padded, 0, n - 1, "prefill"
+        for i in range(max_new_tokens):
+            t0 = time.perf_counter()
+            args = self.host_inputs(ids, start, cache_len, last) + kv
+            out, rep = self._run(args, profiled=i < 2, trace_dir=trace_dir)
+            logits, kv = out[0], tuple(out[1:])
+            token = int(torch.argmax(logits[0, -1].float()))  # host argmax (aten.argmax is a fallback)
+            pos = start + last
+            rec = StepRecord(
+                kind, pos, token, rep.total_us if rep else float("nan"), time.perf_counter() - t0, rep
+            )
+            gen.steps.append(rec)
+            gen.new_ids.append(token)
+            if on_step is not None:
+                on_step(rec)
+            if eos_token_id is not None and token == eos_token_id:
+                break
+            ids, start, last, kind = torch.tensor([[token]]), n + i, 0, "decode"
+        return gen
