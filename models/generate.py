@@ -129,14 +129,17 @@ class Generation:
 class StaticGreedy:
     """Greedy decoding of a patched fp16 LlamaForCausalLM on emulated Spyre with two static programs."""
 
-    def __init__(self, causal_lm: nn.Module):
+    def __init__(self, causal_lm: nn.Module, compile: bool = True):
+        """compile=False runs the same step eagerly on the CPU (a reference for the loop's logic, no timing)."""
         self.lm = causal_lm
         cfg = causal_lm.config
         self.layers = cfg.num_hidden_layers
         self.kv_heads = cfg.num_key_value_heads
         self.head_dim = causal_lm.model.layers[0].self_attn.head_dim
         self.dtype = causal_lm.lm_head.weight.dtype
-        self.step = torch.compile(StaticStep(causal_lm), backend="spyre", dynamic=False)
+        self.compiled = compile
+        step = StaticStep(causal_lm)
+        self.step = torch.compile(step, backend="spyre", dynamic=False) if compile else step
 
     # --- host side ---------------------------------------------------------------------------------
     def host_inputs(self, ids: torch.Tensor, start: int, cache_len: int, last: int) -> tuple:
@@ -163,6 +166,9 @@ class StaticGreedy:
         return tuple(torch.zeros(shape, dtype=self.dtype) for _ in range(2 * self.layers))
 
     def _run(self, args: tuple, profiled: bool, trace_dir: str | None):
+        if not self.compiled:
+            with torch.no_grad():
+                return self.step(*args), None
         if profiled:
             rep = torch_spyre_emu.profile(self.step, *args, mode="both", trace_path=trace_dir)
             return rep.outputs, rep

@@ -25,12 +25,16 @@ class Agreement:
 
 
 @torch.no_grad()
-def teacher_forced_matches(cpu_model, prompt_ids: torch.Tensor, new_ids: list[int]) -> list[bool]:
-    """Feed prompt + Spyre tokens to the CPU model once; position t matches when its argmax is new_ids[t]."""
+def teacher_forced_predictions(cpu_model, prompt_ids: torch.Tensor, new_ids: list[int]) -> list[int]:
+    """Feed prompt + the tokens once; entry t is the model's argmax for the position of new_ids[t]."""
     n = prompt_ids.shape[1]
     seq = torch.cat([prompt_ids, torch.tensor([new_ids[:-1]], dtype=prompt_ids.dtype)], dim=1)
     logits = cpu_model(input_ids=seq, attention_mask=torch.ones_like(seq), use_cache=False).logits
-    predicted = logits[0, n - 1 :].argmax(-1).tolist()
+    return logits[0, n - 1 :].argmax(-1).tolist()
+
+
+def teacher_forced_matches(cpu_model, prompt_ids: torch.Tensor, new_ids: list[int]) -> list[bool]:
+    predicted = teacher_forced_predictions(cpu_model, prompt_ids, new_ids)
     return [p == t for p, t in zip(predicted, new_ids, strict=True)]
 
 
@@ -57,8 +61,22 @@ def first_divergence(a: list[int], b: list[int]) -> int | None:
 
 
 def agreement(cpu_model, prompt_ids: torch.Tensor, new_ids: list[int], eos_token_id: int | None) -> Agreement:
-    matches = teacher_forced_matches(cpu_model, prompt_ids, new_ids)
-    cpu_ids = cpu_greedy(cpu_model, prompt_ids, len(new_ids), eos_token_id)
+    """Teacher-forced top-1 over the generated positions, and CPU fp32's own greedy text.
+
+    Up to the first teacher-forced mismatch the CPU's greedy tokens are the Spyre tokens by definition (same
+    prefix, same argmax), so CPU generation only runs from that step on (none at all when every position agrees).
+    """
+    predicted = teacher_forced_predictions(cpu_model, prompt_ids, new_ids)
+    matches = [p == t for p, t in zip(predicted, new_ids, strict=True)]
+    k = next((i for i, ok in enumerate(matches) if not ok), None)
+    if k is None:
+        cpu_ids = list(new_ids)
+    else:
+        cpu_ids = list(new_ids[:k]) + [predicted[k]]
+        left = len(new_ids) - len(cpu_ids)
+        if left > 0 and predicted[k] != eos_token_id:
+            prefix = torch.cat([prompt_ids, torch.tensor([cpu_ids], dtype=prompt_ids.dtype)], dim=1)
+            cpu_ids += cpu_greedy(cpu_model, prefix, left, eos_token_id)
     return Agreement(sum(matches) / len(matches), matches, cpu_ids, first_divergence(new_ids, cpu_ids))
 
 
