@@ -128,8 +128,10 @@ def run_chat(
     console: Console | None = None,
 ) -> ChatResult:
     console = console or Console()
-    if max_new_tokens < 1:
-        raise DemoError(f"--max-new-tokens must be at least 1, got {max_new_tokens}")
+    if max_new_tokens < 2:
+        raise DemoError(
+            f"--max-new-tokens must be at least 2 (one prefill and one decode step to time), got {max_new_tokens}"
+        )
     hw = _hardware(config)
     out.mkdir(parents=True, exist_ok=True)
     traces = out / "traces"
@@ -152,7 +154,7 @@ def run_chat(
         compile_prefill = bar.add_task(
             f"compiling + running the prefill program [1, {-(-ids.shape[1] // 64) * 64}]", total=1
         )
-        compile_decode = bar.add_task("compiling + running the decode program [1, 1]", total=1)
+        compile_decode = bar.add_task("compiling + running the decode program [1, 1]", total=1, start=False)
         gen_task = bar.add_task("generating tokens on emulated Spyre", total=max_new_tokens)
 
         def on_step(rec) -> None:
@@ -172,8 +174,11 @@ def run_chat(
             steps_log.flush()
             if rec.kind == "prefill":
                 bar.update(compile_prefill, completed=1)
+                bar.stop_task(compile_prefill)
+                bar.start_task(compile_decode)
             elif bar.tasks[compile_decode].completed == 0:
                 bar.update(compile_decode, completed=1)
+                bar.stop_task(compile_decode)
             bar.advance(gen_task)
 
         t0 = time.perf_counter()
@@ -358,7 +363,7 @@ def print_chat(r: ChatResult, console: Console) -> None:
     console.print(
         f"[bold]answer[/bold] ({len(gen.new_ids)} new tokens, greedy, fp16 weights, DL16 arithmetic):"
     )
-    console.print(f"  {r.answer}")
+    console.print(escape("  " + r.answer.replace("\n", "\n  ")))
     console.print()
     console.print("[bold]agreement with CPU fp32[/bold] (same weights, stock model, no adapters):")
     console.print(
@@ -371,17 +376,20 @@ def print_chat(r: ChatResult, console: Console) -> None:
         console.print(
             f"  greedy texts first differ at step {a.first_divergence} (0 = first new token); CPU fp32 says:"
         )
-        console.print(f"  {r.cpu_answer}")
+        console.print(escape("  " + r.cpu_answer.replace("\n", "\n  ")))
     console.print()
     console.print(f"[bold]simulated timing[/bold] on chip '{r.hardware}':")
     console.print(
         f"  time to first token (prefill program, prompt of {len(gen.prompt_ids)} tokens padded to {gen.prompt_pad}): "
         f"{r.ttft_us / 1e3:,.2f} ms"
     )
-    console.print(
-        f"  decode: {r.decode_us / 1e3:,.2f} ms per token -> {r.tokens_per_s:,.1f} tokens/s "
-        f"(one [1, 1] program over a {gen.cache_len}-slot static KV cache)"
-    )
+    if gen.decodes:
+        console.print(
+            f"  decode: {r.decode_us / 1e3:,.2f} ms per token -> {r.tokens_per_s:,.1f} tokens/s "
+            f"(one [1, 1] program over a {gen.cache_len}-slot static KV cache)"
+        )
+    else:
+        console.print("  decode: no decode step ran (the answer ended at its first token)")
     console.print(
         f"  weights: {r.prefill.weights_upload_bytes / 2**20:,.0f} MiB uploaded once "
         f"({r.prefill.weights_upload_us / 1e3:,.1f} ms PCIe, not counted per token)"
