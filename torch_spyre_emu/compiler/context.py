@@ -45,6 +45,12 @@ class CompileContext:
     dram_buffers: set[str] = field(
         default_factory=set
     )  # graph results: must end in DRAM (LX planning skips them)
+    weight_buffers: frozenset[str] = (
+        frozenset()
+    )  # the weight inputs' buffers (set by the pipeline after codegen)
+    # weight_prep: layout kernels of weights moved out of the per-call program, and the buffers it reads from them
+    prep_steps: list = field(default_factory=list)
+    prep_outputs: list[str] = field(default_factory=list)
     fold_constants: bool = True  # fold input-independent subgraphs (off for single eager ops)
     collect_only: bool = False  # support check records instead of raising (find_unsupported)
     found: list[UnsupportedOp] = field(default_factory=list)

@@ -7,11 +7,11 @@ built (and validated). Each pass is a small function in passes/; SPYRE_EMU_DEBUG
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch.fx as fx
 
-from aiu_sim.program import KernelProgram
+from aiu_sim.program import DeviceToHost, HostOp, HostToDevice, Kernel, KernelProgram
 from torch_spyre_emu import debug
 from torch_spyre_emu.compiler.capture import capture
 from torch_spyre_emu.compiler.codegen import Lowered, lower_graph
@@ -26,11 +26,27 @@ from torch_spyre_emu.compiler.passes.restickify import restickify
 from torch_spyre_emu.compiler.passes.scalars_to_tensors import scalars_to_tensors
 from torch_spyre_emu.compiler.passes.stickify import stickify
 from torch_spyre_emu.compiler.passes.support_check import support_check
+from torch_spyre_emu.compiler.passes.weight_prep import split_weight_prep
 from torch_spyre_emu.compiler.passes.work_division import work_division
 from torch_spyre_emu.errors import SpyreCompileError
 
 GRAPH_PASSES = [decompose, mm_to_bmm, constant_fold, scalars_to_tensors, legalize_dtypes, support_check]
-KERNEL_PASSES = [stickify, restickify, pad_k, work_division, lx_planning]
+# split_weight_prep runs after work_division (its kernels keep their core split) and before lx_planning (the
+# prepared buffers must stay in DRAM, resident between programs)
+KERNEL_PASSES = [stickify, restickify, pad_k, work_division, split_weight_prep, lx_planning]
+
+
+@dataclass
+class WeightPrep:
+    """The weight preparation program of a graph: layout kernels that only depend on weights (restickify, K-padding).
+
+    The runtime runs it once per set of weight values (`cache`, see runtime.prepared_weights) and binds `outputs`
+    as resident buffers of the per-call program. `weights` are the InputSpecs of the weights it reads."""
+
+    program: KernelProgram
+    outputs: list[str]
+    weights: list
+    cache: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -39,6 +55,8 @@ class Compiled:
     lowered: Lowered
     graph: fx.GraphModule
     ctx: CompileContext
+    prep: WeightPrep | None = None  # None: no weight layout work in this graph
+    main_reads: frozenset[str] = frozenset()  # buffers the per-call program's steps read
 
 
 def run_graph_passes(gm: fx.GraphModule, ctx: CompileContext) -> fx.GraphModule:
@@ -61,13 +79,40 @@ def compile_graph(gm: fx.GraphModule, ctx: CompileContext) -> Compiled:
     b = lowered.builder
     steps = b.steps
     ctx.dram_buffers.update(lowered.output_buffers)
+    ctx.weight_buffers = frozenset(i.buffer for i in lowered.inputs if i.weight)
     for p in KERNEL_PASSES:
         steps = p(steps, b.buffers, ctx)
     b.steps = steps
+    prep = None
+    buffers = b.buffers
+    if ctx.prep_steps:
+        prep_bufs = {a.buffer for k in ctx.prep_steps for a in k.args}
+        main_bufs = _touched(steps)
+        # intermediates of the preparation (e.g. W^T before its K-padding) do not exist in the per-call program
+        buffers = {
+            n: buf
+            for n, buf in b.buffers.items()
+            if n not in prep_bufs or n in main_bufs or n in ctx.weight_buffers
+        }
+        try:
+            prep_program = KernelProgram(
+                name=f"{ctx.name}_weight_prep",
+                buffers={n: b.buffers[n] for n in sorted(prep_bufs)},
+                steps=list(ctx.prep_steps),
+                inputs=[],
+                outputs=[],
+                constants={},
+                config=ctx.hardware,
+            )
+        except ValueError as e:
+            raise SpyreCompileError(f"graph {ctx.name!r}: invalid weight preparation program: {e}") from e
+        weights = [i for i in lowered.inputs if i.weight and i.buffer in prep_bufs]
+        prep = WeightPrep(prep_program, list(ctx.prep_outputs), weights)
+        debug.program(prep_program)
     try:
         program = KernelProgram(
             name=ctx.name,
-            buffers=b.buffers,
+            buffers=buffers,
             steps=steps,
             inputs=[i.name for i in lowered.inputs if not i.resident],
             outputs=[] if ctx.outputs_on_device else list(lowered.output_names),
@@ -77,4 +122,30 @@ def compile_graph(gm: fx.GraphModule, ctx: CompileContext) -> Compiled:
     except ValueError as e:  # aiu_sim ProgramError: a compiler bug, reported with the program name
         raise SpyreCompileError(f"graph {ctx.name!r} lowered to an invalid KernelProgram: {e}") from e
     debug.program(program)
-    return Compiled(program, lowered, gm, ctx)
+    return Compiled(program, lowered, gm, ctx, prep, frozenset(_reads(steps)))
+
+
+def _touched(steps: list) -> set[str]:
+    out: set[str] = set()
+    for s in steps:
+        if isinstance(s, Kernel):
+            out.update(a.buffer for a in s.args)
+        elif isinstance(s, HostOp):
+            out.update(s.inputs + s.outputs)
+        elif isinstance(s, HostToDevice):
+            out.add(s.dst)
+        elif isinstance(s, DeviceToHost):
+            out.add(s.src)
+    return out
+
+
+def _reads(steps: list) -> set[str]:
+    out: set[str] = set()
+    for s in steps:
+        if isinstance(s, Kernel):
+            out.update(a.buffer for a in s.inputs)
+        elif isinstance(s, HostOp):
+            out.update(s.inputs)
+        elif isinstance(s, DeviceToHost):
+            out.add(s.src)
+    return out
