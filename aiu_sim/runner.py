@@ -67,10 +67,30 @@ def run(
     timing = None
     if mode in ("both", "timing"):
         simulate = _timing_engine()
-        timing = simulate(program, cfg, mode="timing-only" if mode == "timing" else "functional+timing")
+        timing = simulate(
+            program,
+            cfg,
+            mode="timing-only" if mode == "timing" else "functional+timing",
+            cache=shared_kernel_cache(),
+        )
         if trace_path is not None:
             _write_trace(timing, trace_path)
     return RunResult(outputs=outputs, timing=timing)
+
+
+_SHARED_CACHE = None
+
+
+def shared_kernel_cache():
+    """The process-wide memo of kernel timings run() uses. Timing depends only on the kernel, its buffers' shapes and
+    layouts and the config (the key holds all of them), never on values, so a program run again, or another program
+    with the same kernels, is not re-simulated. `shared_kernel_cache().clear()` empties it."""
+    global _SHARED_CACHE
+    if _SHARED_CACHE is None:
+        from aiu_sim.timing.simulate import KernelCache
+
+        _SHARED_CACHE = KernelCache(max_entries=100_000)
+    return _SHARED_CACHE
 
 
 def _timing_engine():

@@ -35,11 +35,15 @@ class KernelCache:
     calls to reuse timings between programs on the same config. memoize=False times every kernel (for checking
     the memo and measuring the engine)."""
 
-    def __init__(self, memoize: bool = True) -> None:
+    def __init__(self, memoize: bool = True, max_entries: int | None = None) -> None:
         self._store: dict[tuple, KernelTiming] = {}
         self.memoize = memoize
+        self.max_entries = max_entries  # None: unbounded; else the oldest entries go first
         self.hits = 0
         self.misses = 0
+
+    def clear(self) -> None:
+        self._store.clear()
 
     def __len__(self) -> int:
         return len(self._store)
@@ -52,6 +56,8 @@ class KernelCache:
         self.misses += 1
         timing = compute()
         if self.memoize:
+            if self.max_entries is not None and len(self._store) >= self.max_entries:
+                self._store.pop(next(iter(self._store)))
             self._store[key] = timing
         return timing, False
 

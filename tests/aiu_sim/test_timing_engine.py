@@ -105,3 +105,21 @@ def test_resource_names_and_kinds_line_up():
     assert len(res.names) == len(res.kinds) == res.size
     assert res.names[res.dram] == "dram" and res.names[res.pcie] == "pcie"
     assert res.names[res.pt(3, 1)] == "core3.pt1" and res.kinds[res.lx(2)] == "lx"
+
+
+def test_run_reuses_kernel_timings_across_calls():
+    """Timing never depends on values, so run() keeps one process-wide memo: a program run twice is simulated once."""
+    import numpy as np
+
+    import aiu_sim
+    from aiu_sim.builders import matmul_program
+    from aiu_sim.runner import shared_kernel_cache
+
+    program = matmul_program(64, 256, 128, name="memo_probe_64x256x128")
+    inputs = {"a": np.ones((64, 256), np.float16), "b": np.ones((256, 128), np.float16)}
+    shared_kernel_cache().clear()
+    first = aiu_sim.run(program, inputs, mode="both")
+    second = aiu_sim.run(program, inputs, mode="both")
+    assert first.timing.memo_hits == 0
+    assert second.timing.memo_hits == len(program.kernels)
+    assert second.timing.total_ns == first.timing.total_ns
