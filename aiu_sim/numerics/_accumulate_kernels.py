@@ -12,6 +12,7 @@ import numpy as np
 from numba import njit, prange
 
 from aiu_sim.numerics._dl16_kernels import add_round_dl16
+from aiu_sim.numerics._threads import Twin
 
 # A tile of accumulators: 64 x 128 float32 = 32 KiB; the fastest of a few sizes measured on a 2-core AVX-512 host.
 TILE_I = 64
@@ -68,3 +69,8 @@ def accumulate_dl16_chunked(a_t, b, out, chunk):
                         acc[ii, j] = add_round_dl16(np.float64(acc[ii, j]), np.float64(part[ii, j]))
                         part[ii, j] = 0.0
         out[i0 : i0 + rows, j0 : j0 + cols] = acc[:rows, :cols]
+
+
+# Each parallel kernel gets a single-threaded twin for small calls (see _threads.serial_if_small).
+accumulate_fp32 = Twin(accumulate_fp32)
+accumulate_dl16_chunked = Twin(accumulate_dl16_chunked)

@@ -13,6 +13,8 @@ rounded magnitude.
 import numpy as np
 from numba import njit, prange
 
+from aiu_sim.numerics._threads import Twin
+
 # ---- fp32 bit patterns (magnitudes, sign stripped) ----
 F32_SIGN = np.uint32(0x80000000)
 F32_MAGNITUDE = np.uint32(0x7FFFFFFF)
@@ -124,3 +126,10 @@ def add_arrays_dl16(x, y, out):
     """out[i] = DL16(x[i] + y[i]) for float32 arrays, each sum rounded once."""
     for i in prange(x.size):
         out[i] = add_round_dl16(np.float64(x[i]), np.float64(y[i]))
+
+
+# Each parallel kernel gets a single-threaded twin for small calls (see _threads.serial_if_small).
+round_bits = Twin(round_bits)
+encode_bits = Twin(encode_bits)
+decode_codes = Twin(decode_codes)
+add_arrays_dl16 = Twin(add_arrays_dl16)
