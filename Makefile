@@ -28,6 +28,7 @@ demo: install
 	$(BIN)/spyre-emu demo
 
 test: install-dev
+	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -n 2 -q
 
 lint: install-dev
@@ -35,3 +36,5 @@ lint: install-dev
 
 bench: install
 	$(BIN)/python benchmarks/bench_numerics.py
+	$(BIN)/python benchmarks/bench_sim.py
+	$(BIN)/python benchmarks/bench_stack.py
