@@ -7,6 +7,7 @@ or says it is an assumption. Source keys (TS-CM, AH-RING, ...) are the ones the 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import tomllib
 from dataclasses import dataclass, field
@@ -83,7 +84,16 @@ class HardwareConfig:
         _validate(self)
 
     def __hash__(self) -> int:  # the dict fields are not hashable; timing memoizes on the config
-        return hash(json.dumps(self.to_dict(), sort_keys=True, default=str))
+        return hash(self.token)
+
+    @property
+    def token(self) -> str:
+        """A canonical string of every field: equal configs give equal tokens (memo keys). Computed once."""
+        cached = self.__dict__.get("_token")
+        if cached is None:
+            cached = json.dumps(self.to_dict(), sort_keys=True, default=str)
+            object.__setattr__(self, "_token", cached)  # frozen dataclass: cache outside the fields
+        return cached
 
     # --- derived quantities ---
     @property
@@ -245,6 +255,7 @@ def preset_names() -> list[str]:
     )
 
 
+@functools.lru_cache(maxsize=64)
 def preset(name: str = "spyre") -> HardwareConfig:
     """A named preset from aiu_sim/presets/<name>.toml."""
     if name not in preset_names():

@@ -13,7 +13,6 @@ Timing never touches values, so programs whose buffers would take many GB time i
 
 from __future__ import annotations
 
-import json
 import math
 import time
 
@@ -115,7 +114,7 @@ def simulate(
     config = load_config(config if config is not None else program.config)
     res = ResourceMap(config)
     cache = cache if cache is not None else KernelCache()
-    config_token = json.dumps(config.to_dict(), sort_keys=True, default=str)
+    config_token = config.token
     hits0, misses0 = cache.hits, cache.misses
     busy = np.zeros(res.size)
     moved = np.zeros(res.size)
