@@ -17,6 +17,7 @@ from torch_spyre_emu.profile import last_profile, profile
 
 _register_device()  # the "spyre" device exists as soon as the package is imported (idempotent)
 
+
 __all__ = [
     "capabilities",
     "compile_blocks",
