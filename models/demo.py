@@ -429,13 +429,16 @@ def print_embed(r: EmbedResult, console: Console) -> None:
     sim_s, sim_c = r.spyre @ r.spyre.T, r.cpu @ r.cpu.T
     for i, s in enumerate(r.sentences):
         console.print(f"  {i}: {s}", markup=False)
-    table = Table(title="cosine similarity: emulated Spyre | CPU fp32", title_justify="left", show_edge=False)
-    table.add_column("")
+    # Compact (no box, one space of padding) so both 5x5 matrices fit an 80-column terminal side by side.
+    table = Table(
+        title="cosine similarity: emulated Spyre | CPU fp32", title_justify="left", box=None, padding=(0, 1)
+    )
+    table.add_column("", no_wrap=True)
     for j in range(n):
-        table.add_column(str(j), justify="right")
-    table.add_column("|")
+        table.add_column(str(j), justify="right", no_wrap=True, min_width=6)
+    table.add_column("|", no_wrap=True)
     for j in range(n):
-        table.add_column(str(j), justify="right")
+        table.add_column(str(j), justify="right", no_wrap=True, min_width=6)
     for i in range(n):
         row = (
             [f"{float(sim_s[i, j]):.3f}" for j in range(n)]
