@@ -175,7 +175,29 @@ class _State:
             fmt = get_format(self.buffers[arg.buffer].dtype)
             values = result if fmt.kind != "int" else _for_int(result, where)
             rounded = fmt.quantize(values)
-            scatter(k, arg, rounded, self.target(arg.buffer))
+            if not (len(k.outputs) == 1 and self._store_whole(k, arg, rounded, xs)):
+                scatter(k, arg, rounded, self.target(arg.buffer))
+
+    def _store_whole(self, k: Kernel, arg, rounded: np.ndarray, xs: list[np.ndarray]) -> bool:
+        """Fast path for the common case: the output covers its whole buffer in iteration-space order, so the fresh
+        rounded array becomes the buffer's value as it is (no zero fill, no strided copy). Returns False to fall
+        back to scatter."""
+        buf = self.buffers[arg.buffer]
+        dims = list(arg.dims)
+        if arg.view is not None or any(arg.offset) or None in dims or len(set(dims)) != len(dims):
+            return False
+        if dims != [d for d in k.space if d in dims] or tuple(k.space[d] for d in dims) != buf.shape:
+            return False
+        if rounded.shape != tuple(k.space[d] if d in dims else 1 for d in k.space):
+            return False  # a result broadcast along an output dim: scatter expands it
+        if rounded.dtype != storage_dtype(buf.dtype) or not rounded.flags.writeable:
+            return False
+        value = rounded.reshape(buf.shape)
+        # It must be owned: never alias an input operand (a copy kernel's result can be a view of its input).
+        if not value.flags.c_contiguous or any(np.may_share_memory(value, x) for x in xs):
+            return False
+        self.data[arg.buffer] = value
+        return True
 
     def _operand(self, k: Kernel, arg, where: str) -> np.ndarray:
         x = gather(arg, self.read(arg.buffer, where), k)

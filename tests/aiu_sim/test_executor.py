@@ -556,3 +556,37 @@ def test_kernels_never_write_into_the_programs_constants(dtype):
     np.testing.assert_array_equal(first[3], new[0])
     np.testing.assert_array_equal(program.constants["cache"], cache)  # untouched
     np.testing.assert_array_equal(execute(program, {"new": new})["out"], first)
+
+
+def test_whole_buffer_outputs_never_alias_their_inputs():
+    """The executor keeps a whole-buffer result as the buffer's array (no copy); a later windowed write into the
+    copy must still leave the source untouched."""
+    import aiu_sim
+    from aiu_sim.program import Arg, Buffer, DeviceToHost, HostToDevice, Kernel, KernelProgram
+
+    program = KernelProgram(
+        "alias_probe",
+        [Buffer("a", "fp32", (4, 32)), Buffer("b", "fp32", (4, 32))],
+        [
+            HostToDevice("in", "x", "a", "float32"),
+            Kernel("cp", "copy", [Arg("a", ("r", "c"))], [Arg("b", ("r", "c"))], {"r": 4, "c": 32}),
+            Kernel(
+                "poke",
+                "fill",
+                [],
+                [Arg("b", ("r", "c"), offset=(1, 0))],
+                {"r": 1, "c": 32},
+                attrs={"value": 7.0},
+            ),
+            DeviceToHost("out_a", "a", "a_out", "float32"),
+            DeviceToHost("out_b", "b", "b_out", "float32"),
+        ],
+        inputs=["x"],
+        outputs=["a_out", "b_out"],
+    )
+    x = np.arange(128, dtype=np.float32).reshape(4, 32)
+    out = aiu_sim.run(program, {"x": x}, mode="functional").outputs
+    np.testing.assert_array_equal(out["a_out"], x)
+    expected = x.copy()
+    expected[1] = 7.0
+    np.testing.assert_array_equal(out["b_out"], expected)
