@@ -60,7 +60,7 @@ def default_layout(
         raise ValueError(f"rank {len(shape)} is not supported; torch-spyre layouts have rank 0-6")
     if any(s < 0 for s in shape):
         raise ValueError(f"negative size in shape {shape}")
-    host_strides = _contiguous_strides(shape)
+    host_strides = contiguous_strides(shape)
     order = tuple(range(len(shape))) if dim_order is None else tuple(dim_order)
     if sorted(order) != list(range(len(shape))):
         raise ValueError(f"dim_order {order} is not a permutation of range({len(shape)})")
@@ -84,11 +84,12 @@ def default_layout(
     return StickLayout(sizes, strides, dtype)
 
 
-def _contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+def contiguous_strides(shape) -> tuple[int, ...]:
+    """Row-major element strides of `shape` (size-0 dims count as 1, so strides stay positive)."""
     strides, acc = [], 1
     for s in reversed(shape):
         strides.append(acc)
-        acc *= max(s, 1)
+        acc *= max(int(s), 1)
     return tuple(reversed(strides))
 
 

@@ -145,7 +145,7 @@ def host_dim_map(layout: SpyreTensorLayout, host_shape) -> tuple[_DimMap, ...]:
         )
     if math.prod(host_shape) == 0:
         return tuple(_DimMap(-1, 0) for _ in layout.device_size)  # an empty tensor has nothing to place
-    host_strides = _contiguous_strides(host_shape)
+    host_strides = stick_math.contiguous_strides(host_shape)
     dims: list[_DimMap] = []
     for i, (size, stride) in enumerate(zip(layout.device_size, layout.stride_map, strict=True)):
         if stride == -1:
@@ -185,14 +185,6 @@ def _check_coverage(layout, host_shape, k: int, n: int, parts: list[tuple[int, i
             f"layout device_size {layout.device_size} reaches only {reach} of the {n} elements of host dim {k} "
             f"(host shape {host_shape}); it does not fit this tensor"
         )
-
-
-def _contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
-    strides, acc = [], 1
-    for s in reversed(shape):
-        strides.append(acc)
-        acc *= max(s, 1)
-    return tuple(reversed(strides))
 
 
 def _host_indices(layout: SpyreTensorLayout, host_shape: tuple[int, ...]):
@@ -251,7 +243,7 @@ class DCI:
 def dci(layout: SpyreTensorLayout, host_shape) -> DCI:
     """The DMA triple (loop ranges, device strides, host strides) of copying `host_shape` into `layout`."""
     host_dim_map(layout, host_shape)  # the layout must fit the host tensor
-    device_strides = _contiguous_strides(layout.device_size)
+    device_strides = stick_math.contiguous_strides(layout.device_size)
     order = sorted(range(len(device_strides)), key=lambda i: -device_strides[i])
     return DCI(
         ranges=tuple(layout.device_size[i] for i in order),

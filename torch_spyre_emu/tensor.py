@@ -19,19 +19,12 @@ import math
 import numpy as np
 import torch
 
+from aiu_sim.layout import contiguous_strides
 from torch_spyre_emu import device_storage, host_dtypes
 from torch_spyre_emu.errors import SpyreDeviceError, SpyreLayoutError
 from torch_spyre_emu.layout import SpyreTensorLayout, default_layout, host_dim_map, to_device_image
 
 _META = torch._C.DispatchKeySet(torch._C.DispatchKey.Meta)
-
-
-def _contiguous_strides(shape) -> tuple[int, ...]:
-    strides, acc = [], 1
-    for s in reversed(shape):
-        strides.append(acc)
-        acc *= max(int(s), 1)
-    return tuple(reversed(strides))
 
 
 def check_device(device) -> int:
@@ -67,7 +60,7 @@ def new_tensor(
     from torch_spyre_emu import spyre_module
 
     shape = tuple(int(s) for s in shape)
-    strides = _contiguous_strides(shape) if strides is None else tuple(int(s) for s in strides)
+    strides = contiguous_strides(shape) if strides is None else tuple(int(s) for s in strides)
     if layout is None:
         layout = default_layout(shape, dtype)
     else:

@@ -49,7 +49,6 @@ class Twin:
         twin.__qualname__ = f.__qualname__ + "_serial"
         twin.__module__ = f.__module__
         self.serial = numba.njit(cache=True)(twin)
-        self.py_func = f
 
     def __call__(self, *args):
         return (self.serial if _serial() else self.parallel)(*args)
