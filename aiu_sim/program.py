@@ -284,6 +284,28 @@ class KernelProgram:
         return from_json(text, config)
 
 
+def step_reads(step: Step) -> tuple[str, ...]:
+    """The device buffers a step reads."""
+    if isinstance(step, Kernel):
+        return tuple(a.buffer for a in step.inputs)
+    if isinstance(step, HostOp):
+        return tuple(step.inputs)
+    if isinstance(step, DeviceToHost):
+        return (step.src,)
+    return ()
+
+
+def step_writes(step: Step) -> tuple[str, ...]:
+    """The device buffers a step writes."""
+    if isinstance(step, Kernel):
+        return tuple(a.buffer for a in step.outputs)
+    if isinstance(step, HostOp):
+        return tuple(step.outputs)
+    if isinstance(step, HostToDevice):
+        return (step.dst,)
+    return ()
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Per-core work: which slice of the iteration space each core owns and which sticks each argument touches there.
 # The executor, the timing engine and validation all use these two functions, so they cannot disagree.

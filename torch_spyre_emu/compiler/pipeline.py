@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import torch.fx as fx
 
-from aiu_sim.program import DeviceToHost, HostOp, HostToDevice, Kernel, KernelProgram
+from aiu_sim.program import KernelProgram, step_reads, step_writes
 from torch_spyre_emu import debug
 from torch_spyre_emu.compiler.capture import capture
 from torch_spyre_emu.compiler.codegen import Lowered, lower_graph
@@ -126,26 +126,8 @@ def compile_graph(gm: fx.GraphModule, ctx: CompileContext) -> Compiled:
 
 
 def _touched(steps: list) -> set[str]:
-    out: set[str] = set()
-    for s in steps:
-        if isinstance(s, Kernel):
-            out.update(a.buffer for a in s.args)
-        elif isinstance(s, HostOp):
-            out.update(s.inputs + s.outputs)
-        elif isinstance(s, HostToDevice):
-            out.add(s.dst)
-        elif isinstance(s, DeviceToHost):
-            out.add(s.src)
-    return out
+    return {b for s in steps for b in (*step_reads(s), *step_writes(s))}
 
 
 def _reads(steps: list) -> set[str]:
-    out: set[str] = set()
-    for s in steps:
-        if isinstance(s, Kernel):
-            out.update(a.buffer for a in s.inputs)
-        elif isinstance(s, HostOp):
-            out.update(s.inputs)
-        elif isinstance(s, DeviceToHost):
-            out.add(s.src)
-    return out
+    return {b for s in steps for b in step_reads(s)}

@@ -13,7 +13,7 @@ and it is not a graph result. Values are unchanged: the same kernels run on the 
 
 from __future__ import annotations
 
-from aiu_sim.program import Buffer, DeviceToHost, HostOp, HostToDevice, Kernel
+from aiu_sim.program import Buffer, HostOp, HostToDevice, Kernel, step_reads
 
 LAYOUT_OPS = ("restickify", "copy", "fill")
 
@@ -55,14 +55,7 @@ def split_weight_prep(steps: list, buffers: dict[str, Buffer], ctx) -> list:
 
     prep = [s for s in steps if is_prep(s)]
     main = [s for s in steps if not is_prep(s)]
-    read: set[str] = set()
-    for s in main:
-        if isinstance(s, Kernel):
-            read.update(a.buffer for a in s.inputs)
-        elif isinstance(s, HostOp):
-            read.update(s.inputs)
-        elif isinstance(s, DeviceToHost):
-            read.add(s.src)
+    read = {b for s in main for b in step_reads(s)}
     ctx.prep_steps = prep
     ctx.prep_outputs = sorted(moved & read)  # what the per-call program reads: resident there, kept in DRAM
     ctx.dram_buffers.update(ctx.prep_outputs)
