@@ -136,7 +136,7 @@ def partial_sums(a, b, model: AccumulationModel = DEFAULT_MODEL, k_splits: int =
     b_b = np.broadcast_to(b2, batch + (n_k, n_n))
     out = np.empty((k_splits,) + batch + (n_m, n_n), dtype=np.float32)
     for index in np.ndindex(*batch):
-        _accumulate_2d(_c_writable(a_b[index].T), _c_writable(b_b[index]), model, out, index)
+        _accumulate_2d(np.ascontiguousarray(a_b[index]), np.ascontiguousarray(b_b[index]), model, out, index)
     if a32.ndim == 1:
         out = out[..., 0, :]
     if b32.ndim == 1:
@@ -167,25 +167,20 @@ def finalize(values, model: AccumulationModel = DEFAULT_MODEL) -> np.ndarray:
 
 
 def _accumulate_2d(
-    a_t: np.ndarray, b: np.ndarray, model: AccumulationModel, out: np.ndarray, index: tuple
+    a: np.ndarray, b: np.ndarray, model: AccumulationModel, out: np.ndarray, index: tuple
 ) -> None:
-    """Fill out[s, *index] with the partial over the s-th K slice of a_t (K, M) and b (K, N)."""
+    """Fill out[s, *index] with the partial over the s-th K slice of a (M, K) and b (K, N), both C-contiguous."""
     n_splits = out.shape[0]
-    width = a_t.shape[0] // n_splits
+    width = a.shape[1] // n_splits
     for s in range(n_splits):
-        k = slice(s * width, (s + 1) * width)
+        k0, k1 = s * width, (s + 1) * width
         target = out[(s,) + index]
         with serial_if_small(width * target.size):
             if model.kind == "fp32":
-                kernels.accumulate_fp32(a_t[k], b[k], target)
+                kernels.accumulate_fp32(a, b, target, k0, k1)
             else:
                 chunk = model.chunk_size if model.kind == "chunked" else max(width, 1)
-                kernels.accumulate_dl16_chunked(a_t[k], b[k], target, chunk)
-
-
-def _c_writable(x: np.ndarray) -> np.ndarray:
-    """A C-contiguous, writable array (a copy only when needed), so each numba kernel compiles for one layout."""
-    return x if x.flags.c_contiguous and x.flags.writeable else np.array(x, order="C")
+                kernels.accumulate_dl16_chunked(a, b, target, k0, k1, chunk)
 
 
 def _reduce_partials(x, axis, model, k_splits, keepdims):
