@@ -4,6 +4,10 @@ A kernel's iteration space is an ordered dict dim -> extent. `gather` turns one 
 axis per space dim (size 1 where the argument does not use the dim), so numpy broadcasting does the rest.
 `scatter` writes a space-aligned result into an output argument's window. Both are views/strided assignments:
 no per-element Python work.
+
+Every shape decision depends only on the argument, the buffer's shape and the space, so `GatherPlan` and
+`ScatterPlan` make them once; the executor keeps the plans of a program between runs and a run only replays a
+few numpy view operations per argument.
 """
 
 from __future__ import annotations
@@ -26,76 +30,101 @@ def window(arg: Arg, shape: tuple[int, ...], space: dict[str, int]) -> tuple[sli
     return tuple(out)
 
 
+class GatherPlan:
+    """Reads one argument as an array aligned with kernel.space (a view where possible) from its buffer's array."""
+
+    __slots__ = ("view", "index", "kept_shape", "diagonal", "perm", "shape")
+
+    def __init__(self, arg: Arg, buffer_shape: tuple[int, ...], space: dict[str, int]) -> None:
+        self.view = arg.view  # zero-cost reshape view of the buffer (Arg.view)
+        shape = arg.view if arg.view is not None else tuple(buffer_shape)
+        self.index = window(arg, shape, space)
+        windowed = [len(range(*s.indices(n))) for s, n in zip(self.index, shape, strict=True)]
+        # Broadcast axes (dim None) are size 1: drop them.
+        keep = [a for a, d in enumerate(arg.dims) if d is not None]
+        self.kept_shape = tuple(windowed[a] for a in keep)
+        dims = [arg.dims[a] for a in keep]
+        self.diagonal = None
+        if len(set(dims)) != len(dims):  # the same dim on two axes: a diagonal (einsum "ii->i")
+            unique = list(dict.fromkeys(dims))
+            letters = {d: chr(ord("a") + i) for i, d in enumerate(unique)}
+            self.diagonal = "".join(letters[d] for d in dims) + "->" + "".join(letters[d] for d in unique)
+            dims = unique
+        perm = [dims.index(d) for d in space if d in dims]
+        self.perm = tuple(perm) if perm != sorted(perm) else None
+        self.shape = tuple(space[d] if d in dims else 1 for d in space)
+
+    def __call__(self, data: np.ndarray) -> np.ndarray:
+        if self.view is not None:
+            data = data.reshape(self.view)
+        x = data[self.index].reshape(self.kept_shape)
+        if self.diagonal is not None:
+            x = np.einsum(self.diagonal, x)
+        if self.perm is not None:
+            x = x.transpose(self.perm)
+        return x.reshape(self.shape)
+
+
+class ScatterPlan:
+    """Writes a space-aligned result (one axis per dim, size 1 or the dim's extent) into the window of the buffer
+    one output argument covers."""
+
+    __slots__ = ("kernel_name", "buffer", "view", "rank", "unindexed", "kept_axes", "perm", "expand", "index")
+
+    def __init__(self, kernel: Kernel, arg: Arg, buffer_shape: tuple[int, ...]) -> None:
+        space_dims = list(kernel.space)
+        out_dims = [d for d in arg.dims if d is not None]
+        if len(set(out_dims)) != len(out_dims):
+            raise ExecutionError(
+                f"kernel {kernel.name!r}: output {arg.buffer!r} uses a dim twice in {arg.dims}; outputs cannot "
+                "write a diagonal"
+            )
+        self.kernel_name, self.buffer, self.view = kernel.name, arg.buffer, arg.view
+        self.rank = len(space_dims)
+        # Space dims the output does not index: the result must have size 1 there (else iterations would collide).
+        self.unindexed = tuple((axis, dim) for axis, dim in enumerate(space_dims) if dim not in out_dims)
+        self.kept_axes = tuple(a for a, d in enumerate(space_dims) if d in out_dims)
+        kept = [d for d in space_dims if d in out_dims]
+        perm = [kept.index(d) for d in out_dims]
+        self.perm = tuple(perm) if perm != sorted(perm) else None
+        self.expand = tuple(a for a, d in enumerate(arg.dims) if d is None)
+        shape = arg.view if arg.view is not None else tuple(buffer_shape)
+        self.index = window(arg, shape, kernel.space)
+
+    def __call__(self, result: np.ndarray, target: np.ndarray, op: str = "") -> None:
+        if self.view is not None:  # write through a reshape view (Arg.view) of the buffer
+            reshaped = target.reshape(self.view)
+            if not np.shares_memory(reshaped, target):
+                raise ExecutionError(
+                    f"kernel {self.kernel_name!r}: output {self.buffer!r} storage is not contiguous"
+                )
+            target = reshaped
+        result = np.asarray(result)
+        if result.ndim != self.rank:
+            raise ExecutionError(
+                f"kernel {self.kernel_name!r}: internal error, result rank {result.ndim} != space rank {self.rank}"
+            )
+        for axis, dim in self.unindexed:
+            if result.shape[axis] != 1:
+                raise ExecutionError(
+                    f"kernel {self.kernel_name!r} ({op}): output {self.buffer!r} does not index dim {dim!r} "
+                    f"(extent {result.shape[axis]}), so several iterations would write the same element; index "
+                    "it in the output's dims or make it a reduce dim"
+                )
+        value = result.reshape([result.shape[a] for a in self.kept_axes])
+        if self.perm is not None:
+            value = value.transpose(self.perm)
+        if self.expand:
+            value = np.expand_dims(value, self.expand)
+        target[self.index] = value  # numpy broadcasts size-1 axes over the window
+
+
 def gather(arg: Arg, data: np.ndarray, kernel: Kernel) -> np.ndarray:
     """The argument's values as an array aligned with kernel.space (a view where possible)."""
-    if getattr(arg, "view", None) is not None:  # zero-cost reshape view of the buffer (Arg.view)
-        data = data.reshape(arg.view)
-    view = data[window(arg, data.shape, kernel.space)]
-    dims = list(arg.dims)
-    # Broadcast axes (dim None) are size 1: drop them.
-    keep = [a for a, d in enumerate(dims) if d is not None]
-    view = view.reshape([view.shape[a] for a in keep])
-    dims = [dims[a] for a in keep]
-    if len(set(dims)) != len(dims):  # the same dim on two axes: a diagonal (einsum "ii->i")
-        view, dims = _diagonal(view, dims)
-    space_dims = list(kernel.space)
-    view = np.transpose(view, [dims.index(d) for d in space_dims if d in dims])
-    return view.reshape([kernel.space[d] if d in dims else 1 for d in space_dims])
+    return GatherPlan(arg, data.shape, kernel.space)(data)
 
 
-def _diagonal(view: np.ndarray, dims: list[str]) -> tuple[np.ndarray, list[str]]:
-    unique = list(dict.fromkeys(dims))
-    letters = {d: chr(ord("a") + i) for i, d in enumerate(unique)}
-    spec = "".join(letters[d] for d in dims) + "->" + "".join(letters[d] for d in unique)
-    return np.einsum(spec, view), unique
-
-
-def scatter(
-    kernel: Kernel,
-    arg: Arg,
-    result: np.ndarray,
-    target: np.ndarray,
-) -> None:
+def scatter(kernel: Kernel, arg: Arg, result: np.ndarray, target: np.ndarray) -> None:
     """Write `result` (aligned with kernel.space: one axis per dim, size 1 or the dim's extent) into the window
     of `target` that `arg` covers. A space dim the output does not index must have size 1 in the result."""
-    space_dims = list(kernel.space)
-    if getattr(arg, "view", None) is not None:  # write through a reshape view (Arg.view) of the buffer
-        reshaped = target.reshape(arg.view)
-        if not np.shares_memory(reshaped, target):
-            raise ExecutionError(f"kernel {kernel.name!r}: output {arg.buffer!r} storage is not contiguous")
-        target = reshaped
-    result = np.asarray(result)
-    if result.ndim != len(space_dims):
-        raise ExecutionError(
-            f"kernel {kernel.name!r}: internal error, result rank {result.ndim} != space rank {len(space_dims)}"
-        )
-    out_dims = [d for d in arg.dims if d is not None]
-    for axis, dim in enumerate(space_dims):
-        if dim not in out_dims and result.shape[axis] != 1:
-            raise ExecutionError(
-                f"kernel {kernel.name!r} ({kernel.op}): output {arg.buffer!r} does not index dim {dim!r} "
-                f"(extent {result.shape[axis]}), so several iterations would write the same element; index it "
-                "in the output's dims or make it a reduce dim"
-            )
-    squeezed = result.reshape([result.shape[a] for a, d in enumerate(space_dims) if d in out_dims])
-    kept = [d for d in space_dims if d in out_dims]
-    if len(set(out_dims)) != len(out_dims):
-        raise ExecutionError(
-            f"kernel {kernel.name!r}: output {arg.buffer!r} uses a dim twice in {arg.dims}; outputs cannot "
-            "write a diagonal"
-        )
-    value = np.transpose(squeezed, [kept.index(d) for d in out_dims])
-    value = np.expand_dims(value, tuple(a for a, d in enumerate(arg.dims) if d is None))
-    shape = tuple(kernel.space[d] if d is not None else 1 for d in arg.dims)
-    target = as_viewed(arg, target)
-    target[window(arg, target.shape, kernel.space)] = np.broadcast_to(value, shape)
-
-
-def as_viewed(arg: Arg, data: np.ndarray) -> np.ndarray:
-    """The buffer's array seen through the argument's zero-cost view (Arg.view), sharing memory with it."""
-    if arg.view is None:
-        return data
-    viewed = data.reshape(arg.view)  # the executor keeps buffers C-contiguous, so this never copies
-    if viewed.size and not np.may_share_memory(viewed, data):
-        raise ExecutionError(f"internal error: a view of buffer {arg.buffer!r} is not in place")
-    return viewed
+    ScatterPlan(kernel, arg, target.shape)(result, target, kernel.op)

@@ -8,13 +8,14 @@ once to each output buffer's format. Semantics per op: docs/kernel_program.md.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+import weakref
+from collections.abc import Callable, Collection, Mapping, Sequence
 
 import numpy as np
 
 from aiu_sim import exec_reduce, sfp_math
 from aiu_sim.errors import ExecutionError
-from aiu_sim.exec_access import gather, scatter
+from aiu_sim.exec_access import GatherPlan, ScatterPlan
 from aiu_sim.numerics import host
 from aiu_sim.numerics.accumulate import DEFAULT_MODEL, AccumulationModel
 from aiu_sim.numerics.errors import NumericsError
@@ -31,14 +32,18 @@ def execute(
     accumulation: AccumulationModel | dict | str | None = None,
     resident: Mapping[str, np.ndarray] | None = None,
     fetch: Sequence[str] | None = None,
+    resident_exact: Collection[str] = (),
 ) -> dict[str, np.ndarray]:
     """Run `program` on host `inputs` (name -> host array); return the host outputs (name -> host array).
 
     `host_functions` maps HostOp.fn names to Python callables; `accumulation` is the default accumulation model
     for matmuls and sums (an AccumulationModel, its kwargs as a dict, or a kind string); kernels override it with
     attrs["accumulation"]. `resident` gives buffers that already live on the device (weights, tensors kept on the
-    device between runs) their device values, like program.constants but per run; `fetch` names buffers whose final
-    device values are returned too, keyed by buffer name, without a DeviceToHost step."""
+    device between runs) their device values, like program.constants but per run; they are rounded into the
+    buffer's format, except those `resident_exact` names: the caller vouches they already are in it (values fetched
+    from an earlier run, a device tensor's payload of the same format), so they are bound as they are, read-only;
+    a kernel that writes such a buffer works on a private copy, so the caller's arrays never change. `fetch` names
+    buffers whose final device values are returned too, keyed by buffer name, without a DeviceToHost step."""
     missing = [name for name in program.inputs if name not in inputs]
     if missing:
         raise ExecutionError(
@@ -48,12 +53,19 @@ def execute(
     for name, values in (resident or {}).items():
         if name not in program.buffers:
             raise ExecutionError(f"resident value for {name!r}: program {program.name!r} has no such buffer")
-        state.data[name] = state.fit(name, np.asarray(values), f"resident buffer {name!r}")
-    for step in program.steps:
-        try:
-            state.run(step, inputs)
-        except NumericsError as e:
-            raise ExecutionError(f"step {step.name!r}: {e}") from e
+        where = f"resident buffer {name!r}"
+        values = np.asarray(values)
+        if name in resident_exact and state.bindable(name, values, where):
+            state.data[name] = _read_only(values)
+        else:
+            state.data[name] = state.fit(name, values, where)
+    # Device arithmetic: overflow and NaN are values, not errors (host functions get the caller's settings back).
+    with np.errstate(all="ignore"):
+        for index, step in enumerate(program.steps):
+            try:
+                state.run(index, step, inputs)
+            except NumericsError as e:
+                raise ExecutionError(f"step {step.name!r}: {e}") from e
     for name in fetch or ():
         if name in state.outputs:
             raise ExecutionError(f"fetch: buffer {name!r} has the name of a host output; rename one of them")
@@ -87,9 +99,66 @@ def storage_dtype(fmt: str) -> np.dtype:
     return np.dtype(np.float32)
 
 
+class _KernelPlan:
+    """What running one kernel needs that does not depend on values: how each argument is read and written, and
+    whether an output can take the result array as it is. Made on a kernel's first run, kept with its program."""
+
+    __slots__ = ("fingerprint", "where", "reads", "writes")
+
+    def __init__(self, k: Kernel, buffers: dict[str, Buffer], fingerprint: tuple) -> None:
+        self.fingerprint = fingerprint
+        self.where = f"kernel {k.name!r} ({k.op})"
+        self.reads = [(a.buffer, GatherPlan(a, buffers[a.buffer].shape, k.space)) for a in k.inputs]
+        self.writes = []
+        for arg in k.outputs:
+            buf = buffers[arg.buffer]
+            whole = _whole_buffer_shape(k, arg, buf) if len(k.outputs) == 1 else None
+            fmt = get_format(buf.dtype)
+            self.writes.append(
+                (arg.buffer, fmt, storage_dtype(buf.dtype), whole, ScatterPlan(k, arg, buf.shape))
+            )
+
+
+def _fingerprint(k: Kernel, buffers: dict[str, Buffer]) -> tuple:
+    """Everything a _KernelPlan is derived from, so a kernel or buffer changed in place gets a new plan."""
+    return (
+        tuple(k.space.items()),
+        len(k.inputs),
+        tuple(
+            (a.buffer, a.dims, a.offset, a.view, buffers[a.buffer].shape, buffers[a.buffer].dtype)
+            for a in k.args
+        ),
+    )
+
+
+def _whole_buffer_shape(k: Kernel, arg, buf: Buffer) -> tuple[int, ...] | None:
+    """For an output that covers its whole buffer in iteration-space order: the space-aligned shape the result
+    must have to become the buffer's value as it is (no zero fill, no strided copy). None otherwise."""
+    dims = list(arg.dims)
+    if arg.view is not None or any(arg.offset) or None in dims or len(set(dims)) != len(dims):
+        return None
+    if dims != [d for d in k.space if d in dims] or tuple(k.space[d] for d in dims) != buf.shape:
+        return None
+    return tuple(k.space[d] if d in dims else 1 for d in k.space)
+
+
+# Kernel plans per program (by id, dropped when the program is garbage collected): step index -> _KernelPlan.
+_PLANS: dict[int, dict[int, _KernelPlan]] = {}
+
+
+def _plans_of(program: KernelProgram) -> dict[int, _KernelPlan]:
+    plans = _PLANS.get(id(program))
+    if plans is None:
+        plans = _PLANS[id(program)] = {}
+        weakref.finalize(program, _PLANS.pop, id(program), None)
+    return plans
+
+
 class _State:
     def __init__(self, program: KernelProgram, host_functions: dict, model: AccumulationModel) -> None:
         self.program = program
+        self.plans = _plans_of(program)
+        self.host_errstate = np.geterr()
         self.buffers: dict[str, Buffer] = program.buffers
         self.host_functions = host_functions
         self.model = model
@@ -123,18 +192,31 @@ class _State:
             )
         return self.data[name]
 
+    def bindable(self, name: str, values: np.ndarray, where: str) -> bool:
+        """Whether exact device values can be bound as they are: the buffer's shape, storage dtype, C order."""
+        buf = self.buffers[name]
+        if values.shape != buf.shape:
+            raise ExecutionError(
+                f"{where}: shape {values.shape} does not match buffer {name!r} of shape {buf.shape}"
+            )
+        return values.dtype == storage_dtype(buf.dtype) and values.flags.c_contiguous
+
     def target(self, name: str) -> np.ndarray:
-        """The array a kernel writes a window of (zeros on first write: device memory starts cleared)."""
-        if name not in self.data:
+        """The array a kernel writes a window of (zeros on first write: device memory starts cleared; a read-only
+        binding of the caller's array is copied first)."""
+        data = self.data.get(name)
+        if data is None:
             buf = self.buffers[name]
-            self.data[name] = np.zeros(buf.shape, dtype=storage_dtype(buf.dtype))
-        return self.data[name]
+            data = self.data[name] = np.zeros(buf.shape, dtype=storage_dtype(buf.dtype))
+        elif not data.flags.writeable:
+            data = self.data[name] = data.copy()
+        return data
 
     # ---- steps ------------------------------------------------------------------------------------------------
 
-    def run(self, step, inputs: Mapping[str, np.ndarray]) -> None:
+    def run(self, index: int, step, inputs: Mapping[str, np.ndarray]) -> None:
         if isinstance(step, Kernel):
-            self.kernel(step)
+            self.kernel(step, self.plan(index, step))
         elif isinstance(step, HostToDevice):
             if step.src not in inputs:
                 raise ExecutionError(f"step {step.name!r}: host input {step.src!r} was not given")
@@ -155,7 +237,8 @@ class _State:
                 f"host_functions={{{step.fn!r}: callable}} (given: {sorted(self.host_functions)})"
             )
         args = [self.read(b, f"host step {step.name!r}") for b in step.inputs]
-        results = fn(*[a.copy() for a in args], **step.attrs)
+        with np.errstate(**self.host_errstate):
+            results = fn(*[a.copy() for a in args], **step.attrs)
         if isinstance(results, np.ndarray) or not isinstance(results, list | tuple):
             results = (results,)
         if len(results) != len(step.outputs):
@@ -166,43 +249,28 @@ class _State:
         for name, value in zip(step.outputs, results, strict=True):
             self.data[name] = self.fit(name, np.asarray(value), f"host step {step.name!r} output {name!r}")
 
-    def kernel(self, k: Kernel) -> None:
-        where = f"kernel {k.name!r} ({k.op})"
-        xs = [self._operand(k, arg, where) for arg in k.inputs]
-        with np.errstate(all="ignore"):  # device arithmetic: overflow / NaN are values, not errors
-            result = self.compute(k, xs, where)
-        for arg in k.outputs:
-            fmt = get_format(self.buffers[arg.buffer].dtype)
-            values = result if fmt.kind != "int" else _for_int(result, where)
-            rounded = fmt.quantize(values)
-            if not (len(k.outputs) == 1 and self._store_whole(k, arg, rounded, xs)):
-                scatter(k, arg, rounded, self.target(arg.buffer))
+    def plan(self, index: int, k: Kernel) -> _KernelPlan:
+        fingerprint = _fingerprint(k, self.buffers)
+        plan = self.plans.get(index)
+        if plan is None or plan.fingerprint != fingerprint:
+            plan = self.plans[index] = _KernelPlan(k, self.buffers, fingerprint)
+        return plan
 
-    def _store_whole(self, k: Kernel, arg, rounded: np.ndarray, xs: list[np.ndarray]) -> bool:
-        """Fast path for the common case: the output covers its whole buffer in iteration-space order, so the fresh
-        rounded array becomes the buffer's value as it is (no zero fill, no strided copy). Returns False to fall
-        back to scatter."""
-        buf = self.buffers[arg.buffer]
-        dims = list(arg.dims)
-        if arg.view is not None or any(arg.offset) or None in dims or len(set(dims)) != len(dims):
-            return False
-        if dims != [d for d in k.space if d in dims] or tuple(k.space[d] for d in dims) != buf.shape:
-            return False
-        if rounded.shape != tuple(k.space[d] if d in dims else 1 for d in k.space):
-            return False  # a result broadcast along an output dim: scatter expands it
-        if rounded.dtype != storage_dtype(buf.dtype) or not rounded.flags.writeable:
-            return False
-        value = rounded.reshape(buf.shape)
-        # It must be owned: never alias an input operand (a copy kernel's result can be a view of its input).
-        if not value.flags.c_contiguous or any(np.may_share_memory(value, x) for x in xs):
-            return False
-        self.data[arg.buffer] = value
-        return True
-
-    def _operand(self, k: Kernel, arg, where: str) -> np.ndarray:
-        x = gather(arg, self.read(arg.buffer, where), k)
-        # Integer formats compute in float64 (exact for int32 adds and products); floats in fp32.
-        return x.astype(np.float64) if x.dtype.kind in "iu" else x
+    def kernel(self, k: Kernel, plan: _KernelPlan | None = None) -> None:
+        plan = plan or _KernelPlan(k, self.buffers, ())
+        where = plan.where
+        xs = []
+        for name, read in plan.reads:
+            x = read(self.read(name, where))
+            # Integer formats compute in float64 (exact for int32 adds and products); floats in fp32.
+            xs.append(x.astype(np.float64) if x.dtype.kind in "iu" else x)
+        result = self.compute(k, xs, where)
+        for name, fmt, dtype, whole, write in plan.writes:
+            rounded = fmt.quantize(result if fmt.kind != "int" else _for_int(result, where))
+            if whole is not None and _owned(rounded, whole, dtype, xs):
+                self.data[name] = rounded.reshape(self.buffers[name].shape)
+            else:
+                write(rounded, self.target(name), k.op)
 
     def compute(self, k: Kernel, xs: list[np.ndarray], where: str) -> np.ndarray:
         op = k.op
@@ -250,6 +318,21 @@ class _State:
     def _model(self, k: Kernel, where: str) -> AccumulationModel:
         spec = k.attrs.get("accumulation")
         return self.model if spec is None else as_model(spec, where)
+
+
+def _read_only(values: np.ndarray) -> np.ndarray:
+    view = values.view()
+    view.flags.writeable = False
+    return view
+
+
+def _owned(rounded: np.ndarray, shape: tuple[int, ...], dtype: np.dtype, xs: list[np.ndarray]) -> bool:
+    """Whether a whole-buffer result can become the buffer's value as it is: the full space-aligned shape (not a
+    result broadcast along an output dim), the storage dtype, and owned: C-contiguous, writable and not sharing
+    memory with an input operand (a copy kernel's result can be a view of its input)."""
+    if rounded.shape != shape or rounded.dtype != dtype or not rounded.flags.writeable:
+        return False
+    return rounded.flags.c_contiguous and not any(np.may_share_memory(rounded, x) for x in xs)
 
 
 def _full_rows(k: Kernel, x: np.ndarray) -> tuple[int, ...]:

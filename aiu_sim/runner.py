@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -35,14 +35,16 @@ def run(
     accumulation: Any = None,
     resident: Mapping[str, np.ndarray] | None = None,
     fetch: list[str] | tuple[str, ...] | None = None,
+    resident_exact: Collection[str] = (),
 ) -> RunResult:
     """Run `program`: mode "functional" computes outputs, "timing" times it (inputs may be omitted), "both" does both.
 
     config: a HardwareConfig, preset name or TOML path (default: the program's config, else the `spyre` preset).
     trace_path: write a Chrome/Perfetto trace of the timing there. accumulation: the default accumulation model of
     matmuls and sums (see aiu_sim.executor.execute). resident: buffers already on the device (buffer name -> device
-    values, e.g. weights or spyre tensors), bound without a host copy (torch_spyre_emu uses it). fetch: buffer names whose final device
-    values are returned in outputs too (results that stay on the device)."""
+    values, e.g. weights or spyre tensors), bound without a host copy (torch_spyre_emu uses it). fetch: buffer names
+    whose final device values are returned in outputs too (results that stay on the device). resident_exact: names
+    of resident buffers whose values already are in the buffer's format, bound without rounding or copying."""
     if mode not in MODES:
         raise ExecutionError(f"run: mode {mode!r} is not one of {MODES}")
     if trace_path is not None and mode == "functional":
@@ -63,6 +65,7 @@ def run(
             accumulation=accumulation,
             resident=resident,
             fetch=fetch,
+            resident_exact=resident_exact,
         )
     timing = None
     if mode in ("both", "timing"):

@@ -540,6 +540,51 @@ def test_resident_buffers_and_fetched_device_values():
         execute(program, {}, resident={"w": w[0]})
 
 
+def test_exact_resident_values_are_bound_as_they_are_and_never_written():
+    """resident_exact skips re-rounding (the caller vouches for the format), and a kernel writing such a buffer
+    works on a private copy: the caller's array is unchanged and the next run sees the same values."""
+    pb = ProgramBuilder("resident_exact", "small")
+    pb.buffer("cache", "dl16", (4, 64))
+    pb.buffer("row", "dl16", (1, 64))
+    pb.kernel("put", "copy", [("row", ("i", "j"))], [("cache", ("i", "j"), (2, 0))], {"i": 1, "j": 64})
+    program = pb.build()
+    cache = d(RNG.normal(size=(4, 64)))
+    before = cache.copy()
+    row = d(RNG.normal(size=(1, 64)))
+    for _ in range(2):  # the second run reuses the kernel plans made by the first
+        out = execute(program, {}, resident={"cache": cache, "row": row}, fetch=["cache"],
+                      resident_exact={"cache", "row"})  # fmt: skip
+        np.testing.assert_array_equal(out["cache"][2], row[0])
+        np.testing.assert_array_equal(np.delete(out["cache"], 2, axis=0), np.delete(before, 2, axis=0))
+        np.testing.assert_array_equal(cache, before)
+    # Values not in the format are still rounded when the caller does not vouch for them...
+    raw = RNG.normal(size=(1, 64)).astype(np.float32)
+    out = execute(
+        program, {}, resident={"cache": cache, "row": raw}, fetch=["cache"], resident_exact={"cache"}
+    )
+    np.testing.assert_array_equal(out["cache"][2], d(raw)[0])
+    # ...and an array of another dtype is converted, not bound.
+    out = execute(program, {}, resident={"cache": cache, "row": raw.astype(np.float64)}, fetch=["cache"],
+                  resident_exact={"row"})  # fmt: skip
+    np.testing.assert_array_equal(out["cache"][2], d(raw)[0])
+
+
+def test_a_kernel_changed_in_place_after_a_run_gets_a_new_plan():
+    pb = ProgramBuilder("replan", "small")
+    pb.buffer("x", "dl16", (4, 64))
+    pb.buffer("y", "dl16", (4, 64))
+    pb.host_input("x", "x")
+    pb.kernel("neg", "unary", [("x", ("i", "j"))], [("y", ("i", "j"))], {"i": 4, "j": 64}, fn="neg")
+    pb.host_output("y", "y")
+    program = pb.build()
+    x = d(RNG.normal(size=(4, 64)))
+    np.testing.assert_array_equal(execute(program, {"x": x})["y"], -x)
+    # Read the transposed window through a view: a different gather than the first run's plan.
+    program.kernels[0].inputs[0].view = (64, 4)
+    program.kernels[0].inputs[0].dims = ("j", "i")
+    np.testing.assert_array_equal(execute(program, {"x": x})["y"], -x.reshape(64, 4).T)
+
+
 @pytest.mark.parametrize("dtype", ["dl16", "fp32"])
 def test_kernels_never_write_into_the_programs_constants(dtype):
     cache = d(RNG.normal(size=(4, 64)))

@@ -25,6 +25,7 @@ from torch_spyre_emu.compiler.builder import HostSpec, host_array
 from torch_spyre_emu.compiler.codegen import Lowered
 from torch_spyre_emu.compiler.context import dtype_name
 from torch_spyre_emu.compiler.pipeline import Compiled
+from torch_spyre_emu.host_dtypes import device_format
 
 
 @dataclass
@@ -132,13 +133,17 @@ def prepared_weights(prep, params: list[torch.Tensor], values: list[np.ndarray],
     hit = prep.cache.get(ids)
     if hit is not None and all(r() is p for r, p in zip(hit[0], params, strict=True)) and hit[1] == state:
         return hit[3], None
+    resident = {spec.buffer: v for spec, v in zip(prep.weights, values, strict=True)}
     result = aiu_sim.run(
         prep.program,
         {},
         config=prep.program.config,
         mode=mode,
-        resident={spec.buffer: v for spec, v in zip(prep.weights, values, strict=True)},
+        resident=resident,
         fetch=list(prep.outputs),
+        resident_exact=_exact(
+            prep.program, resident, {s.buffer: p for s, p in zip(prep.weights, params, strict=True)}
+        ),
     )
     out = {name: result.outputs[name] for name in prep.outputs}
     cache = prep.cache
@@ -166,6 +171,7 @@ def run_compiled(compiled: Compiled, args: list, mode: str = "both", trace_path=
     hw = compiled.ctx.hardware
     inputs: dict[str, np.ndarray] = {}
     resident: dict[str, np.ndarray] = {}
+    exact: set[str] = set()  # resident buffers bound without re-rounding (their values are in its format)
     uploads = UploadRecord(0, 0, 0.0)
     compute = mode in ("both", "functional")
     weight_values: dict[str, np.ndarray] = {}
@@ -179,6 +185,7 @@ def run_compiled(compiled: Compiled, args: list, mode: str = "both", trace_path=
             # a weight only read by its preparation program is not bound to (and rounded into) every call
             if compiled.prep is None or spec.buffer in compiled.main_reads:
                 resident[spec.buffer] = values
+                exact |= _exact(program, {spec.buffer: values}, {spec.buffer: x})
             if fresh:
                 nbytes = program.buffers[spec.buffer].nbytes
                 uploads = UploadRecord(
@@ -186,6 +193,7 @@ def run_compiled(compiled: Compiled, args: list, mode: str = "both", trace_path=
                 )
         elif spec.resident:
             resident[spec.buffer] = _payload(x)
+            exact |= _exact(program, {spec.buffer: resident[spec.buffer]}, {spec.buffer: x})
         else:
             inputs[spec.name] = to_host_numpy(x)
     prep = compiled.prep
@@ -194,6 +202,8 @@ def run_compiled(compiled: Compiled, args: list, mode: str = "both", trace_path=
         params = [args[spec.index] for spec in prep.weights]
         prepared, ran = prepared_weights(prep, params, [weight_values[s.buffer] for s in prep.weights], mode)
         resident.update(prepared)
+        # prepared weights were fetched from buffers of the same names and formats in the preparation program
+        exact |= {n for n in prepared if prep.program.buffers[n].dtype == program.buffers[n].dtype}
         if ran is not None:
             prep_us = ran.timing.total_us if ran.timing is not None else 0.0
             uploads.prep_kernels += len(prep.program.steps)
@@ -208,6 +218,7 @@ def run_compiled(compiled: Compiled, args: list, mode: str = "both", trace_path=
         trace_path=trace_path,
         resident=resident or None,
         fetch=list(lowered.output_buffers) if compiled.ctx.outputs_on_device and compute else None,
+        resident_exact=exact,
     )
     outs: list[torch.Tensor] = []
     for name, buf, dtype, shape in zip(
@@ -224,6 +235,17 @@ def run_compiled(compiled: Compiled, args: list, mode: str = "both", trace_path=
         else:
             outs.append(from_host_numpy(result.outputs[name], dtype).reshape(shape))
     return _rebuild(lowered.output_template, outs), result, uploads
+
+
+def _exact(program, values: dict[str, np.ndarray], tensors: dict[str, torch.Tensor]) -> set[str]:
+    """The buffers whose values (device values of these tensors) are already in the buffer's device format, so the
+    executor binds them without rounding them again; a dtype the lowering changed (e.g. an fp32 weight read as
+    DL16) is rounded by the executor as before."""
+    return {
+        name
+        for name, t in tensors.items()
+        if name in values and device_format(t.dtype) == program.buffers[name].dtype
+    }
 
 
 def _payload(t: torch.Tensor) -> np.ndarray:
