@@ -75,6 +75,24 @@ def test_fp32_model_is_bit_exact_with_the_reference(k_splits, tree):
     assert np.array_equal(ref.encode_array(expected), dl16.encode(got_dl16))
 
 
+@pytest.mark.parametrize("shape", [(8, 40, 64), (9, 70, 67), (130, 12, 33), (3, 5, 100), (4, 1, 32)])
+def test_fp32_kernel_register_tiles_and_edges_are_bit_exact(shape):
+    """The fp32 kernel computes 4 x 32 register tiles and the leftover rows and columns by another loop: every
+    region must be the strict k-order fp32 sum, with products rounded (no fused multiply-add)."""
+    n_i, n_k, n_j = shape
+    rng = np.random.default_rng(n_i * 1000 + n_j)
+    a = rng.standard_normal((n_i, n_k)).astype(np.float32)  # plain fp32: an FMA would change the results
+    b = (rng.standard_normal((n_k, n_j)) * 1e3).astype(np.float32)
+    expected = reference_matmul(a, b, 1, 0, ref.dot_fp32, fp32_add).astype(np.float32)
+    got = matmul(a, b, FP32_OUT)
+    assert np.array_equal(got.view(np.uint32), expected.view(np.uint32))
+    # a K slice starting inside the operands (k_splits) takes the same kernels with nonzero bounds
+    if n_k % 2 == 0:
+        expected = reference_matmul(a, b, 2, (0, 1), ref.dot_fp32, fp32_add).astype(np.float32)
+        got = matmul(a, b, FP32_OUT, k_splits=2, order=(0, 1))
+        assert np.array_equal(got.view(np.uint32), expected.view(np.uint32))
+
+
 @pytest.mark.parametrize(
     "model", [DL16_OUT, CHUNKED_OUT, AccumulationModel("chunked", chunk_size=3, output="fp32")]
 )
@@ -310,3 +328,12 @@ def test_bad_reduction_arguments():
         ReductionOrder.chain(0)
     with pytest.raises(UnsupportedInputError, match="0-d"):
         combine(np.float32(1.0))
+
+
+def test_the_fp32_kernel_leaves_numbas_vectorizer_setting_as_it_found_it():
+    import numba
+
+    before = numba.core.config.SLP_VECTORIZE
+    a = np.ones((5, 3), dtype=np.float32)
+    matmul(a, a.T.copy(), FP32_OUT)
+    assert numba.core.config.SLP_VECTORIZE == before
