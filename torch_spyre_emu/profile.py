@@ -7,7 +7,10 @@ end in us, unit utilization) and the Perfetto/Chrome trace path when one was wri
 after the other on the device timeline.
 
 mode="timing" computes no values: graphs are traced with fake tensors and timed only, so full-size shapes (e.g. a
-512x4096x12800 fp16 matmul) cost no memory for values; inputs may be meta tensors, outputs are meta tensors.
+512x4096x12800 fp16 matmul) cost no memory for values. A call given meta tensors returns meta tensors. A call on real
+tensors returns zero-filled stand-ins on the device its values would have had (cpu or spyre; see timing_stand_in), so
+host code between graphs (adapters, code around graph breaks) and the next graph, which mix them with real weights,
+still run; only the graphs' outputs are allocated, nothing is computed.
 """
 
 from __future__ import annotations
@@ -119,6 +122,19 @@ def record(compiled, result, uploads, trace_path) -> None:
     debug.timings(report)
     if _SESSIONS:
         _SESSIONS[-1].records.append((compiled, result, uploads, trace_path))
+
+
+def timing_stand_in(
+    shape: tuple[int, ...], dtype: torch.dtype, inputs: list, on_device: bool
+) -> torch.Tensor:
+    """One output of a graph run in timing mode (no values computed), given the call's inputs.
+
+    Meta inputs give a meta output. Otherwise the output is zeros on the device the value would have had: a meta
+    tensor there would meet real tensors in whatever runs next (host code, the next graph with its weights) and fail
+    with a device mismatch. Zeros, not uninitialized memory, so host code (e.g. an embedding lookup) stays valid."""
+    if any(isinstance(x, torch.Tensor) and x.device.type == "meta" for x in inputs):
+        return torch.empty(shape, dtype=dtype, device="meta")
+    return torch.zeros(shape, dtype=dtype, device="spyre" if on_device else "cpu")
 
 
 def last_profile() -> ProfileReport | None:

@@ -2,6 +2,7 @@
 
 import json
 
+import pytest
 import torch
 
 import torch_spyre_emu
@@ -36,6 +37,52 @@ def test_timing_mode_full_size_matmul_without_values():
     (mm,) = rep.kernels
     tflops = 2 * 512 * 4096 * 12800 / (mm.duration_us * 1e-6) / 1e12
     assert mm.cores == 32 and 5 < tflops < 120  # below the 98-113 TFLOP/s DL16 peak, far above nothing
+
+
+def test_timing_mode_on_adapter_patched_llama_matches_both_mode():
+    # the adapters' host code splits the model into several graphs; in timing mode the host code and the later
+    # graphs (with their real CPU weights) receive the earlier graphs' value-less outputs
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    import adapters
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        vocab_size=1000,  # not a stick multiple: lm_head_pad crops the logits in host code
+    )
+    model = LlamaForCausalLM(cfg).eval().half()
+    adapters.apply(model)
+    compiled = torch.compile(model, backend="spyre", dynamic=False)
+    ids = torch.randint(0, 1000, (1, 64), generator=torch.Generator().manual_seed(1))
+
+    def call():
+        return compiled(input_ids=ids, use_cache=False).logits
+
+    timing = torch_spyre_emu.profile(call, mode="timing")
+    both = torch_spyre_emu.profile(call, mode="both")
+    assert len(timing.programs) > 1 and timing.programs == both.programs
+    assert timing.kernels and timing.total_us > 0
+    assert [k.name for k in timing.kernels] == [k.name for k in both.kernels]
+    assert timing.total_us == pytest.approx(both.total_us, rel=1e-9)
+    assert timing.outputs.shape == both.outputs.shape == (1, 64, 1000)
+    assert not timing.outputs.any()  # zero stand-ins: nothing was computed
+
+
+def test_timing_mode_eager_results_stay_on_the_device(monkeypatch):
+    monkeypatch.setattr(config, "mode", "timing")
+    a = torch.randn(64, 128, dtype=torch.float16).to("spyre")
+    w = torch.randn(128, 256, dtype=torch.float16).to("spyre")
+    h = a @ w
+    assert h.device.type == "spyre" and h.shape == (64, 256)
+    # so the next eager op runs (and is timed) on the device too, not as a meta op on the host
+    out = torch.relu(h)
+    rep = torch_spyre_emu.last_profile()
+    assert out.device.type == "spyre" and rep.programs == ["eager_relu_default"] and rep.kernels
 
 
 def test_profile_config_selects_hardware():

@@ -7,7 +7,7 @@
   tensors.
 - CPU fallback islands (HostOp) call host functions that decode the device values to the host dtype, run the aten op
   on the CPU with torch, and encode the results in the device format again.
-- mode "timing" computes no values: outputs are meta tensors of the right shapes and dtypes.
+- mode "timing" computes no values: outputs are stand-ins of the right shapes and dtypes (profile.timing_stand_in).
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from torch_spyre_emu.compiler.codegen import Lowered
 from torch_spyre_emu.compiler.context import dtype_name
 from torch_spyre_emu.compiler.pipeline import Compiled
 from torch_spyre_emu.host_dtypes import device_format
+from torch_spyre_emu.profile import timing_stand_in
 
 
 @dataclass
@@ -229,7 +230,7 @@ def run_compiled(compiled: Compiled, args: list, mode: str = "both", trace_path=
         strict=True,
     ):
         if not compute:
-            outs.append(torch.empty(shape, dtype=dtype, device="meta"))
+            outs.append(timing_stand_in(shape, dtype, args, compiled.ctx.outputs_on_device))
         elif compiled.ctx.outputs_on_device:
             outs.append(_to_spyre(result.outputs[buf].reshape(shape), dtype))
         else:
