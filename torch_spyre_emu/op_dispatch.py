@@ -45,7 +45,7 @@ def run_on_device(op, args, kwargs):
     mutated = _mutated_args(op)
     target = functional if functional is not None else op
     if functional is not None and mutated:
-        fargs, fkwargs = _drop_out_args(op, args, kwargs)
+        fargs, fkwargs = _functional_args(op, functional, args, kwargs)
     else:
         fargs, fkwargs = args, kwargs
     run_op = _run_op()
@@ -75,11 +75,17 @@ def _signature(args) -> tuple:
     return tuple((a.name, str(a.type)) for a in args)
 
 
+# The keyword arguments a factory's functional overload has and its .out variant has not: the out tensor carries them
+# (aten.arange.start_step(start, end, step, *, dtype, layout, device, pin_memory) vs arange.start_out(..., *, out)).
+FACTORY_OPTIONS = ("dtype", "layout", "device", "pin_memory")
+
+
 @functools.cache
 def functional_overload(op):
     """The non-mutating overload computing the same thing as `op` (None if op is already functional or has none).
 
-    aten.add_.Tensor -> aten.add.Tensor; aten.add.out -> aten.add.Tensor; aten.max.dim_max -> aten.max.dim."""
+    aten.add_.Tensor -> aten.add.Tensor; aten.add.out -> aten.add.Tensor; aten.max.dim_max -> aten.max.dim;
+    aten.arange.start_out -> aten.arange.start_step (a factory: the out tensor gives its dtype and device)."""
     mutated = _mutated_args(op)
     if not mutated:
         return None
@@ -93,19 +99,30 @@ def functional_overload(op):
         packet = getattr(torch.ops.aten, op.overloadpacket.__name__.rstrip("_"), None)
         if packet is None:
             return None
-    for name in packet.overloads():
-        candidate = getattr(packet, name)
-        if _mutated_args(candidate):
-            continue
+    candidates = [getattr(packet, name) for name in packet.overloads()]
+    candidates = [c for c in candidates if not _mutated_args(c)]
+    for candidate in candidates:
         if _signature(candidate._schema.arguments) == want:
             return candidate
+    if out_names:
+        for candidate in candidates:
+            have = _signature(candidate._schema.arguments)
+            extra = [name for name, _ in have[len(want) :]]
+            if have[: len(want)] == want and extra and all(name in FACTORY_OPTIONS for name in extra):
+                return candidate
     return None
 
 
-def _drop_out_args(op, args, kwargs):
-    """Remove the out= arguments (they are kwarg-only) for the functional call."""
-    out_names = {name for _, name, kwarg_only in _mutated_args(op) if kwarg_only}
-    return args, {k: v for k, v in kwargs.items() if k not in out_names}
+def _functional_args(op, functional, args, kwargs):
+    """The functional call's arguments: the out= arguments (kwarg-only) removed; for a factory, the out tensor's
+    dtype and device passed as the options it would otherwise default (int64/float32, cpu)."""
+    out_names = [name for _, name, kwarg_only in _mutated_args(op) if kwarg_only]
+    fkwargs = {k: v for k, v in kwargs.items() if k not in out_names}
+    options = {a.name for a in functional._schema.arguments} - {a.name for a in op._schema.arguments}
+    if options and len(out_names) == 1:
+        out = kwargs[out_names[0]]
+        fkwargs.update({k: v for k, v in (("dtype", out.dtype), ("device", out.device)) if k in options})
+    return args, fkwargs
 
 
 def _arg(op, args, kwargs, position: int, name: str):

@@ -58,6 +58,20 @@ def test_eager_fallback_and_strict():
         torch.cos(x.to("spyre"))
 
 
+def test_eager_arange_is_a_cpu_fallback_like_the_table_says():
+    assert torch_spyre_emu.capabilities().status("aten.arange") == "fallback"
+    with pytest.warns(FallbackWarning, match=r"aten\.arange"):
+        ints = torch.arange(8, device="spyre")
+    assert ints.device.type == "spyre" and ints.dtype == torch.int64
+    assert torch.equal(ints.cpu(), torch.arange(8))
+    with pytest.warns(FallbackWarning, match=r"aten\.arange"):
+        halves = torch.arange(0, 4, 0.5, dtype=torch.float16, device="spyre")
+    assert halves.device.type == "spyre" and halves.dtype == torch.float16  # the out tensor's dtype, not fp32
+    assert torch.equal(halves.cpu(), torch.arange(0, 4, 0.5, dtype=torch.float16))
+    with torch_spyre_emu.strict(), pytest.raises(SpyreUnsupportedOpError, match=r"aten\.arange"):
+        torch.arange(8, device="spyre")
+
+
 def test_eager_reduction_to_scalar_and_item():
     x = torch.randn(8, 64, dtype=torch.float16)
     total = x.to("spyre").sum()
