@@ -104,7 +104,8 @@ _OPS: list[OpEntry] = [
         "_to_copy",
         "native",
         ALL,
-        "to_dtype: fp16<->bf16<->bool identity, fp16<->fp32 on device; int<->float casts fall back (#4643)",
+        "to_dtype: fp16<->bf16<->bool identity, fp32 -> fp16/bf16 on device; fp16/bf16 -> fp32 gated by "
+        "numerics.rmsnorm_fp32_upcast (off: CPU fallback); int<->float casts fall back (#4643)",
     ),
     _e("clone", "native", ALL, "identity copy"),
     _e("copy", "native", ALL, "copy_ lowered (PR #490)"),

@@ -5,10 +5,14 @@ torch-spyre registers a PrivateUse1 kernel per op that calls `torch.compile(op, 
 (support check, dtype rules, lowering, work division, ...) and the same runtime, and caches the compiled program by
 signature (op, tensor shapes/dtypes/strides, the other arguments, mode, capabilities, hardware). Inputs are bound
 as resident device buffers; results are new spyre tensors. CPU-fallback ops become a CPU island inside the program
-(FallbackWarning), or raise SpyreUnsupportedOpError in strict mode, exactly as in compiled code.
+(FallbackWarning), or raise SpyreUnsupportedOpError in strict mode, exactly as in compiled code. The warning comes with
+every call that runs an island, not only the one that compiled it: the cache is process-wide, so a warning tied to
+compilation would vanish whenever some earlier code had used the same signature.
 """
 
 from __future__ import annotations
+
+import warnings
 
 import torch
 
@@ -16,10 +20,10 @@ from torch_spyre_emu import config as stack_config
 from torch_spyre_emu.capabilities import capabilities
 from torch_spyre_emu.compiler.context import CompileContext
 from torch_spyre_emu.compiler.pipeline import Compiled, compile_fn
-from torch_spyre_emu.errors import SpyreDeviceError
+from torch_spyre_emu.errors import FallbackWarning, SpyreDeviceError
 
 aten = torch.ops.aten
-_CACHE: dict[tuple, tuple[Compiled, list[int]]] = {}
+_CACHE: dict[tuple, tuple[Compiled, list[str]]] = {}  # signature -> (program, its FallbackWarning messages)
 
 
 def _flatten(args, kwargs) -> list[torch.Tensor]:
@@ -84,13 +88,30 @@ def run_op(func, args, kwargs):
             fold_constants=bool(tensors),
             name=f"eager_{func.__name__.replace('.', '_')}",
         )
-        compiled = compile_fn(_traced_op(func, args, kwargs), tensors, ctx)
-        _CACHE[key] = hit = (compiled, [])
-    compiled = hit[0]
+        compiled, fallbacks = _compile_keeping_fallback_warnings(func, args, kwargs, tensors, ctx)
+        _CACHE[key] = hit = (compiled, fallbacks)
+    compiled, fallbacks = hit
+    for message in fallbacks:
+        warnings.warn(message, FallbackWarning, stacklevel=2)
     mode, trace_path = current_run_options(compiled.program.name)
     outputs, result, uploads = run_compiled(compiled, tensors, mode=mode, trace_path=trace_path)
     record(compiled, result, uploads, trace_path)
     return outputs
+
+
+def _compile_keeping_fallback_warnings(func, args, kwargs, tensors, ctx) -> tuple[Compiled, list[str]]:
+    """compile_fn, with the FallbackWarnings it raises held back (run_op gives them on every call) and any other
+    warning passed on once, as raised."""
+    caught: list = []
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", FallbackWarning)
+            compiled = compile_fn(_traced_op(func, args, kwargs), tensors, ctx)
+    finally:  # also when compilation raises (strict mode)
+        for w in caught:
+            if not issubclass(w.category, FallbackWarning):
+                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno, source=w.source)
+    return compiled, [str(w.message) for w in caught if issubclass(w.category, FallbackWarning)]
 
 
 def _item(t: torch.Tensor):

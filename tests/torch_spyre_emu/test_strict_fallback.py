@@ -128,3 +128,38 @@ def test_max_dim_decomposes_to_values_and_indices():
     ref_v, ref_i = torch.max(x, -1)
     assert torch.equal(indices, ref_i) and indices.dtype == torch.int64
     assert torch.allclose(values.float(), ref_v.float(), rtol=2**-9)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_fp32_upcast_eager_and_compiled_agree_with_the_table(dtype):
+    # The table: the fp16/bf16 -> fp32 upcast does not run on the device (feature off), so x.float() is a CPU
+    # island with a FallbackWarning, or an error in strict mode, on every path.
+    capability = "numerics.rmsnorm_fp32_upcast"
+    assert not torch_spyre_emu.capabilities().supports(capability)
+    x = torch.randn(4, 64, dtype=dtype) * 1000
+
+    def compiled(t):  # a fresh compile per call: its FallbackWarning comes when it compiles
+        return torch.compile(lambda u: u.float(), backend="spyre")(t)
+
+    paths = {
+        "eager": (lambda t: t.float(), x.to("spyre")),
+        "compiled, spyre input": (compiled, x.to("spyre")),
+        "compiled, cpu input": (compiled, x),
+    }
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        # eager's process-wide cache now holds this signature: the warning must not vanish with it
+        x.to("spyre").float()
+    outs = {}
+    for name, (run, arg) in paths.items():
+        with pytest.warns(FallbackWarning, match=capability.replace(".", r"\.")):
+            outs[name] = run(arg)
+        assert outs[name].dtype == torch.float32, name
+        with (
+            torch_spyre_emu.strict(),
+            pytest.raises(SpyreUnsupportedOpError, match=capability.replace(".", r"\.")),
+        ):
+            run(arg)
+    on_device = x.to("spyre").cpu().float()  # the fp16/bf16 values as stored on the device (DL16)
+    for name, out in outs.items():
+        assert torch.equal(out.cpu(), on_device), name
