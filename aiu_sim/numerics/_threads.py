@@ -8,7 +8,6 @@ plainly compiled single-threaded twin (`Twin`) and `serial_if_small` picks which
 
 import threading
 import types
-from contextlib import contextmanager
 
 import numba
 
@@ -23,15 +22,23 @@ def _serial() -> bool:
     return getattr(_local, "serial", False)
 
 
-@contextmanager
-def serial_if_small(work: int):
-    """Within the block, Twin kernels run their single-threaded version if ``work`` (element operations) is small."""
-    previous = _serial()
-    _local.serial = work < SERIAL_BELOW
-    try:
-        yield
-    finally:
-        _local.serial = previous
+class serial_if_small:  # noqa: N801 - used like a function: `with serial_if_small(n):`
+    """Within the block, Twin kernels run their single-threaded version if ``work`` (element operations) is small.
+
+    A class rather than a @contextmanager generator: it runs around every numba call, where the generator's few
+    microseconds were a measurable share of small kernels."""
+
+    __slots__ = ("serial", "previous")
+
+    def __init__(self, work: int) -> None:
+        self.serial = work < SERIAL_BELOW
+
+    def __enter__(self) -> None:
+        self.previous = getattr(_local, "serial", False)
+        _local.serial = self.serial
+
+    def __exit__(self, *exc) -> None:
+        _local.serial = self.previous
 
 
 class Twin:
