@@ -13,5 +13,14 @@ class ProgramError(AiuSimError, ValueError):
     """A KernelProgram is malformed (names the kernel and the argument)."""
 
 
+class BundleError(ProgramError):
+    """A kernel bundle is not a run of consecutive kernel steps (names the bundle and the step that breaks it)."""
+
+    def __init__(self, message: str, bundle: str, step: str) -> None:
+        super().__init__(message)
+        self.bundle = bundle
+        self.step = step
+
+
 class ExecutionError(AiuSimError, RuntimeError):
     """A program could not be run (missing input, missing host function, ...)."""

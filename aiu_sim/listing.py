@@ -9,6 +9,9 @@
                                  space m=256 n=512 k=1024  reduce k (chain)
                                  split n=8 k=4 -> 32 slices on cores 0-31
 
+A kernel in a bundle (several kernels launched once) gets a line `bundle fused_0 2/3` (its place in the bundle),
+and the header then counts the launches.
+
 Argument notation: `A[m+64,k]` reads axis 0 at m + 64 (a window), `_` is a broadcast size-1 axis, a bare number
 is a fixed index on a broadcast axis, and `A<4x64>[...]` indexes the buffer through a reshaped view.
 """
@@ -17,11 +20,27 @@ from __future__ import annotations
 
 import numpy as np
 
-from aiu_sim.program import Arg, Buffer, DeviceToHost, HostOp, HostToDevice, Kernel, KernelProgram
+from aiu_sim.program import (
+    Arg,
+    Buffer,
+    DeviceToHost,
+    HostOp,
+    HostToDevice,
+    Kernel,
+    KernelProgram,
+    opens_bundle,
+)
 
 
 def format_program(program: KernelProgram) -> str:
-    lines = [f"program {program.name}  ({len(program.buffers)} buffers, {len(program.steps)} steps)"]
+    places = _bundle_places(program.steps)
+    head = f"program {program.name}  ({len(program.buffers)} buffers, {len(program.steps)} steps"
+    if places:  # programs without bundles list as they always did
+        steps = program.steps
+        pairs = zip([None, *steps], steps, strict=False)
+        launches = sum(opens_bundle(s, p) for p, s in pairs if isinstance(s, Kernel))
+        head += f", {len(program.kernels)} kernels in {launches} launch{'es' if launches != 1 else ''}"
+    lines = [head + ")"]
     lines.append("buffers")
     rows = [_buffer_row(b, program) for b in program.buffers.values()]
     lines += _columns(rows, indent="  ")
@@ -33,8 +52,17 @@ def format_program(program: KernelProgram) -> str:
     width = len(str(max(len(program.steps) - 1, 0)))
     op_width = max([len(_opname(s)) for s in program.steps] + [4]) + 2
     for i, step in enumerate(program.steps):
-        lines += _step_lines(step, program, f"  {i:>{width}}  ", op_width)
+        lines += _step_lines(step, program, f"  {i:>{width}}  ", op_width, places.get(i, ""))
     return "\n".join(lines)
+
+
+def _bundle_places(steps: list) -> dict[int, str]:
+    """Step index -> "fused_0 2/3" for every kernel in a bundle (members are consecutive: validate.py)."""
+    members: dict[str, list[int]] = {}
+    for i, step in enumerate(steps):
+        if isinstance(step, Kernel) and step.bundle is not None:
+            members.setdefault(step.bundle, []).append(i)
+    return {i: f"{name} {n + 1}/{len(idx)}" for name, idx in members.items() for n, i in enumerate(idx)}
 
 
 def _opname(step) -> str:
@@ -59,7 +87,7 @@ def _buffer_row(buf: Buffer, program: KernelProgram) -> list[str]:
     ]
 
 
-def _step_lines(step, program: KernelProgram, prefix: str, op_width: int) -> list[str]:
+def _step_lines(step, program: KernelProgram, prefix: str, op_width: int, bundle: str) -> list[str]:
     head = f"{prefix}{_opname(step):<{op_width}}{step.name}  "
     if isinstance(step, HostToDevice):
         return [f"{head}host {step.src}:{step.host_dtype} -> {step.dst}"]
@@ -69,10 +97,10 @@ def _step_lines(step, program: KernelProgram, prefix: str, op_width: int) -> lis
         attrs = f"  attrs {_attrs(step.attrs)}" if step.attrs else ""
         outs, ins = ", ".join(step.outputs), ", ".join(step.inputs)
         return [f"{head}{outs} <- {step.fn}({ins}){attrs}  [CPU fallback]"]
-    return _kernel_lines(step, program, head, " " * (len(prefix) + op_width))
+    return _kernel_lines(step, program, head, " " * (len(prefix) + op_width), bundle)
 
 
-def _kernel_lines(k: Kernel, program: KernelProgram, head: str, body: str) -> list[str]:
+def _kernel_lines(k: Kernel, program: KernelProgram, head: str, body: str, bundle: str) -> list[str]:
     outs = ", ".join(_arg(a) for a in k.outputs)
     ins = ", ".join(_arg(a) for a in k.inputs)
     head = f"{head}{outs} <- {ins}" if ins else f"{head}{outs}"
@@ -80,7 +108,10 @@ def _kernel_lines(k: Kernel, program: KernelProgram, head: str, body: str) -> li
     reduce = f"  reduce {','.join(k.reduce_dims)}" if k.reduce_dims else ""
     if k.reduce_dims and any(k.split.get(d, 1) > 1 for d in k.reduce_dims):
         reduce += f" ({k.reduction_order})"
-    lines = [head, f"{body}space {space}{reduce}  [{k.unit}]"]
+    lines = [head]
+    if bundle:
+        lines.append(f"{body}bundle {bundle}")
+    lines.append(f"{body}space {space}{reduce}  [{k.unit}]")
     if k.split:
         split = " ".join(f"{d}={n}" for d, n in k.split.items())
         lines.append(f"{body}split {split} -> {k.num_slices} slices on cores {format_cores(k.cores)}")

@@ -188,6 +188,9 @@ class Kernel:
     # The order partial sums of a split reduction are combined in on the partial-sum ring:
     # "chain" = ((p0 + p1) + p2) + ... along adjacent cores (torch-spyre places K-split cores next to each other).
     reduction_order: str = "chain"
+    # The bundle this kernel belongs to: consecutive kernels with one bundle name are launched once, as torch-spyre
+    # launches one bundle.mlir of several sdsc_execute calls (STACK §1.6). None = a bundle of its own.
+    bundle: str | None = None
 
     def __post_init__(self) -> None:
         self.space = {str(k): int(v) for k, v in self.space.items()}
@@ -304,6 +307,12 @@ def step_writes(step: Step) -> tuple[str, ...]:
     if isinstance(step, HostToDevice):
         return (step.dst,)
     return ()
+
+
+def opens_bundle(step: Kernel, previous: Step | None) -> bool:
+    """True when `step` is launched: it is the first kernel of its bundle, or a bundle of its own. (Validation
+    makes a bundle's members consecutive kernel steps, so comparing with the step before is enough.)"""
+    return step.bundle is None or not (isinstance(previous, Kernel) and previous.bundle == step.bundle)
 
 
 # ---------------------------------------------------------------------------------------------------------------

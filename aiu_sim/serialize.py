@@ -3,7 +3,8 @@
 The document is plain JSON (NaN / Infinity allowed in constants, as Python's json writes them):
   {"format": "aiu_sim.KernelProgram", "version": 1, "name", "buffers": [...], "steps": [...], "inputs",
    "outputs", "constants": {name: {"dtype", "shape", "data": [flat, row-major]}}, "config": {...} | null}
-Steps carry a "type": kernel, h2d, d2h or host. Attribute values that JSON cannot hold directly are tagged:
+Steps carry a "type": kernel, h2d, d2h or host; a kernel carries "bundle" only when it belongs to one (so documents
+without bundles are unchanged and still version 1). Attribute values that JSON cannot hold directly are tagged:
 {"__tuple__": [...]}, {"__array__": {...}} and {"__accumulation__": {...}} (an AccumulationModel).
 A buffer's layout is written only when it is not the default layout of its shape and dtype.
 """
@@ -97,7 +98,7 @@ def _arg(a: Arg) -> dict:
 
 def _step(s) -> dict:
     if isinstance(s, Kernel):
-        return {
+        out = {
             "type": "kernel",
             "name": s.name,
             "op": s.op,
@@ -111,6 +112,9 @@ def _step(s) -> dict:
             "attrs": _attrs(s.attrs, s.name),
             "reduction_order": s.reduction_order,
         }
+        if s.bundle is not None:  # optional: documents without bundles read as before
+            out["bundle"] = s.bundle
+        return out
     if isinstance(s, HostToDevice | DeviceToHost):
         kind = "h2d" if isinstance(s, HostToDevice) else "d2h"
         return {"type": kind, "name": s.name, "src": s.src, "dst": s.dst, "host_dtype": s.host_dtype}
@@ -205,6 +209,7 @@ def _load_step(d: dict):
             cores=tuple(d["cores"]) if d.get("cores") is not None else None,
             attrs=_load_attrs(d.get("attrs", {})),
             reduction_order=d.get("reduction_order", "chain"),
+            bundle=d.get("bundle"),
         )
     if kind == "h2d":
         return HostToDevice(d["name"], d["src"], d["dst"], d["host_dtype"])

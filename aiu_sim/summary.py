@@ -21,7 +21,8 @@ def format_summary(report: TimingReport, top: int = 10) -> str:
     lines = [
         f"{report.program} on {report.config.name}: {report.total_us:,.1f} us "
         f"({report.total_cycles:,.0f} core cycles), mode {report.mode}",
-        f"  {len(kernels)} kernels ({report.unique_kernels} timed, {report.memo_hits} reused), "
+        f"  {len(kernels)} kernels ({report.unique_kernels} timed, {report.memo_hits} reused) in "
+        f"{report.launches} launches, "
         f"{len(host)} host steps, {report.events:,} engine events, {report.wall_seconds:.2f} s wall",
         f"  kernel bodies {body / 1e3:,.1f} us ({100 * body / total:.1f}%), launch overhead {launch / 1e3:,.1f} us "
         f"({100 * launch / total:.1f}%), host copies {host_ns / 1e3:,.1f} us ({100 * host_ns / total:.1f}%)",

@@ -3,7 +3,8 @@
 Tracks: one process per core with a thread per unit (DMA, PT0, PT1, SFP0, SFP1, LX port); one process for the
 data ring and one for the partial-sum rings, with a thread per direction (busy whenever any link of that direction
 is busy; bytes per link are in the report); DRAM; PCIe; and a "program" process whose kernel track shows every
-step (launch overhead as a nested slice). Times are microseconds from the program's start.
+step (launch overhead as a nested slice, on the first kernel of a bundle only; a kernel's args name its bundle).
+Times are microseconds from the program's start.
 
 Size: a full model has hundreds of kernels with thousands of tile-level intervals each. Intervals on one unit are
 merged when the gap between them is small; `max_events_per_kernel` sets how small, per kernel (the gap grows until
@@ -189,6 +190,7 @@ def _step_args(step) -> dict:
         "dtypes": list(step.dtypes),
         "cores": len(step.cores),
         "launch_us": step.launch_ns / 1e3,
+        "bundle": step.bundle,
         "body_us": round(t.duration_ns / 1e3, 6),
         "roofline_us": round(t.roofline_ns / 1e3, 6),
         "dram_bytes": t.dram_read + t.dram_write,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 from aiu_sim.config import HardwareConfig, preset
-from aiu_sim.errors import ProgramError
+from aiu_sim.errors import BundleError, ProgramError
 from aiu_sim.layout import ELEMS_PER_STICK
 from aiu_sim.program import (
     ARITY,
@@ -44,6 +44,37 @@ def validate_program(program: KernelProgram, config: HardwareConfig | None = Non
             raise ProgramError(f"unknown step type {type(step).__name__}")
     for b in program.constants:
         _need_buffer(program.buffers, b, "constants")
+    _check_bundles(program.steps)
+
+
+def _check_bundles(steps: list) -> None:
+    """A bundle is launched once (STACK §1.6), so its members must be consecutive kernel steps: a host step or a
+    kernel of another bundle between two members would have to run in the middle of one launch."""
+    closed_by: dict[str, tuple[int, object]] = {}  # finished bundle -> (index, step) of the step after it
+    current: str | None = None
+    for i, step in enumerate(steps):
+        bundle = step.bundle if isinstance(step, Kernel) else None
+        if isinstance(step, Kernel) and bundle is not None and (not isinstance(bundle, str) or not bundle):
+            raise ProgramError(
+                f"kernel {step.name!r}: bundle must be a non-empty string or None, got {bundle!r}"
+            )
+        if current is not None and bundle != current:
+            closed_by[current] = (i, step)
+        if bundle is not None and bundle != current and bundle in closed_by:
+            j, breaker = closed_by[bundle]
+            if isinstance(breaker, Kernel):
+                what = f"kernel {breaker.name!r} (step {j}, bundle {breaker.bundle!r})"
+                why = "a bundle is one launch of consecutive kernels"
+            else:
+                what = f"host step {breaker.name!r} (step {j}, {type(breaker).__name__})"
+                why = "a host step cannot run inside a bundle; it ends the bundle"
+            raise BundleError(
+                f"bundle {bundle!r} is not consecutive: {what} sits between its members, before kernel "
+                f"{step.name!r} (step {i}); {why}",
+                bundle=bundle,
+                step=breaker.name,
+            )
+        current = bundle
 
 
 def _need_buffer(buffers: dict[str, Buffer], name: str, where: str) -> Buffer:

@@ -7,6 +7,9 @@
   "spyre" preset; env SPYRE_EMU_HARDWARE). `with torch_spyre_emu.config.use_hardware("small"): ...`.
 - `torch_spyre_emu.config.mode` (env SPYRE_EMU_MODE): what a compiled call outside profile() does: "both" (values
   and time, the default, so last_profile() always has timings), "functional" (values only: faster) or "timing".
+- `torch_spyre_emu.config.fuse` (bool; env SPYRE_EMU_FUSE, default on): group consecutive kernels into bundles
+  launched once, as torch-spyre's scheduler fusion does (compiler/passes/bundle.py); off gives every kernel its
+  own launch. Values are the same either way. `with torch_spyre_emu.config.fusion(False): ...` for a block.
 - `torch_spyre_emu.config.debug` (int; env SPYRE_EMU_DEBUG): 1 prints each lowered KernelProgram, 2 also prints
   the graph after each pass and per-kernel timings.
 """
@@ -26,6 +29,7 @@ def _env_flag(name: str) -> bool:
 
 
 strict: bool = _env_flag("SPYRE_EMU_STRICT")
+fuse: bool = os.environ.get("SPYRE_EMU_FUSE", "1").strip().lower() not in ("0", "false", "no", "off")
 hardware: HardwareConfig | str | None = os.environ.get("SPYRE_EMU_HARDWARE") or None
 mode: str = os.environ.get("SPYRE_EMU_MODE", "both") or "both"
 try:
@@ -58,6 +62,18 @@ def strict_mode(on: bool = True) -> Iterator[None]:
         yield
     finally:
         mod.strict = old
+
+
+@contextlib.contextmanager
+def fusion(on: bool = True) -> Iterator[None]:
+    """Kernel bundling (fusion) on or off for the graphs compiled in a block."""
+    mod = sys.modules[__name__]
+    old = mod.fuse
+    mod.fuse = bool(on)
+    try:
+        yield
+    finally:
+        mod.fuse = old
 
 
 @contextlib.contextmanager

@@ -107,11 +107,12 @@ class StepTiming:
     cores: tuple[int, ...]
     start_ns: float
     end_ns: float
-    launch_ns: float = 0.0  # fixed per-kernel overhead at the start of the step
+    launch_ns: float = 0.0  # fixed launch overhead at the start of the step (first kernel of a bundle only)
     timing: KernelTiming | None = None
     pcie_bytes: float = 0.0
     dram_bytes: float = 0.0
     memo_hit: bool = False
+    bundle: str | None = None  # the kernel's bundle (launched once), None for a bundle of its own
 
     @property
     def start_us(self) -> float:
@@ -162,6 +163,16 @@ class TimingReport:
     @property
     def kernels(self) -> list[StepTiming]:
         return [s for s in self.steps if s.kind == "kernel"]
+
+    @property
+    def launches(self) -> int:
+        """Kernel launches: one per bundle; a kernel outside any bundle is a bundle of its own."""
+        count, previous = 0, None
+        for s in self.steps:
+            if s.kind == "kernel" and (s.bundle is None or previous is None or previous.bundle != s.bundle):
+                count += 1
+            previous = s
+        return count
 
     @property
     def flops(self) -> float:
@@ -234,6 +245,7 @@ class TimingReport:
             "events": self.events,
             "unique_kernels": self.unique_kernels,
             "memo_hits": self.memo_hits,
+            "launches": self.launches,
             "flops": self.flops,
             "dram_bytes": self.dram_bytes,
             "achieved_flops_per_s": self.achieved_flops_per_s,
@@ -253,6 +265,7 @@ class TimingReport:
                     "start_us": s.start_us,
                     "end_us": s.end_us,
                     "launch_us": s.launch_ns / 1e3,
+                    "bundle": s.bundle,
                     "unit_utilization": s.unit_utilization,
                     "dram_bytes": s.dram_bytes,
                     "pcie_bytes": s.pcie_bytes,

@@ -1,8 +1,10 @@
 """Time a whole KernelProgram: steps run one after another, as a runtime JobPlan queues them FIFO (STACK §1.6).
 
-- A kernel costs the fixed launch overhead (`kernel_launch_overhead_us`, HW §1) and then its body (kernels.py).
-  Kernels start on an idle chip, so a kernel's body time depends only on the kernel and the config: identical
-  kernels (same op, shapes, formats, placements, split and cores) are timed once and reused.
+- A bundle costs the fixed launch overhead (`kernel_launch_overhead_us`: ~15 us per bundle, HW §1 / §6, TS-SP)
+  once, on its first kernel; the later kernels of the bundle start when the one before ends. A kernel outside any
+  bundle is a bundle of its own. Then each kernel costs its body (kernels.py). Kernels start on an idle chip, so a
+  kernel's body time depends only on the kernel and the config: identical kernels (same op, shapes, formats,
+  placements, split and cores) are timed once and reused; the launch is charged here, outside the memo.
 - Host steps move bytes over PCIe (`pcie_gbps`, HW §1) and write or read DRAM at the effective one-way rate; the
   two are pipelined, so a copy takes the longer of the two. Host bytes are the host array's (e.g. fp16, 2 B per
   element); device bytes are whole sticks. A CPU fallback island (HostOp) copies its inputs out and its outputs
@@ -20,7 +22,7 @@ import numpy as np
 
 from aiu_sim.config import HardwareConfig, load_config
 from aiu_sim.errors import ProgramError
-from aiu_sim.program import Buffer, DeviceToHost, HostOp, HostToDevice, Kernel, KernelProgram
+from aiu_sim.program import Buffer, DeviceToHost, HostOp, HostToDevice, Kernel, KernelProgram, opens_bundle
 from aiu_sim.timing.kernels import time_kernel
 from aiu_sim.timing.report import KernelTiming, StepTiming, TimingReport
 from aiu_sim.timing.resources import ResourceMap
@@ -124,8 +126,10 @@ def simulate(
     now = 0.0
     launch_ns = config.kernel_launch_overhead_us * 1e3
     buffers = program.buffers
+    previous = None
     for index, step in enumerate(program.steps):
         if isinstance(step, Kernel):
+            launch = launch_ns if opens_bundle(step, previous) else 0.0
             key = (config_token, record_intervals, kernel_key(step, buffers))
             timing, hit = cache.get_or_time(
                 key, lambda step=step: time_kernel(step, buffers, config, res, record_intervals)
@@ -134,7 +138,7 @@ def simulate(
                 events += timing.events
             busy += timing.busy
             moved += timing.bytes
-            end = now + launch_ns + timing.duration_ns
+            end = now + launch + timing.duration_ns
             steps.append(
                 StepTiming(
                     index=index,
@@ -147,10 +151,11 @@ def simulate(
                     cores=tuple(step.cores),
                     start_ns=now,
                     end_ns=end,
-                    launch_ns=launch_ns,
+                    launch_ns=launch,
                     timing=timing,
                     dram_bytes=timing.dram_read + timing.dram_write,
                     memo_hit=hit,
+                    bundle=step.bundle,
                 )
             )
             now = end
@@ -159,6 +164,7 @@ def simulate(
             steps.append(record)
             if isinstance(step, HostOp) and "host-compute" not in notes:
                 notes.append("host-compute: CPU fallback islands are charged their PCIe copies only")
+        previous = step
     return TimingReport(
         program=program.name,
         config=config,

@@ -43,7 +43,7 @@ class GraphRunner:
     def compiled_for(self, args: list) -> Compiled:
         caps = stack_config_caps()
         hw = stack_config.hardware_config()
-        key = (tuple(_signature(a) for a in args), stack_config.strict, id(caps), hash(hw))
+        key = (tuple(_signature(a) for a in args), stack_config.strict, id(caps), hash(hw), stack_config.fuse)
         hit = self.cache.get(key)
         if hit is not None:
             return hit
@@ -58,6 +58,7 @@ class GraphRunner:
             weight_inputs=weights,
             device_inputs=spyre - weights,
             outputs_on_device=bool(spyre - weights),
+            fuse=stack_config.fuse,
             name=self.name,
         )
         compiled = compile_fn(self.gm, args, ctx)

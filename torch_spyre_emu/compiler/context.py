@@ -52,6 +52,8 @@ class CompileContext:
     prep_steps: list = field(default_factory=list)
     prep_outputs: list[str] = field(default_factory=list)
     fold_constants: bool = True  # fold input-independent subgraphs (off for single eager ops)
+    # group kernels into bundles launched once (passes/bundle.py; torch_spyre_emu.config.fuse)
+    fuse: bool = field(default_factory=lambda: stack_config.fuse)
     collect_only: bool = False  # support check records instead of raising (find_unsupported)
     found: list[UnsupportedOp] = field(default_factory=list)
     name: str = "graph"

@@ -16,6 +16,7 @@ from torch_spyre_emu import debug
 from torch_spyre_emu.compiler.capture import capture
 from torch_spyre_emu.compiler.codegen import Lowered, lower_graph
 from torch_spyre_emu.compiler.context import CompileContext
+from torch_spyre_emu.compiler.passes.bundle import bundle_kernels
 from torch_spyre_emu.compiler.passes.constant_fold import constant_fold
 from torch_spyre_emu.compiler.passes.decompose import decompose
 from torch_spyre_emu.compiler.passes.legalize_dtypes import legalize_dtypes
@@ -32,8 +33,10 @@ from torch_spyre_emu.errors import SpyreCompileError
 
 GRAPH_PASSES = [decompose, mm_to_bmm, constant_fold, scalars_to_tensors, legalize_dtypes, support_check]
 # split_weight_prep runs after work_division (its kernels keep their core split) and before lx_planning (the
-# prepared buffers must stay in DRAM, resident between programs)
-KERNEL_PASSES = [stickify, restickify, pad_k, work_division, split_weight_prep, lx_planning]
+# prepared buffers must stay in DRAM, resident between programs). bundle_kernels comes last: torch-spyre fuses in
+# the scheduler (spyre_fuse_nodes, a post-fusion pass) after work division and LX planning (STACK §1.3); the
+# weight preparation program keeps one launch per kernel.
+KERNEL_PASSES = [stickify, restickify, pad_k, work_division, split_weight_prep, lx_planning, bundle_kernels]
 
 
 @dataclass

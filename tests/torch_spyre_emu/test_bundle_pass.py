@@ -1,0 +1,178 @@
+"""The bundle pass: consecutive kernels grouped the way Inductor's scheduler fuses them, launched once.
+
+Rules on hand-built kernel lists first, then compiled graphs, then a tiny Llama whose values must not change."""
+
+import warnings
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+import adapters
+import torch_spyre_emu
+from aiu_sim.program import Arg, HostOp, Kernel
+from models.weights import tiny_llama
+from torch_spyre_emu import config
+from torch_spyre_emu.compiler.context import CompileContext
+from torch_spyre_emu.compiler.passes.bundle import MAX_BUNDLE, bundle_kernels
+from torch_spyre_emu.compiler.pipeline import compile_fn
+
+F16 = torch.float16
+ON = SimpleNamespace(fuse=True)
+
+
+def pointwise(name, src, dst, rows=64, cols=256, fn="relu"):
+    return Kernel(name, "unary", [Arg(src, ("r", "c"))], [Arg(dst, ("r", "c"))], {"r": rows, "c": cols}, fn)
+
+
+def row_sum(name, src, dst, rows=64, cols=256):
+    return Kernel(
+        name, "reduce", [Arg(src, ("r", "c"))], [Arg(dst, ("r", None))], {"r": rows, "c": cols}, "sum", ("c",)
+    )
+
+
+def bundles(steps):
+    bundle_kernels(steps, {}, ON)
+    return [s.bundle if isinstance(s, Kernel) else "|" for s in steps]
+
+
+# ---- rules on hand-built kernels --------------------------------------------------------------------------------
+
+
+def test_pointwise_chain_is_one_bundle_and_a_lone_kernel_stays_unbundled():
+    steps = [pointwise("a", "x", "y"), pointwise("b", "y", "z"), pointwise("c", "z", "w")]
+    assert bundles(steps) == ["fused_0"] * 3
+    assert bundles([pointwise("a", "x", "y")]) == [None]
+
+
+def add(name, x, y, out):
+    return Kernel(name, "binary", [Arg(x, ("r", "c")), Arg(y, ("r", "c"))], [Arg(out, ("r", "c"))],
+                  {"r": 64, "c": 256}, "add")  # fmt: skip
+
+
+def test_a_consumer_of_two_adjacent_producers_merges_them_but_independent_kernels_stay_apart():
+    # a = x * cos; b = rot(x) * sin; a + b: both products feed the add
+    assert (
+        bundles([pointwise("a", "x", "y"), pointwise("b", "z", "w"), add("c", "y", "w", "v")])
+        == ["fused_0"] * 3
+    )
+    # c reads only b: a is independent of both (no horizontal fusion)
+    assert bundles([pointwise("a", "x", "y"), pointwise("b", "z", "w"), pointwise("c", "w", "v")]) == [
+        None, "fused_0", "fused_0"
+    ]  # fmt: skip
+
+
+def test_reduction_takes_pointwise_prologue_and_epilogues_of_both_sizes():
+    steps = [
+        pointwise("sq", "x", "x2"),  # 64 x 256: prologue
+        row_sum("sum", "x2", "s"),  # (64, 256)
+        pointwise("rs", "s", "r", cols=1, fn="rsqrt"),  # 64: epilogue on the reduction's result
+        Kernel("scale", "binary", [Arg("x", ("r", "c")), Arg("r", ("r", None))], [Arg("y", ("r", "c"))],
+               {"r": 64, "c": 256}, "mul"),  # 64 x 256 again
+    ]  # fmt: skip
+    assert bundles(steps) == ["fused_0"] * 4
+
+
+def test_size_mismatch_independent_kernels_matmul_and_host_steps_end_a_bundle():
+    mm = Kernel("mm", "matmul", [Arg("y", ("m", "k")), Arg("w", ("k", "n"))], [Arg("p", ("m", "n"))],
+                {"m": 64, "n": 256, "k": 256}, reduce_dims=("k",))  # fmt: skip
+    steps = [
+        pointwise("a", "x", "y"),
+        pointwise("b", "y", "z"),
+        pointwise("small", "z", "t", rows=32),  # another size
+        pointwise("c", "x", "u"),  # reads nothing the bundle before wrote
+        pointwise("d", "u", "v"),
+        mm,
+        pointwise("e", "p", "q"),
+        pointwise("f", "q", "q2"),
+        HostOp("cpu", "negate", ["q2"], ["q3"]),
+        pointwise("g", "q3", "q4"),
+        pointwise("h", "q4", "q5"),
+    ]
+    assert bundles(steps) == [
+        "fused_0", "fused_0", None, "fused_1", "fused_1", None, "fused_2", "fused_2", "|", "fused_3", "fused_3"
+    ]  # fmt: skip
+
+
+def test_a_reduction_of_another_shape_starts_a_new_bundle():
+    steps = [pointwise("p", "x", "y"), row_sum("s0", "y", "a"), row_sum("s1", "a", "b", rows=1, cols=64)]
+    assert bundles(steps) == ["fused_0", "fused_0", None]  # s1 is (1, 64), the bundle (64, 256)
+
+
+def test_bundles_stop_at_the_size_limit():
+    steps = [pointwise(f"k{i}", f"x{i}", f"x{i + 1}") for i in range(MAX_BUNDLE + 3)]
+    names = bundles(steps)
+    assert names[:MAX_BUNDLE] == ["fused_0"] * MAX_BUNDLE and names[MAX_BUNDLE:] == ["fused_1"] * 3
+
+
+def test_the_pass_is_off_when_fusion_is_off():
+    steps = [pointwise("a", "x", "y"), pointwise("b", "y", "z")]
+    bundle_kernels(steps, {}, SimpleNamespace(fuse=False))
+    assert [s.bundle for s in steps] == [None, None]
+
+
+# ---- compiled graphs --------------------------------------------------------------------------------------------
+
+
+def meta(*shape):
+    return torch.empty(shape, dtype=F16, device="meta")
+
+
+def compile_kernels(fn, *inputs, fuse=True):
+    return compile_fn(fn, list(inputs), CompileContext(fuse=fuse)).program.kernels
+
+
+def test_compiled_pointwise_chain_is_one_bundle():
+    ks = compile_kernels(lambda x: torch.relu(x * 2 + 1), meta(64, 256))
+    assert [k.op for k in ks] == ["binary", "binary", "unary"]
+    assert {k.bundle for k in ks} == {"fused_0"}
+    assert {
+        k.bundle for k in compile_kernels(lambda x: torch.relu(x * 2 + 1), meta(64, 256), fuse=False)
+    } == {None}
+
+
+def rms_norm(x, w):  # the fp16 RMSNorm the stack lowers natively (hf-adapters' form)
+    return w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6))
+
+
+def test_compiled_rmsnorm_is_one_bundle_and_matmuls_stay_alone():
+    ks = compile_kernels(
+        lambda x, w, m: torch.relu(rms_norm(x, w) @ m), meta(64, 256), meta(256), meta(256, 128)
+    )
+    assert [k.op for k in ks].count("matmul") == 1
+    by_op = {k.op: k.bundle for k in ks}
+    assert by_op["matmul"] is None  # the relu after it is alone too: nothing to fuse it with
+    norm = [k for k in ks if k.op != "matmul" and k.fn != "relu"]
+    assert any(k.op == "reduce" for k in norm) and {k.bundle for k in norm} == {"fused_0"}
+
+
+def test_debug_listing_shows_bundles(monkeypatch, capsys):
+    monkeypatch.setattr(config, "debug", 1)
+    compile_kernels(lambda x: torch.relu(x * 2 + 1), meta(64, 256))
+    err = capsys.readouterr().err
+    assert "3 kernels in 1 launch)" in err and "bundle fused_0 3/3" in err
+
+
+# ---- a tiny Llama: same values, less time -----------------------------------------------------------------------
+
+
+def test_tiny_llama_values_are_bit_identical_with_bundles_and_time_drops_by_the_saved_launches():
+    model = tiny_llama().half()
+    ids = torch.randint(0, 512, (1, 16), generator=torch.Generator().manual_seed(1))
+    launch_us = config.hardware_config().kernel_launch_overhead_us
+    reports = {}
+    with adapters.apply(model), warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore")
+        compiled = torch.compile(model, backend="spyre", dynamic=False)
+        for fuse in (False, True):
+            with config.fusion(fuse):
+                reports[fuse] = torch_spyre_emu.profile(
+                    lambda: compiled(input_ids=ids, use_cache=False).logits
+                )
+    plain, fused = reports[False], reports[True]
+    assert torch.equal(plain.outputs, fused.outputs)
+    assert [k.name for k in plain.kernels] == [k.name for k in fused.kernels]
+    launches = {f: sum(t.launches for t in r.timing_reports) for f, r in reports.items()}
+    assert launches[False] == len(plain.kernels) and launches[True] < 0.7 * launches[False]
+    saved = (launches[False] - launches[True]) * launch_us
+    assert fused.total_us == pytest.approx(plain.total_us - saved)

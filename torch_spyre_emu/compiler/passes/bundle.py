@@ -1,0 +1,100 @@
+"""Kernel bundles: group consecutive kernels the way Inductor's scheduler fuses nodes, so each group is launched once.
+
+torch-spyre runs Inductor's scheduler fusion (`spyre_fuse_nodes`, a post-fusion pass, STACK §1.3) and turns each
+fused kernel into ONE bundle: a `bundle.mlir` of `sdsc_execute` calls, one SDSC (OpSpec) per op, launched once
+(STACK §1.6). The fixed launch overhead (~15 us) is measured per bundle (HW §1, §6). Our lowering makes one kernel per
+op; this pass names the groups (`Kernel.bundle`) and the timing engine charges the launch once per group. Numbers do
+not change: inside a bundle every OpSpec still writes its output in device format, and the executor still runs the
+kernels one by one.
+
+torch-spyre's own fusion rules (SuperDSCScheduling's can_fuse) are not in the reference, so the rules below are an
+assumption: upstream Inductor's groups, applied conservatively. A kernel's group is (numel, rnumel): the product of
+its non-reduce dims and of its reduce dims (pointwise kernels have rnumel 1). A kernel joins the bundle of the
+kernel just before it when
+
+- both are pointwise (unary, binary, ternary, copy, fill) or reductions / row ops (reduce, softmax, layernorm,
+  rmsnorm);
+- it reads a buffer some member of the bundle writes (vertical, producer -> consumer fusion). A kernel that also
+  reads the results of the bundles just before that one (with nothing between them) merges them too, as Inductor
+  fuses every producer into their consumer: `a = x * cos; b = rot(x) * sin; a + b` is one bundle. Independent
+  kernels that only share inputs are not fused (no horizontal fusion);
+- its size fits the bundle's group, as in Inductor's SIMD scheduling: a pointwise kernel over numel * rnumel
+  elements, or over the reduction's outer numel (an epilogue on the reduction's result, e.g. rsqrt(mean + eps));
+  a reduction (N, R) after pointwise kernels over N * R elements (their prologue) or after a reduction of the same
+  (N, R). So an RMSNorm (square, mean, add eps, rsqrt, scale, weight) or a masked softmax is one bundle;
+- the bundle holds fewer than MAX_BUNDLE kernels.
+
+Matmul kernels (PT) and restickify (its own hardware op, ReStickifyOpHBM) are bundles of their own: an assumption,
+the reference gives no evidence that torch-spyre fuses them with neighbours. Host steps end a bundle. Kernels keep
+program order (no reordering to make more fusions). Bundles are named fused_0, fused_1, ... in program order.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from aiu_sim.program import Buffer, Kernel
+
+POINTWISE_OPS = frozenset({"unary", "binary", "ternary", "copy", "fill"})
+REDUCTION_OPS = frozenset({"reduce", "softmax", "layernorm", "rmsnorm"})
+# Inductor's config.max_fusion_size default (upstream torch/_inductor/config.py); assumed kept by torch-spyre.
+MAX_BUNDLE = 64
+
+
+def group_of(k: Kernel) -> tuple[int, int]:
+    """(numel, rnumel): the kernel's outer and reduced iteration sizes, Inductor's fusion group."""
+    rnumel = math.prod(k.space[d] for d in k.reduce_dims)
+    numel = math.prod(n for d, n in k.space.items() if d not in k.reduce_dims)
+    return numel, rnumel
+
+
+def merged_group(first: tuple[int, int], then: tuple[int, int]) -> tuple[int, int] | None:
+    """The group of two fused pieces, `first` before `then`, or None when their sizes do not fit together."""
+    if first == then:
+        return first
+    (n1, r1), (n2, r2) = first, then
+    if r1 == 1 and r2 > 1 and n1 == n2 * r2:  # pointwise over a reduction's input: its prologue
+        return then
+    if (
+        r1 > 1 and r2 == 1 and n2 in (n1 * r1, n1)
+    ):  # pointwise after a reduction, over its input or its result
+        return first
+    return None
+
+
+@dataclass
+class _Bundle:
+    members: list[Kernel]
+    group: tuple[int, int]
+    first: int  # step indices of the first and last member
+    last: int
+    writes: set[str]
+
+
+def bundle_kernels(steps: list, buffers: dict[str, Buffer], ctx) -> list:
+    """Set `bundle` on every kernel of a group of two or more (a kernel alone stays None: a bundle of its own)."""
+    if not ctx.fuse:
+        return steps
+    done: list[_Bundle] = []
+    for i, step in enumerate(steps):
+        if not isinstance(step, Kernel) or step.op not in POINTWISE_OPS | REDUCTION_OPS:
+            continue  # host steps, matmuls and restickifies are not fused: the index gap ends the bundle
+        reads = {a.buffer for a in step.inputs}
+        new = _Bundle([step], group_of(step), i, i, {a.buffer for a in step.outputs})
+        # fuse into the bundle just before, then into each adjacent bundle before that whose results it also reads
+        while done and done[-1].last + 1 == new.first and reads & done[-1].writes:
+            prev = done[-1]
+            group = merged_group(prev.group, new.group)
+            if group is None or len(prev.members) + len(new.members) > MAX_BUNDLE:
+                break
+            done.pop()
+            new = _Bundle(prev.members + new.members, group, prev.first, new.last, prev.writes | new.writes)
+        done.append(new)
+    index = 0
+    for b in done:
+        if len(b.members) > 1:
+            for k in b.members:
+                k.bundle = f"fused_{index}"
+            index += 1
+    return steps
