@@ -219,8 +219,14 @@ _OPS: list[OpEntry] = [
     _e("argmax", "fallback", ALL),
     _e("argmin", "fallback", ALL),
     _e("cumsum", "fallback", ALL, "scan is not implemented (spyre_kernel.py)"),
-    _e("normal", "fallback", ALL),
-    _e("random", "fallback", ALL),
+    _e("normal", "fallback", ALL, "normal_ (torch.randn): drawn on the host from torch.spyre's generator"),
+    _e("random", "fallback", ALL, "random_: drawn on the host from torch.spyre's generator"),
+    _e(
+        "uniform",
+        "fallback",
+        ALL,
+        "uniform_ (torch.rand); not in the June table: emulation assumption, a host draw like normal_/random_",
+    ),
     _e("index_copy", "fallback", ALL, "time proportional to the destination (#4239)"),
     _e("any", "fallback", ALL, "any reduction is an UnimplementedOp; eager falls back"),
     _e("convolution", "fallback", ALL, "conv runs im2col on CPU (RFC 1632-v3)", S4),
@@ -291,17 +297,20 @@ class Capabilities:
     # -- lookups -------------------------------------------------------------------------------------------------
     @staticmethod
     def op_key(op: object) -> str:
-        """Normalise an op (OpOverload, OpOverloadPacket, "aten.add.Tensor", "add") to the table key "aten.add"."""
+        """Normalise an op (OpOverload, OpOverloadPacket, "aten.add.Tensor", "add") to the table key "aten.add".
+
+        torch's functional twin of an in-place op that has no functional overload shares the op's entry:
+        aten.normal_functional (what functionalization makes of normal_, e.g. torch.randn) -> "aten.normal"."""
         if not isinstance(op, str):
             packet = getattr(op, "overloadpacket", op)
             name = getattr(packet, "__name__", None) or str(packet)
             ns = getattr(packet, "_qualified_op_name", "aten::" + name).split("::")[0]
-            return f"{ns}.{name.split('.')[0]}"
+            return f"{ns}.{name.split('.')[0].removesuffix('_functional')}"
         name = op.replace("::", ".")
         if not name.startswith(("aten.", "prims.", "spyre.")) and "." not in name.split("/")[-1]:
             name = "aten." + name
-        parts = name.split(".")
-        return ".".join(parts[:2])
+        ns, packet = name.split(".")[:2]
+        return f"{ns}.{packet.removesuffix('_functional')}"
 
     def entry(self, op: object) -> OpEntry | None:
         return self.ops.get(self.op_key(op))

@@ -64,12 +64,16 @@ def _traced_op(func, args, kwargs):
 
 def run_op(func, args, kwargs):
     """Run one aten op on spyre tensors through the compiler; returns spyre tensors (same structure as the op)."""
-    from torch_spyre_emu.compiler.runtime import run_compiled
+    from torch_spyre_emu.compiler.runtime import call_generator, run_compiled
     from torch_spyre_emu.profile import current_run_options, record
 
     kwargs = dict(kwargs or {})
     if func in (aten._local_scalar_dense.default, aten.item.default):
         return _item(args[0])
+    # a random op's generator is not traced (it is an object, not a value): its CPU island draws from it at run time
+    generator = kwargs.get("generator")
+    if generator is not None:
+        kwargs["generator"] = None
     tensors = _flatten(args, kwargs)
     caps = capabilities()
     hw = stack_config.hardware_config()
@@ -94,7 +98,8 @@ def run_op(func, args, kwargs):
     for message in fallbacks:
         warnings.warn(message, FallbackWarning, stacklevel=2)
     mode, trace_path = current_run_options(compiled.program.name)
-    outputs, result, uploads = run_compiled(compiled, tensors, mode=mode, trace_path=trace_path)
+    with call_generator(generator):
+        outputs, result, uploads = run_compiled(compiled, tensors, mode=mode, trace_path=trace_path)
     record(compiled, result, uploads, trace_path)
     return outputs
 

@@ -85,7 +85,8 @@ def functional_overload(op):
     """The non-mutating overload computing the same thing as `op` (None if op is already functional or has none).
 
     aten.add_.Tensor -> aten.add.Tensor; aten.add.out -> aten.add.Tensor; aten.max.dim_max -> aten.max.dim;
-    aten.arange.start_out -> aten.arange.start_step (a factory: the out tensor gives its dtype and device)."""
+    aten.arange.start_out -> aten.arange.start_step (a factory: the out tensor gives its dtype and device);
+    aten.normal_.default -> aten.normal_functional.default (torch's name when aten.X has no matching overload)."""
     mutated = _mutated_args(op)
     if not mutated:
         return None
@@ -93,13 +94,12 @@ def functional_overload(op):
     out_names = {name for _, name, kwarg_only in mutated if kwarg_only}
     if out_names:  # .out variant: same packet, same inputs without the out arguments
         want = _signature(a for a in schema.arguments if a.name not in out_names)
-        packet = op.overloadpacket
-    else:  # in-place variant: aten.X_.overload -> aten.X.overload
+        packets = [op.overloadpacket]
+    else:  # in-place variant: aten.X_.overload -> aten.X.overload, else aten.X_functional
         want = _signature(schema.arguments)
-        packet = getattr(torch.ops.aten, op.overloadpacket.__name__.rstrip("_"), None)
-        if packet is None:
-            return None
-    candidates = [getattr(packet, name) for name in packet.overloads()]
+        base = op.overloadpacket.__name__.rstrip("_")
+        packets = [getattr(torch.ops.aten, name, None) for name in (base, base + "_functional")]
+    candidates = [getattr(p, name) for p in packets if p is not None for name in p.overloads()]
     candidates = [c for c in candidates if not _mutated_args(c)]
     for candidate in candidates:
         if _signature(candidate._schema.arguments) == want:

@@ -72,6 +72,64 @@ def test_eager_arange_is_a_cpu_fallback_like_the_table_says():
         torch.arange(8, device="spyre")
 
 
+@pytest.mark.parametrize(
+    ("name", "make", "draw"),
+    [
+        (
+            "normal",
+            lambda **kw: torch.randn(4, 64, device="spyre", **kw),
+            lambda **kw: torch.randn(4, 64, **kw),
+        ),
+        (
+            "uniform",
+            lambda **kw: torch.rand(4, 64, device="spyre", **kw),
+            lambda **kw: torch.rand(4, 64, **kw),
+        ),
+        (
+            "normal",
+            lambda **kw: torch.empty(4, 64, device="spyre").normal_(2.0, 0.5, **kw),
+            lambda **kw: torch.empty(4, 64).normal_(2.0, 0.5, **kw),
+        ),
+        (
+            "uniform",
+            lambda **kw: torch.empty(4, 64, device="spyre").uniform_(-1.0, 1.0, **kw),
+            lambda **kw: torch.empty(4, 64).uniform_(-1.0, 1.0, **kw),
+        ),
+    ],
+)
+def test_eager_random_ops_are_host_draws_from_the_spyre_generator(name, make, draw):
+    # The table: random fills run on the host (normal_/random_ in the June table; uniform_ by assumption), drawing
+    # from torch.spyre's generator, a CPU generator: seeded spyre values are the CPU generator's numbers.
+    assert torch_spyre_emu.capabilities().status(f"aten.{name}") == "fallback"
+    torch.spyre.manual_seed(5)
+    host_state = torch.get_rng_state()
+    with pytest.warns(FallbackWarning, match=rf"aten\.{name}"):
+        first = make()
+    assert first.device.type == "spyre" and first.dtype == torch.float32
+    assert torch.equal(first.cpu(), draw(generator=torch.Generator().manual_seed(5)))
+    assert torch.equal(torch.get_rng_state(), host_state)  # torch's own CPU generator was not used
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FallbackWarning)
+        second = make()  # the generator moved on
+        torch.spyre.manual_seed(5)
+        again = make()  # reseeding repeats the draw
+        chosen = make(generator=torch.Generator().manual_seed(9))  # a generator named in the call is used
+    assert not torch.equal(second.cpu(), first.cpu())
+    assert torch.equal(again.cpu(), first.cpu())
+    assert torch.equal(chosen.cpu(), draw(generator=torch.Generator().manual_seed(9)))
+    with torch_spyre_emu.strict(), pytest.raises(SpyreUnsupportedOpError, match=rf"aten\.{name}"):
+        make()
+
+
+def test_eager_randn_in_half_precision_is_the_host_draw_rounded_to_dl16():
+    torch.spyre.manual_seed(3)
+    with pytest.warns(FallbackWarning, match=r"aten\.normal"):
+        halves = torch.randn(4, 64, dtype=torch.float16, device="spyre")
+    assert halves.dtype == torch.float16
+    drawn = torch.randn(4, 64, dtype=torch.float16, generator=torch.Generator().manual_seed(3))
+    assert np.array_equal(payload(halves), to_dl16(drawn))  # one rounding, as the host->device copy does
+
+
 def test_eager_reduction_to_scalar_and_item():
     x = torch.randn(8, 64, dtype=torch.float16)
     total = x.to("spyre").sum()

@@ -6,12 +6,16 @@
   separately (`UploadRecord`), not charged to every call. With spyre inputs, results stay on the device as spyre
   tensors.
 - CPU fallback islands (HostOp) call host functions that decode the device values to the host dtype, run the aten op
-  on the CPU with torch, and encode the results in the device format again.
+  on the CPU with torch, and encode the results in the device format again. Random ops (normal_, uniform_, random_)
+  draw from the device's generator, torch.spyre.get_generator() (a CPU generator, seeded by torch.spyre.manual_seed
+  and torch.manual_seed), unless the call named one (`call_generator`).
 - mode "timing" computes no values: outputs are stand-ins of the right shapes and dtypes (profile.timing_stand_in).
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import weakref
 from dataclasses import dataclass
 
@@ -62,6 +66,27 @@ def device_values(t: torch.Tensor) -> np.ndarray:
     return host_numerics.to_device(to_host_numpy(t), dtype_name(t.dtype))
 
 
+# The generator an eager random op named (torch.randn(..., generator=g)); None: the device's generator.
+_CALL_GENERATOR: contextvars.ContextVar[torch.Generator | None] = contextvars.ContextVar(
+    "spyre_call_generator", default=None
+)
+
+
+@contextlib.contextmanager
+def call_generator(generator: torch.Generator | None):
+    """Random CPU islands run in this block draw from `generator` (None: torch.spyre.get_generator())."""
+    token = _CALL_GENERATOR.set(generator)
+    try:
+        yield
+    finally:
+        _CALL_GENERATOR.reset(token)
+
+
+def _draws_random_numbers(target) -> bool:
+    schema = getattr(target, "_schema", None)
+    return schema is not None and any(a.name == "generator" for a in schema.arguments)
+
+
 def host_function(spec: HostSpec):
     """The callable aiu_sim's executor invokes for one CPU island."""
 
@@ -78,8 +103,14 @@ def host_function(spec: HostSpec):
                 return type(x)(fill(y) for y in x)
             return x
 
+        kwargs = {k: fill(v) for k, v in spec.kwargs.items()}
+        if _draws_random_numbers(spec.target) and kwargs.get("generator") is None:
+            # the device's generator, not torch's default CPU one: torch.spyre seeding decides spyre random values
+            from torch_spyre_emu import spyre_module
+
+            kwargs["generator"] = _CALL_GENERATOR.get() or spyre_module.get_generator()
         with torch.no_grad():
-            out = spec.target(*fill(spec.args), **{k: fill(v) for k, v in spec.kwargs.items()})
+            out = spec.target(*fill(spec.args), **kwargs)
         outs = [o for o in (out if isinstance(out, list | tuple) else [out]) if isinstance(o, torch.Tensor)]
         return [
             host_numerics.to_device(to_host_numpy(o), dtype_name(o.dtype)).reshape(shape)
