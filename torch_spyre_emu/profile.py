@@ -44,6 +44,8 @@ class KernelRecord:
     utilization: float  # busiest compute unit's utilization (PT for matmul, SFP otherwise), 0..1
     unit_utilization: dict[str, float] = field(default_factory=dict)
     program: str = ""
+    bundle: str | None = None  # the kernels launched together with this one (None: a launch of its own)
+    launch_us: float = 0.0  # launch overhead at the start of this step (a bundle's first kernel only)
 
     @property
     def duration_us(self) -> float:
@@ -71,17 +73,24 @@ class ProfileReport:
     mode: str = "both"
 
     @property
+    def launches(self) -> int:
+        """Kernel launches on the device timeline: one per bundle (a kernel outside a bundle is one of its own)."""
+        return sum(t.launches for t in self.timing_reports)
+
+    @property
     def host_us(self) -> float:
         """Time in host copies and CPU islands (PCIe)."""
         return sum(s.duration_us for s in self.steps if s.op in ("h2d", "d2h") or s.op.startswith("host"))
 
     def summary(self) -> str:
         lines = [
-            f"{self.name}: {self.total_us:.2f} us on device timeline, {len(self.kernels)} kernels ({self.mode})"
+            f"{self.name}: {self.total_us:.2f} us on device timeline, {len(self.kernels)} kernels in "
+            f"{self.launches} launches ({self.mode})"
         ]
         for k in self.kernels:
             lines.append(
-                f"  {k.name:<40} {k.op:<10} cores={k.cores:<3} {k.start_us:10.2f}..{k.end_us:10.2f} us util={k.utilization:.2f}"
+                f"  {k.name:<40} {k.op:<10} cores={k.cores:<3} {k.start_us:10.2f}..{k.end_us:10.2f} us "
+                f"util={k.utilization:.2f}" + (f" bundle={k.bundle}" if k.bundle else "")
             )
         return "\n".join(lines)
 
@@ -180,6 +189,8 @@ def _report(records: list[tuple], outputs, mode: str) -> ProfileReport:
                 util,
                 units,
                 name,
+                s.bundle,
+                s.launch_ns / 1e3,
             )
             steps.append(rec)
             if s.kind == "kernel":

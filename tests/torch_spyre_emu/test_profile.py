@@ -24,6 +24,19 @@ def test_profile_both_mode(tmp_path):
     assert torch_spyre_emu.last_profile() is rep
 
 
+def test_profile_records_bundles_and_launches():
+    """A fused pointwise chain is one launch: the report says which kernels share it and charges its overhead once."""
+    x = torch.randn(64, 128, dtype=torch.float16)
+    rep = torch_spyre_emu.profile(lambda a: torch.relu(a * 2 + 1), x)
+    assert len(rep.kernels) >= 2 and rep.launches == 1
+    assert len({k.bundle for k in rep.kernels}) == 1 and rep.kernels[0].bundle is not None
+    assert rep.kernels[0].launch_us > 0 and all(k.launch_us == 0 for k in rep.kernels[1:])
+    assert f"in {rep.launches} launches" in rep.summary()
+    with config.fusion(False):
+        unfused = torch_spyre_emu.profile(lambda a: torch.relu(a * 2 + 1), x)
+    assert unfused.launches == len(unfused.kernels) and all(k.bundle is None for k in unfused.kernels)
+
+
 def test_profile_functional_mode_has_no_timing():
     rep = torch_spyre_emu.profile(torch.exp, torch.randn(8, 64, dtype=torch.float16), mode="functional")
     assert rep.outputs.shape == (8, 64) and rep.kernels == [] and rep.trace_path is None
