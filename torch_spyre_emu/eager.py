@@ -18,6 +18,7 @@ import torch
 
 from torch_spyre_emu import config as stack_config
 from torch_spyre_emu.capabilities import capabilities
+from torch_spyre_emu.compiler.capture import on_host_device
 from torch_spyre_emu.compiler.context import CompileContext
 from torch_spyre_emu.compiler.pipeline import Compiled, compile_fn
 from torch_spyre_emu.errors import FallbackWarning, SpyreDeviceError
@@ -41,13 +42,6 @@ def _key_of(x) -> object:
     return repr(x)
 
 
-def _on_cpu(x):
-    """Device arguments inside the traced op: everything is traced as CPU tensors."""
-    if isinstance(x, torch.device) or (isinstance(x, str) and x.startswith("spyre")):
-        return torch.device("cpu")
-    return x
-
-
 def _traced_op(func, args, kwargs):
     flat, spec = torch.utils._pytree.tree_flatten((args, kwargs))
     slots = [i for i, x in enumerate(flat) if isinstance(x, torch.Tensor)]
@@ -56,7 +50,7 @@ def _traced_op(func, args, kwargs):
         filled = list(flat)
         for i, t in zip(slots, tensors, strict=True):
             filled[i] = t
-        a, kw = torch.utils._pytree.tree_unflatten([_on_cpu(x) for x in filled], spec)
+        a, kw = torch.utils._pytree.tree_unflatten([on_host_device(x) for x in filled], spec)
         return func(*a, **kw)
 
     return op

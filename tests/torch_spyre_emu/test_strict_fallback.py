@@ -163,3 +163,43 @@ def test_fp32_upcast_eager_and_compiled_agree_with_the_table(dtype):
     on_device = x.to("spyre").cpu().float()  # the fp16/bf16 values as stored on the device (DL16)
     for name, out in outs.items():
         assert torch.equal(out.cpu(), on_device), name
+
+
+def _positions_added(t):
+    return t + torch.arange(t.shape[-1], device=t.device, dtype=t.dtype)
+
+
+def _positions(t):  # dynamo drops the unused t: the graph has no inputs, only its device=spyre argument
+    return torch.arange(t.shape[-1], device=t.device)
+
+
+def _positions_row_added(t):  # a view of the arange is still the arange's values, not a computation from them
+    return t + torch.arange(t.shape[-1], device=t.device, dtype=t.dtype)[None, :]
+
+
+@pytest.mark.parametrize("fn", [_positions_added, _positions, _positions_row_added])
+@pytest.mark.parametrize("device", ["cpu", "spyre"])
+def test_compiled_arange_on_the_inputs_device_is_what_the_table_says(fn, device):
+    # The table: arange is a CPU fallback. Compiled with device=x.device it is a CPU island with a FallbackWarning
+    # (not folded away into a constant) or a strict-mode error, and the result is on the input's device.
+    assert torch_spyre_emu.capabilities().status("aten.arange") == "fallback"
+    x = torch.ones(4, 64, dtype=torch.float16).to(device)
+    with pytest.warns(FallbackWarning, match=r"aten\.arange"):
+        out = torch.compile(fn, backend="spyre")(x)  # a fresh compile per call: it warns when it compiles
+    assert out.device.type == device
+    assert torch.equal(out.cpu(), fn(torch.ones(4, 64, dtype=torch.float16)))
+    with torch_spyre_emu.strict(), pytest.raises(SpyreUnsupportedOpError, match=r"aten\.arange"):
+        torch.compile(fn, backend="spyre")(x)
+
+
+def test_compiled_masks_computed_from_arange_still_fold_to_constants():
+    # Input-independent computations from arange (causal masks, position ids) fold at compile time, as documented.
+    def causal_bias(t):
+        n = t.shape[-1]
+        rows, cols = torch.arange(n, device=t.device), torch.arange(n, device=t.device)
+        return t + (rows[:, None] >= cols[None, :]).to(t.dtype)
+
+    x = torch.zeros(64, 64, dtype=torch.float16)
+    with torch_spyre_emu.strict():
+        out = torch.compile(causal_bias, backend="spyre")(x.to("spyre"))
+    assert torch.equal(out.cpu(), causal_bias(x))

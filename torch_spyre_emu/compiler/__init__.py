@@ -17,7 +17,7 @@ import torch
 import torch.fx as fx
 
 from torch_spyre_emu import config as stack_config
-from torch_spyre_emu.compiler.capture import capture
+from torch_spyre_emu.compiler.capture import capture, makes_spyre_tensors
 from torch_spyre_emu.compiler.context import CompileContext, UnsupportedOp
 from torch_spyre_emu.compiler.pipeline import Compiled, compile_fn, run_graph_passes
 
@@ -39,6 +39,8 @@ class GraphRunner:
         self.gm = gm
         self.name = name
         self.cache: dict[tuple, Compiled] = {}
+        # torch.arange(n, device=x.device) with a spyre x: dynamo drops the unused x, the graph still wants spyre
+        self.makes_spyre_tensors = makes_spyre_tensors(gm)
 
     def compiled_for(self, args: list) -> Compiled:
         caps = stack_config_caps()
@@ -51,13 +53,17 @@ class GraphRunner:
             i for i, a in enumerate(args) if isinstance(a, torch.Tensor) and a.device.type == "spyre"
         )
         weights = frozenset(i for i, a in enumerate(args) if isinstance(a, torch.nn.Parameter))
+        host_inputs = any(
+            isinstance(a, torch.Tensor) and a.device.type == "cpu" and i not in weights
+            for i, a in enumerate(args)
+        )
         ctx = CompileContext(
             strict=stack_config.strict,
             caps=caps,
             hardware=hw,
             weight_inputs=weights,
             device_inputs=spyre - weights,
-            outputs_on_device=bool(spyre - weights),
+            outputs_on_device=bool(spyre - weights) or (self.makes_spyre_tensors and not host_inputs),
             fuse=stack_config.fuse,
             name=self.name,
         )

@@ -73,6 +73,35 @@ def as_fake_inputs(mode: FakeTensorMode, inputs: Sequence[object]) -> list[objec
     return out
 
 
+def on_host_device(x):
+    """A spyre device argument as the CPU: everything is traced as CPU tensors (the inputs' fakes are CPU tensors),
+    so a factory's device=spyre (torch.arange(n, device=x.device) with a spyre x) must make a CPU fake too."""
+    if (isinstance(x, torch.device) and x.type == "spyre") or (isinstance(x, str) and x.startswith("spyre")):
+        return torch.device("cpu")
+    return x
+
+
+class _HostDeviceInterpreter(fx.Interpreter):
+    """Runs a dynamo graph for tracing with its device arguments on the CPU (on_host_device)."""
+
+    def call_function(self, target, args, kwargs):
+        args, kwargs = torch.utils._pytree.tree_map(on_host_device, (args, kwargs))
+        return super().call_function(target, args, kwargs)
+
+    def call_method(self, target, args, kwargs):
+        args, kwargs = torch.utils._pytree.tree_map(on_host_device, (args, kwargs))
+        return super().call_method(target, args, kwargs)
+
+
+def makes_spyre_tensors(gm: fx.GraphModule) -> bool:
+    """Whether a dynamo graph asks for spyre tensors itself (a factory or .to() with a spyre device argument)."""
+    for node in gm.graph.nodes:
+        values = torch.utils._pytree.tree_leaves((node.args, node.kwargs))
+        if any(on_host_device(v) is not v for v in values if isinstance(v, torch.device | str)):
+            return True
+    return False
+
+
 def _cpu_strides(x: torch.Tensor) -> tuple[int, ...]:
     try:
         return tuple(x.stride())
@@ -95,7 +124,7 @@ def capture(
 
         def run(*args):
             with fx_traceback.preserve_node_meta():
-                return fx.Interpreter(module).run(*args)
+                return _HostDeviceInterpreter(module).run(*args)
     else:
         run = fn
 

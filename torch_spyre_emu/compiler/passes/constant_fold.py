@@ -4,7 +4,9 @@ Attention-mask construction (arange, comparisons, index with arange, ...) and ca
 Inductor turns such computations into index expressions or constants rather than runtime ops. Emulation
 assumption: we evaluate them once on the CPU and hand the result to the device as a constant buffer. Anything
 that depends on a graph input (activations, weights, buffers such as RoPE's inv_freq) is left to the device or a
-CPU island, so sin/cos/embedding/slice still show up where the real stack would run them.
+CPU island, so sin/cos/embedding/slice still show up where the real stack would run them. So does a factory the
+table sends to the host whose values reach the device unchanged (`x + torch.arange(n)`): that is the op, not a
+computation from it (see _is_host_factory).
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ def constant_fold(gm: fx.GraphModule, ctx=None) -> fx.GraphModule:
         users_outside = [u for u in node.users if u not in const]
         if not users_outside:
             continue
-        if node.target in NATIVE_CONSTANTS:
+        if node.target in NATIVE_CONSTANTS or _is_host_factory(node, getattr(ctx, "caps", None)):
             continue
         name = f"_folded_{counter}"
         counter += 1
@@ -61,6 +63,16 @@ def constant_fold(gm: fx.GraphModule, ctx=None) -> fx.GraphModule:
         g.lint()
         gm.recompile()
     return gm
+
+
+def _is_host_factory(node: fx.Node, caps) -> bool:
+    """Whether a folded value would be nothing but a factory the table keeps off the device (torch.arange(n) or a
+    view of it, used as is): that is the op itself, not a computation from it, so it stays in the graph and the table
+    decides (CPU island, or an error in strict mode), as in eager. Masks and position ids computed from it fold."""
+    while node.all_input_nodes and getattr(node.target, "is_view", False):
+        node = node.all_input_nodes[0]
+    entry = caps.entry(node.target) if caps is not None and not node.all_input_nodes else None
+    return entry is not None and entry.status in ("fallback", "unsupported")
 
 
 def _foldable(node: fx.Node, const: dict) -> bool:
