@@ -156,6 +156,41 @@ def test_compiled_on_spyre_tensors_stays_on_device_without_host_copies():
     assert [s.op for s in torch_spyre_emu.last_profile().steps] == ["matmul", "unary"]  # no h2d / d2h
 
 
+def _add_into(a, out):
+    return torch.add(a, a, out=out)
+
+
+def _add_into_new(a):  # functionalization leaves the torch.empty unused
+    out = torch.empty(a.shape, dtype=a.dtype, device=a.device)
+    torch.add(a, a, out=out)
+    return out
+
+
+def _double_in_place(a):
+    a.mul_(2)
+    return a + 1
+
+
+@pytest.mark.parametrize("device", ["spyre", "cpu"])
+def test_compiled_out_and_in_place_writes_agree_with_eager(device):
+    # torch-spyre lowers copy_ into its destination (STACK §4, PR #490): a compiled out= or in-place op writes
+    # into the tensor as eager does, on the device (no CPU island: strict mode runs it)
+    x = torch.randn(4, 64, dtype=torch.float16)
+    eager_out = torch.empty(4, 64, dtype=torch.float16, device="spyre")
+    torch.add(x.to("spyre"), x.to("spyre"), out=eager_out)
+    eager_a = x.to("spyre")
+    eager_plus_one = _double_in_place(eager_a)
+    out = torch.empty(4, 64, dtype=torch.float16, device=device)
+    a = x.clone().to(device)
+    with torch_spyre_emu.strict():
+        result = torch.compile(_add_into, backend="spyre")(x.to(device), out)
+        fresh = torch.compile(_add_into_new, backend="spyre")(x.to(device))
+        plus_one = torch.compile(_double_in_place, backend="spyre")(a)
+    for got in (out, result, fresh):
+        assert got.device.type == device and torch.equal(got.cpu(), eager_out.cpu())
+    assert torch.equal(a.cpu(), eager_a.cpu()) and torch.equal(plus_one.cpu(), eager_plus_one.cpu())
+
+
 def test_new_shapes_recompile_as_static_programs():
     f = torch.compile(lambda x: torch.softmax(x * 2.0, -1).sum(0), backend="spyre")
     for n in (

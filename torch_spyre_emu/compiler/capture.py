@@ -135,8 +135,37 @@ def capture(
         )
     gm.meta["fake_mode"] = mode
     gm.meta["fake_inputs"] = fakes
+    input_mutations_as_outputs(gm)
     drop_leftover_inplace(gm)
+    # what functionalization left unused, e.g. the torch.empty an out= call overwrote entirely
+    if gm.graph.eliminate_dead_code():
+        gm.recompile()
     return gm
+
+
+def input_mutations_as_outputs(gm: fx.GraphModule) -> None:
+    """Functionalization ends a graph that writes into its inputs (torch.add(a, b, out=out), x.mul_(2)) with
+    copy_(input, new value) nodes. They become outputs: the graph returns (its outputs, the new values), and
+    gm.meta["mutated_inputs"] lists the input each new value is written into after the run (runtime.run_compiled),
+    as torch-spyre lowers copy_ into its destination (STACK §4, PR #490)."""
+    graph = gm.graph
+    placeholders = [n for n in graph.nodes if n.op == "placeholder"]
+    epilogue = [
+        n
+        for n in graph.nodes
+        if n.op == "call_function"
+        and n.target is aten.copy_.default
+        and n.args[0].op == "placeholder"
+        and not n.users
+    ]
+    if not epilogue:
+        return
+    output = next(n for n in graph.nodes if n.op == "output")
+    output.args = ((output.args[0], tuple(n.args[1] for n in epilogue)),)
+    gm.meta["mutated_inputs"] = tuple(placeholders.index(n.args[0]) for n in epilogue)
+    for node in epilogue:
+        graph.erase_node(node)
+    gm.recompile()
 
 
 def _functional_twin(target):

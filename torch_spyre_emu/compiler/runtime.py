@@ -249,7 +249,10 @@ def run_compiled(compiled: Compiled, args: list, mode: str = "both", trace_path=
         host_functions=host_fns,
         trace_path=trace_path,
         resident=resident or None,
-        fetch=list(lowered.output_buffers) if compiled.ctx.outputs_on_device and compute else None,
+        # one fetch per buffer: outputs may share one (a result also written into an input, or returned twice)
+        fetch=list(dict.fromkeys(lowered.output_buffers))
+        if compiled.ctx.outputs_on_device and compute
+        else None,
         resident_exact=exact,
     )
     outs: list[torch.Tensor] = []
@@ -266,7 +269,15 @@ def run_compiled(compiled: Compiled, args: list, mode: str = "both", trace_path=
             outs.append(_to_spyre(result.outputs[buf].reshape(shape), dtype))
         else:
             outs.append(from_host_numpy(result.outputs[name], dtype).reshape(shape))
-    return _rebuild(lowered.output_template, outs), result, uploads
+    outputs = _rebuild(lowered.output_template, outs)
+    mutated = compiled.graph.meta.get("mutated_inputs", ())
+    if mutated:  # the graph wrote into inputs (out=, in-place ops): capture.input_mutations_as_outputs
+        outputs, new_values = outputs
+        if compute:  # timing mode has no values to write
+            with torch.no_grad():
+                for index, value in zip(mutated, new_values, strict=True):
+                    args[index].copy_(value)
+    return outputs, result, uploads
 
 
 def _exact(program, values: dict[str, np.ndarray], tensors: dict[str, torch.Tensor]) -> set[str]:
