@@ -28,6 +28,9 @@ Usage:
 from __future__ import annotations
 
 import contextlib
+import functools
+import itertools
+import threading
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, replace
 
@@ -287,12 +290,29 @@ _FEATURES: list[Feature] = [
 ]
 
 
+# content_key: one number per distinct table contents, handed out once and never reused
+_CONTENT_KEYS: dict[tuple, int] = {}
+_next_content_key = itertools.count()
+_content_keys_lock = threading.Lock()
+
+
 class Capabilities:
     """An immutable snapshot of the capability table (ops and features)."""
 
     def __init__(self, ops: Mapping[str, OpEntry], features: Mapping[str, Feature]):
         self.ops: dict[str, OpEntry] = dict(ops)
         self.features: dict[str, Feature] = dict(features)
+
+    @functools.cached_property
+    def content_key(self) -> int:
+        """What compile caches key on: equal for snapshots with equal contents (an override entered again reuses
+        its programs), different otherwise, and never reused, unlike id() of a snapshot, which a later override can
+        take over once this one is gone."""
+        contents = (tuple(sorted(self.ops.items())), tuple(sorted(self.features.items())))
+        with _content_keys_lock:
+            if contents not in _CONTENT_KEYS:
+                _CONTENT_KEYS[contents] = next(_next_content_key)
+            return _CONTENT_KEYS[contents]
 
     # -- lookups -------------------------------------------------------------------------------------------------
     @staticmethod

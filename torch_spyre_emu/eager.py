@@ -71,7 +71,7 @@ def run_op(func, args, kwargs):
     tensors = _flatten(args, kwargs)
     caps = capabilities()
     hw = stack_config.hardware_config()
-    key = (func, _key_of(args), _key_of(kwargs), stack_config.strict, id(caps), hash(hw))
+    key = (func, _key_of(args), _key_of(kwargs), stack_config.strict, caps.content_key, hash(hw))
     hit = _CACHE.get(key)
     if hit is None:
         spyre = frozenset(i for i, t in enumerate(tensors) if t.device.type == "spyre")

@@ -1,11 +1,13 @@
 """Strict vs fallback mode: typed errors naming op, dtypes, shapes and module path; CPU islands with warnings."""
 
+import gc
 import warnings
 
 import pytest
 import torch
 
 import torch_spyre_emu
+from torch_spyre_emu import eager
 from torch_spyre_emu.compiler import find_unsupported
 from torch_spyre_emu.errors import FallbackWarning, SpyreUnsupportedOpError
 
@@ -203,3 +205,39 @@ def test_compiled_masks_computed_from_arange_still_fold_to_constants():
     with torch_spyre_emu.strict():
         out = torch.compile(causal_bias, backend="spyre")(x.to("spyre"))
     assert torch.equal(out.cpu(), causal_bias(x))
+
+
+def test_consecutive_overrides_each_run_their_own_program():
+    # Compile caches key on the table's contents, not id() of a snapshot: an override's snapshot dies with its
+    # block and a later one may take over its id. Flipping aten.sin between native and fallback in a loop must run
+    # the right program every time, eager and compiled (eager warns on every call that runs the island, compiled
+    # code when it compiles).
+    x = torch.randn(4, 64, dtype=torch.float16)
+    ref = torch.sin(x.float())
+    sin = torch.compile(lambda t: torch.sin(t), backend="spyre")
+    paths = {"eager": lambda: torch.sin(x.to("spyre")), "compiled": lambda: sin(x.to("spyre"))}
+    for i in range(8):
+        status = ("native", "fallback")[i % 2]
+        with torch_spyre_emu.capabilities.override({"aten.sin": status}):
+            for name, run in paths.items():
+                with warnings.catch_warnings(record=True) as caught:
+                    warnings.simplefilter("always")
+                    out = run()
+                warned = any(issubclass(w.category, FallbackWarning) for w in caught)
+                on_device = any(k.fn == "sin" for k in torch_spyre_emu.last_profile().kernels)
+                assert on_device == (status == "native"), (i, name)
+                assert warned == (status == "fallback" and (name == "eager" or i < 2)), (i, name)
+                assert torch.allclose(out.cpu().float(), ref, atol=1e-2), (i, name)
+        gc.collect()
+
+
+def test_an_override_entered_again_reuses_its_programs():
+    eager.clear_cache()
+    x = torch.randn(4, 64, dtype=torch.float16).to("spyre")
+    for _ in range(3):
+        with torch_spyre_emu.capabilities.override({"aten.sin": "native"}):
+            torch.sin(x)
+    assert len(eager._CACHE) == 1  # the same contents: one program, not one per override block
+    with torch_spyre_emu.capabilities.override({"aten.sin": "native", "aten.cos": "native"}):
+        torch.sin(x)
+    assert len(eager._CACHE) == 2  # other contents: compiled again

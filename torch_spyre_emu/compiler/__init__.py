@@ -45,7 +45,13 @@ class GraphRunner:
     def compiled_for(self, args: list) -> Compiled:
         caps = stack_config_caps()
         hw = stack_config.hardware_config()
-        key = (tuple(_signature(a) for a in args), stack_config.strict, id(caps), hash(hw), stack_config.fuse)
+        key = (
+            tuple(_signature(a) for a in args),
+            stack_config.strict,
+            caps.content_key,
+            hash(hw),
+            stack_config.fuse,
+        )
         hit = self.cache.get(key)
         if hit is not None:
             return hit
