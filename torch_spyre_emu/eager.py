@@ -71,7 +71,8 @@ def run_op(func, args, kwargs):
     tensors = _flatten(args, kwargs)
     caps = capabilities()
     hw = stack_config.hardware_config()
-    key = (func, _key_of(args), _key_of(kwargs), stack_config.strict, caps.content_key, hash(hw))
+    fuse = stack_config.fuse
+    key = (func, _key_of(args), _key_of(kwargs), stack_config.strict, fuse, caps.content_key, hash(hw))
     hit = _CACHE.get(key)
     if hit is None:
         spyre = frozenset(i for i, t in enumerate(tensors) if t.device.type == "spyre")
@@ -81,6 +82,7 @@ def run_op(func, args, kwargs):
             hardware=hw,
             device_inputs=spyre,
             outputs_on_device=True,
+            fuse=fuse,
             # input-independent pieces of a decomposition (SDPA's causal mask) fold as in compiled code; an op with
             # no tensor inputs (arange, a factory) is not folded away, so its capability still shows
             fold_constants=bool(tensors),

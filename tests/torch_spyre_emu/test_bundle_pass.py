@@ -153,6 +153,17 @@ def test_debug_listing_shows_bundles(monkeypatch, capsys):
     assert "3 kernels in 1 launch)" in err and "bundle fused_0 3/3" in err
 
 
+def test_eager_ops_follow_the_fusion_switch_after_being_cached():
+    """An eager op is compiled once per signature; toggling fusion must not reuse the program of the other setting."""
+    x = torch.randn(64, 128, dtype=F16).to("spyre")
+    launches = {}
+    for fuse in (True, False, True):  # log_softmax lowers to two kernels (softmax row op, then log)
+        with config.fusion(fuse):
+            torch.log_softmax(x, -1)
+            launches.setdefault(fuse, set()).add(torch_spyre_emu.last_profile().launches)
+    assert launches == {True: {1}, False: {2}}
+
+
 # ---- a tiny Llama: same values, less time -----------------------------------------------------------------------
 
 
