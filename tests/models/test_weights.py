@@ -43,7 +43,7 @@ def test_loading_is_offline():
     assert os.environ.get("HF_HUB_OFFLINE") == "1"
 
 
-@pytest.mark.slow  # ~30 s: de-quantizes the GGUF and generates on CPU
+@pytest.mark.slow  # loads SmolLM2 (de-quantizing the GGUF unless the weights cache has it), generates on CPU
 def test_smollm2_answers_paris_greedily():
     model, tok = weights.load_smollm2()
     assert type(model).__name__ == "LlamaForCausalLM" and model.config.num_hidden_layers == 30
@@ -82,3 +82,33 @@ def test_tiny_models_are_seeded_and_small(build):
     assert any(not torch.equal(sa[k], sc[k]) for k in sa)
     assert sum(p.numel() for p in a.parameters()) < 1_000_000
     assert not a.training
+
+
+@pytest.mark.slow  # ~45 s: de-quantizes the GGUF twice
+def test_smollm2_from_the_weights_cache_is_bit_identical_to_the_gguf_load(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPYRE_EMU_CACHE", str(tmp_path))
+    direct, direct_tok = weights.read_smollm2(use_disk_cache=False)
+    weights.read_smollm2()  # de-quantizes and writes the entry
+    assert len(list(tmp_path.glob("smollm2-*.safetensors"))) == 1
+    cached, cached_tok = weights.read_smollm2()  # reads the entry
+
+    assert type(cached) is type(direct) and not cached.training
+    want, got = direct.state_dict(), cached.state_dict()
+    assert got.keys() == want.keys()
+    for k in want:
+        assert got[k].dtype == want[k].dtype and torch.equal(got[k], want[k]), k
+    for (name, buf), (name2, buf2) in zip(direct.named_buffers(), cached.named_buffers(), strict=True):
+        assert name == name2 and torch.equal(buf, buf2), name
+    assert cached.lm_head.weight is cached.model.embed_tokens.weight
+    assert cached.config.to_dict() == direct.config.to_dict()
+    assert cached.generation_config.to_dict() == direct.generation_config.to_dict()
+
+    assert cached_tok.get_vocab() == direct_tok.get_vocab()
+    assert cached_tok.chat_template == direct_tok.chat_template
+    assert cached_tok.special_tokens_map == direct_tok.special_tokens_map
+    for prompt in ("What is the capital of France?", "Ünïcødé, 日本語, emoji 🙂 and\ttabs"):
+        ids = weights.chat_input_ids(direct_tok, prompt)
+        assert torch.equal(weights.chat_input_ids(cached_tok, prompt), ids)
+        assert cached_tok.decode(ids[0]) == direct_tok.decode(ids[0])
+    with torch.no_grad():
+        assert torch.equal(cached(ids).logits, direct(ids).logits)
