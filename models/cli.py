@@ -6,6 +6,7 @@ from pathlib import Path
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 app = typer.Typer(
     add_completion=False,
@@ -57,6 +58,12 @@ def demo(
     ),
     config: str = typer.Option("spyre", help="Preset name (spyre, small) or path to a hardware TOML file."),
     out: Path = typer.Option(Path("spyre_emu_out"), help="Output directory for traces, plot and summary."),
+    resume: bool = typer.Option(
+        False,
+        "--resume",
+        help="smollm2: continue the interrupted run in --out after its last complete step (same prompt, "
+        "--max-new-tokens and --config; another job there is an error). Starts a new run if there is none.",
+    ),
 ) -> None:
     """The main job: a real model on emulated Spyre, compared with CPU fp32, with simulated timings."""
     from models import demo as demo_mod
@@ -68,17 +75,22 @@ def demo(
             f"[red]error:[/red] unknown --model {model!r}; choose one of: {', '.join(demo_mod.MODELS)}"
         )
         raise typer.Exit(2)
+    if resume and model != "smollm2":
+        console.print(
+            f"[red]error:[/red] --resume applies to the smollm2 demo only (--model {model} is one program)"
+        )
+        raise typer.Exit(2)
     _load_config_or_exit(config)
     try:
         if model == "smollm2":
             result = demo_mod.run_chat(
-                prompt or demo_mod.DEFAULT_PROMPT, max_new_tokens, config, out, console
+                prompt or demo_mod.DEFAULT_PROMPT, max_new_tokens, config, out, console, resume=resume
             )
             demo_mod.print_chat(result, console)
         else:
             demo_mod.print_embed(demo_mod.run_embed(None, config, out, console), console)
     except (WeightsNotInstalledError, GenerationError, demo_mod.DemoError) as e:
-        console.print(f"[red]error:[/red] {e}")
+        console.print(f"[red]error:[/red] {escape(str(e))}")  # messages quote prompts and configs: no markup
         raise typer.Exit(2) from None
 
 

@@ -4,8 +4,9 @@ smollm2: SmolLM2-135M-Instruct (fp16 on the device, adapters applied) answers a 
 with two static programs (models/generate.py); the unpatched CPU fp32 model judges every token.
 minilm: all-MiniLM-L6-v2 embeds a few sentences; the cosine-similarity matrix is compared with CPU fp32's.
 
-Each run writes into the output directory: Perfetto traces, a PNG, steps.jsonl (one line per generated token,
-written as it goes) and summary.json.
+Each run writes into the output directory: Perfetto traces, a PNG and summary.json; a smollm2 run also run.json (its
+job), steps.jsonl (one line per generated token) and decode_state.safetensors (the KV cache), both written as it
+goes so that `--resume` can continue an interrupted run exactly (models/rundir.py).
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from rich.progress import (
 
 import adapters
 import torch_spyre_emu
-from models import plots, report, weights
+from models import plots, report, rundir, weights, weights_cache
 from models.generate import Generation, StaticGreedy, device_copy
 from torch_spyre_emu.profile import ProfileReport
 
@@ -120,28 +121,56 @@ class ChatResult:
         return 1e6 / self.decode_us
 
 
+def chat_job(prompt: str, max_new_tokens: int, hw) -> dict:
+    """What identifies a chat run in its output directory: --resume continues only the same job."""
+    return {
+        "model": "SmolLM2-135M-Instruct",
+        "weights": f"{weights.SMOLLM2.package}=={weights.package_version(weights.SMOLLM2)}",
+        "prompt": prompt,
+        "max_new_tokens": max_new_tokens,
+        "hardware_config": hw.token,
+    }
+
+
 def run_chat(
     prompt: str = DEFAULT_PROMPT,
     max_new_tokens: int = 32,
     config: str | None = None,
     out: Path = Path("spyre_emu_out"),
     console: Console | None = None,
+    resume: bool = False,
 ) -> ChatResult:
+    """resume=True continues the run of the same job in `out` after its last complete step (a new run if there
+    is none); a different job there is a ResumeError."""
     console = console or Console()
     if max_new_tokens < 2:
         raise DemoError(
             f"--max-new-tokens must be at least 2 (one prefill and one decode step to time), got {max_new_tokens}"
         )
     hw = _hardware(config)
-    out.mkdir(parents=True, exist_ok=True)
+    run = rundir.RunDirectory(out, chat_job(prompt, max_new_tokens, hw))
+    checkpoint = run.resume() if resume else None
+    restored = len(checkpoint.steps) if checkpoint else 0
+    if resume:
+        console.print(
+            f"resuming {out} after step {restored} of {max_new_tokens}"
+            if checkpoint
+            else f"nothing to resume in {out}: starting a new run"
+        )
+    if checkpoint is None:
+        run.start()
     traces = out / "traces"
     wall: dict[str, float] = {}
-    steps_log = (out / "steps.jsonl").open("w")
     with _quiet_loaders(), progress(console) as bar, torch_spyre_emu.config.use_hardware(hw):
         t0 = time.perf_counter()
         load = bar.add_task("loading SmolLM2-135M-Instruct (real weights, offline)", total=3)
-        with contextlib.redirect_stderr(io.StringIO()):  # the GGUF reader's own tqdm bar
+        with contextlib.redirect_stderr(io.StringIO()), warnings.catch_warnings(record=True) as caught:
+            # the GGUF reader's own tqdm bar goes; a weights-cache problem is worth a line
+            warnings.simplefilter("always", weights_cache.WeightsCacheWarning)
             cpu_model, tok = weights.load_smollm2()
+        for w in caught:
+            if issubclass(w.category, weights_cache.WeightsCacheWarning):
+                console.print(f"[yellow]warning:[/yellow] {escape(str(w.message))}")
         bar.advance(load)
         model = device_copy(cpu_model, torch.float16)
         bar.advance(load)
@@ -151,42 +180,45 @@ def run_chat(
 
         ids = weights.chat_input_ids(tok, prompt)
         runner = StaticGreedy(model)
-        compile_prefill = bar.add_task(
-            f"compiling + running the prefill program [1, {-(-ids.shape[1] // 64) * 64}]", total=1
+        prefill_what = (
+            "re-timing the restored prefill program"
+            if restored
+            else "compiling + running the prefill program"
         )
+        compile_prefill = bar.add_task(f"{prefill_what} [1, {-(-ids.shape[1] // 64) * 64}]", total=1)
         compile_decode = bar.add_task("compiling + running the decode program [1, 1]", total=1, start=False)
-        gen_task = bar.add_task("generating tokens on emulated Spyre", total=max_new_tokens)
+        gen_task = bar.add_task(
+            "generating tokens on emulated Spyre", total=max_new_tokens, completed=restored
+        )
 
         def on_step(rec) -> None:
-            steps_log.write(
-                json.dumps(
-                    {
-                        "kind": rec.kind,
-                        "position": rec.position,
-                        "token": rec.token,
-                        "text": tok.decode([rec.token]),
-                        "sim_us": rec.sim_us,
-                        "wall_s": round(rec.wall_s, 3),
-                    }
-                )
-                + "\n"
-            )
-            steps_log.flush()
-            if rec.kind == "prefill":
+            if bar.tasks[compile_prefill].completed == 0:
                 bar.update(compile_prefill, completed=1)
                 bar.stop_task(compile_prefill)
                 bar.start_task(compile_decode)
-            elif bar.tasks[compile_decode].completed == 0:
+            if rec.kind == "decode" and bar.tasks[compile_decode].completed == 0:
                 bar.update(compile_decode, completed=1)
                 bar.stop_task(compile_decode)
             bar.advance(gen_task)
 
         t0 = time.perf_counter()
-        gen = runner.generate(ids, max_new_tokens, tok.eos_token_id, trace_dir=str(traces), on_step=on_step)
+        gen = run.generate(
+            runner,
+            ids,
+            max_new_tokens,
+            eos_token_id=tok.eos_token_id,
+            text=lambda token: tok.decode([token]),
+            resume_from=checkpoint,
+            trace_dir=str(traces),
+            on_step=on_step,
+        )
         wall["generate"] = time.perf_counter() - t0
-        steps_log.close()
         bar.update(gen_task, total=len(gen.new_ids), completed=len(gen.new_ids))
-        bar.update(compile_decode, completed=1)
+        for task in (compile_prefill, compile_decode):  # no step completed them (e.g. a resumed finished run)
+            if bar.tasks[task].completed == 0:
+                bar.start_task(task)
+                bar.update(task, completed=1)
+                bar.stop_task(task)
 
         t0 = time.perf_counter()
         ref = bar.add_task("CPU fp32 reference (teacher-forced + its own greedy text)", total=1)
@@ -196,7 +228,8 @@ def run_chat(
     handle.remove()
 
     prefill = gen.prefill.report
-    decode = gen.decodes[0].report if gen.decodes else prefill
+    # the first decode step with a report: steps restored by --resume have none, unless re-timed
+    decode = next((s.report for s in gen.decodes if s.report is not None), prefill)
     result = ChatResult(
         prompt=prompt,
         answer=tok.decode(gen.new_ids, skip_special_tokens=True),
@@ -222,7 +255,7 @@ def _move_trace(rep: ProfileReport, dest: Path) -> Path | None:
 
 
 def _write_chat_files(r: ChatResult, out: Path) -> dict[str, Path]:
-    files: dict[str, Path] = {"steps": out / "steps.jsonl"}
+    files: dict[str, Path] = {"steps": out / rundir.STEPS_FILE, "run": out / rundir.RUN_FILE}
     for name, rep in (("prefill", r.prefill), ("decode", r.decode)):
         moved = _move_trace(rep, out / f"{name}.trace.json")
         if moved:
@@ -244,6 +277,7 @@ def _write_chat_files(r: ChatResult, out: Path) -> dict[str, Path]:
         "ttft_us": r.ttft_us,
         "decode_us_per_token": r.decode_us,
         "tokens_per_s": r.tokens_per_s,
+        "resumed_after_step": r.generation.resumed_after,
         "prompt_padded_to": r.generation.prompt_pad,
         "cache_slots": r.generation.cache_len,
         "breakdown_us": {
@@ -390,10 +424,17 @@ def print_chat(r: ChatResult, console: Console) -> None:
         )
     else:
         console.print("  decode: no decode step ran (the answer ended at its first token)")
-    console.print(
-        f"  weights: {r.prefill.weights_upload_bytes / 2**20:,.0f} MiB uploaded once "
-        f"({r.prefill.weights_upload_us / 1e3:,.1f} ms PCIe, not counted per token)"
-    )
+    uploads = max((r.prefill, r.decode), key=lambda rep: rep.weights_upload_bytes)  # the first program run
+    if uploads.weights_upload_bytes:
+        console.print(
+            f"  weights: {uploads.weights_upload_bytes / 2**20:,.0f} MiB uploaded once "
+            f"({uploads.weights_upload_us / 1e3:,.1f} ms PCIe, not counted per token)"
+        )
+    if gen.resumed_after:
+        console.print(
+            f"  resumed: steps 0..{gen.resumed_after - 1} restored from the interrupted run (their simulated times "
+            "as recorded; the programs were re-timed and agree)"
+        )
     console.print()
     for name, rep in (("prefill", r.prefill), ("decode step", r.decode)):
         classes = report.class_breakdown(rep)

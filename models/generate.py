@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 from torch import nn
@@ -35,6 +35,10 @@ BLOCK = 64  # sequence lengths are padded to whole 64-token blocks (one stick of
 
 class GenerationError(ValueError):
     """The decode loop cannot run as asked (e.g. the prompt and new tokens do not fit the cache)."""
+
+
+class ResumeError(GenerationError):
+    """A checkpoint cannot be continued: it belongs to another job, or the emulator changed since it was taken."""
 
 
 def round_up(n: int, block: int = BLOCK) -> int:
@@ -107,6 +111,20 @@ class StepRecord:
     sim_us: float  # simulated device-timeline time of the step's program(s)
     wall_s: float
     report: ProfileReport | None = None
+    restored: bool = False  # taken from a checkpoint, not run by this generate() call
+
+
+@dataclass
+class Checkpoint:
+    """The loop's state after len(steps) completed steps: the steps and the KV cache they filled.
+
+    generate(resume=checkpoint) continues exactly where the loop stopped because `kv` holds the device's own bits.
+    Recomputing it with a prefill over prompt + generated tokens would not: that is another program shape, and
+    its cache rows need not be bit-identical to the ones the decode program wrote (on a tiny Llama with a 128-row
+    prefill, one layer's V rows differ), so the continued tokens could drift from an uninterrupted run's."""
+
+    steps: list[StepRecord]
+    kv: tuple[torch.Tensor, ...]
 
 
 @dataclass
@@ -116,6 +134,11 @@ class Generation:
     steps: list[StepRecord] = field(default_factory=list)
     prompt_pad: int = 0  # P
     cache_len: int = 0  # L
+
+    @property
+    def resumed_after(self) -> int:
+        """Steps restored from a checkpoint rather than run by this generate() call (0 for a fresh run)."""
+        return sum(1 for s in self.steps if s.restored)
 
     @property
     def prefill(self) -> StepRecord:
@@ -184,8 +207,15 @@ class StaticGreedy:
         eos_token_id: int | None = None,
         trace_dir: str | None = None,
         on_step: Callable[[StepRecord], None] | None = None,
+        on_checkpoint: Callable[[Checkpoint], None] | None = None,
+        resume: Checkpoint | None = None,
     ) -> Generation:
-        """Greedy tokens after `prompt_ids` [1, n]; prefill and the first decode step write Perfetto traces."""
+        """Greedy tokens after `prompt_ids` [1, n]; prefill and the first decode step write Perfetto traces.
+
+        on_checkpoint gets the loop's state after every step (after on_step); resume=<such a checkpoint> continues
+        from it and returns the same Generation an uninterrupted call would (restored steps keep their recorded
+        timings; the prefill, and the decode program if no step is left to run, are re-timed without values for
+        their reports)."""
         if prompt_ids.dim() != 2 or prompt_ids.shape[0] != 1:
             raise GenerationError(f"prompt_ids must be [1, n], got {tuple(prompt_ids.shape)}")
         if max_new_tokens < 1:
@@ -204,10 +234,18 @@ class StaticGreedy:
         padded[:, :n] = prompt_ids  # right padding: pads sit in slots n..P-1, never attended by real tokens
         kv = self.empty_cache(cache_len)
         ids, start, last, kind = padded, 0, n - 1, "prefill"
-        for i in range(max_new_tokens):
+        if resume is not None and resume.steps:
+            kv = self._restore(gen, resume, padded, n, max_new_tokens, eos_token_id, trace_dir)
+            ids, start, last, kind = torch.tensor([[gen.new_ids[-1]]]), n + len(gen.steps) - 1, 0, "decode"
+            if len(gen.steps) == max_new_tokens or gen.new_ids[-1] == eos_token_id:
+                return gen
+        decode_profiled = False
+        for i in range(len(gen.steps), max_new_tokens):
             t0 = time.perf_counter()
             args = self.host_inputs(ids, start, cache_len, last) + kv
-            out, rep = self._run(args, profiled=i < 2, trace_dir=trace_dir)
+            profiled = kind == "prefill" or not decode_profiled  # the reports (and traces) callers look at
+            out, rep = self._run(args, profiled=profiled, trace_dir=trace_dir)
+            decode_profiled = decode_profiled or kind == "decode"
             logits, kv = out[0], tuple(out[1:])
             token = int(torch.argmax(logits[0, -1].float()))  # host argmax (aten.argmax is a fallback)
             pos = start + last
@@ -218,7 +256,66 @@ class StaticGreedy:
             gen.new_ids.append(token)
             if on_step is not None:
                 on_step(rec)
+            if on_checkpoint is not None:
+                on_checkpoint(Checkpoint(list(gen.steps), kv))
             if eos_token_id is not None and token == eos_token_id:
                 break
             ids, start, last, kind = torch.tensor([[token]]), n + i, 0, "decode"
         return gen
+
+    def _restore(
+        self,
+        gen: Generation,
+        checkpoint: Checkpoint,
+        padded: torch.Tensor,
+        n: int,
+        max_new_tokens: int,
+        eos_token_id: int | None,
+        trace_dir: str | None,
+    ) -> tuple[torch.Tensor, ...]:
+        """Load the checkpoint's steps into `gen` after checking they continue this prompt; return its KV cache."""
+        steps = checkpoint.steps
+        if len(steps) > max_new_tokens:
+            raise ResumeError(
+                f"the checkpoint holds {len(steps)} steps, more than max_new_tokens={max_new_tokens}"
+            )
+        for i, step in enumerate(steps):
+            kind = "prefill" if i == 0 else "decode"
+            if (step.kind, step.position) != (kind, n - 1 + i):
+                raise ResumeError(
+                    f"step {i} of the checkpoint is a {step.kind} at position {step.position}; for this "
+                    f"{n}-token prompt it would be a {kind} at position {n - 1 + i}"
+                )
+            if i < len(steps) - 1 and step.token == eos_token_id:
+                raise ResumeError(
+                    f"step {i} of the checkpoint ends the answer (end-of-turn) but more steps follow"
+                )
+        want = self.empty_cache(gen.cache_len)
+        got = [(tuple(t.shape), t.dtype) for t in checkpoint.kv]
+        if got != [(tuple(t.shape), t.dtype) for t in want]:
+            raise ResumeError(
+                f"the checkpoint's KV cache ({len(got)} tensors, first {got[:1]}) does not fit this model and "
+                f"length ({len(want)} tensors of {tuple(want[0].shape)} {want[0].dtype})"
+            )
+        gen.steps = [replace(s, report=None, restored=True) for s in steps]
+        gen.new_ids = [s.token for s in steps]
+        if self.compiled:
+            args = self.host_inputs(padded, 0, gen.cache_len, n - 1) + want
+            gen.steps[0].report = self._retime(gen.steps[0], args, trace_dir)
+            done = len(steps) == max_new_tokens or steps[-1].token == eos_token_id
+            if done and len(steps) > 1:  # no decode step will run, so none would leave a report
+                ids = torch.tensor([[steps[-1].token]])
+                args = self.host_inputs(ids, n + len(steps) - 1, gen.cache_len, 0) + tuple(checkpoint.kv)
+                gen.steps[1].report = self._retime(gen.steps[1], args, trace_dir)
+        return tuple(checkpoint.kv)
+
+    def _retime(self, step: StepRecord, args: tuple, trace_dir: str | None) -> ProfileReport:
+        """A restored step's program timed again (no values): its report, checked against the recorded time."""
+        rep = torch_spyre_emu.profile(self.step, *args, mode="timing", trace_path=trace_dir)
+        if rep.total_us != step.sim_us:
+            raise ResumeError(
+                f"the {step.kind} program now takes {rep.total_us:.3f} us on the simulated chip; the interrupted "
+                f"run recorded {step.sim_us:.3f} us. The emulator changed since, and a resumed run would mix two "
+                "timing models: start over instead."
+            )
+        return rep

@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -168,6 +169,53 @@ def test_smollm2_demo_runs_start_to_finish(tmp_path):
     assert summary["new_tokens"] == 3 and summary["ttft_us"] > 0 and summary["tokens_per_s"] > 0
     assert len((tmp_path / "steps.jsonl").read_text().splitlines()) == 3
     assert summary["answer"].strip() and summary["answer"] in out
+
+
+def _steps_without_wall_time(out: Path) -> list[dict]:
+    lines = (out / "steps.jsonl").read_text().splitlines()
+    return [{k: v for k, v in json.loads(line).items() if k != "wall_s"} for line in lines]
+
+
+@pytest.mark.slow  # ~3 min: an uninterrupted run, a run killed after two steps, its resumption
+def test_smollm2_demo_killed_and_resumed_equals_the_uninterrupted_run(tmp_path):
+    args = ["demo", "--max-new-tokens", "5"]
+    full = runner.invoke(app, [*args, "--out", str(tmp_path / "full")])
+    assert full.exit_code == 0, full.output
+    killed = tmp_path / "killed"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "models.cli", *args, "--out", str(killed)],
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    steps = killed / "steps.jsonl"
+    try:
+        deadline = time.monotonic() + 600
+        while proc.poll() is None and time.monotonic() < deadline:
+            if steps.exists() and steps.read_text().count("\n") >= 2:  # prefill and first decode step done
+                break
+            time.sleep(0.05)
+    finally:
+        proc.kill()  # SIGKILL: no cleanup, possibly mid-write
+        proc.wait()
+    done = steps.read_text().count("\n")
+    assert 2 <= done < 5, f"the run was not interrupted mid-way ({done} steps logged)"
+
+    resumed = runner.invoke(app, [*args, "--resume", "--out", str(killed)])
+    assert resumed.exit_code == 0, resumed.output
+    assert "resuming" in resumed.output and "resumed: steps 0.." in resumed.output
+    assert _steps_without_wall_time(killed) == _steps_without_wall_time(tmp_path / "full")
+    a, b = (json.loads((d / "summary.json").read_text()) for d in (tmp_path / "full", killed))
+    for key in (
+        "answer",
+        "new_tokens",
+        "ttft_us",
+        "decode_us_per_token",
+        "teacher_forced_top1",
+        "breakdown_us",
+    ):
+        assert a[key] == b[key], key
+    assert a["resumed_after_step"] == 0 and b["resumed_after_step"] >= 2
 
 
 def test_agreement_cpu_text_equals_full_cpu_greedy_when_tokens_diverge():
