@@ -18,6 +18,7 @@ import numpy as np
 
 from aiu_sim.errors import ExecutionError
 from aiu_sim.numerics.accumulate import AccumulationModel, ReductionOrder, combine, partial_sums
+from aiu_sim.numerics.formats import get_format
 from aiu_sim.program import Arg, Buffer, Kernel, core_slices
 
 Region = dict[str, tuple[int, int]]
@@ -105,6 +106,7 @@ def matmul(kernel: Kernel, buffers: dict[str, Buffer], a: np.ndarray, b: np.ndar
     mt = math.prod(ext[d] for d in m_dims)
     nt = math.prod(ext[d] for d in n_dims)
     idx = {d: i for i, d in enumerate(space)}
+    exact = all(exact_products_format(buffers[arg.buffer].dtype) for arg in (a_arg, b_arg))
 
     def partial(k_range):
         ap, bp = _take(a, kernel, kdim, k_range), _take(b, kernel, kdim, k_range)
@@ -118,7 +120,7 @@ def matmul(kernel: Kernel, buffers: dict[str, Buffer], a: np.ndarray, b: np.ndar
             [ext[d] for d in batch] + [k_ext[d] for d in red] + [ext[d] for d in n_dims] + [1] * len(m_dims)
         )
         b3 = np.broadcast_to(b3, b_shape).reshape(bt, kt, nt)
-        c = partial_sums(_f32(a3), _f32(b3), model, 1)[0]  # (bt, mt, nt), accumulator format
+        c = partial_sums(_f32(a3), _f32(b3), model, 1, exact)[0]  # (bt, mt, nt), accumulator format
         c = c.reshape([ext[d] for d in batch + m_dims + n_dims] + [1] * len(red))
         return np.transpose(c, [(batch + m_dims + n_dims + red).index(d) for d in space])
 
@@ -142,7 +144,7 @@ def reduce_sum(kernel: Kernel, buffers: dict[str, Buffer], x: np.ndarray, model)
         kt = math.prod(k_shape)
         lanes = xp.reshape(-1, kt)  # (L, K)
         ones = np.ones((1, kt), dtype=np.float32)
-        sums = partial_sums(ones, _f32(lanes.T), model, 1)[0, 0]  # (L,)
+        sums = partial_sums(ones, _f32(lanes.T), model, 1, exact_products=True)[0, 0]  # (L,); x * 1 is exact
         out = sums.reshape(lanes_shape + (1,) * len(red))
         return np.transpose(out, [(keep + red).index(d) for d in space])
 
@@ -174,6 +176,13 @@ def reduce_extreme(kernel: Kernel, x: np.ndarray, fn: str) -> np.ndarray:
         raise ExecutionError(f"kernel {kernel.name!r}: {fn!r} is not an extreme-value reduction")
     out = out.reshape(out.shape + (1,) * len(red))
     return np.transpose(out, [(keep + red).index(d) for d in space])
+
+
+def exact_products_format(fmt: str) -> bool:
+    """Whether products of two values of this format are always float32 values: floats of at most 16 bits (DL16 has
+    10 significant bits, FP8 at most 4; 10 x 10 bits fit fp32's 24 and their exponents stay far inside its range)."""
+    f = get_format(fmt)
+    return f.kind in ("float", "bool") and f.bits <= 16
 
 
 def _used(arg: Arg) -> set[str]:

@@ -22,7 +22,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from aiu_sim.numerics._dl16_kernels import add_round_dl16
-from aiu_sim.numerics._threads import Twin
+from aiu_sim.numerics._threads import Twin, renamed
 
 # A tile of accumulators for the row-at-a-time loops: 64 x 128 float32 = 32 KiB; the fastest of a few sizes measured
 # on a 2-core AVX-512 host.
@@ -144,8 +144,20 @@ def _with_slp(dispatcher):
     return dispatcher
 
 
+def _fp32_twin(kernel) -> Twin:
+    twin = Twin(kernel)
+    twin.parallel, twin.serial = _with_slp(twin.parallel), _with_slp(twin.serial)
+    return twin
+
+
+# The same fp32 accumulation for operands whose products are exact in fp32 (both DL16 or FP8, or a row of ones): then
+# fl32(acc + fl32(a * b)) = fl32(acc + a * b), a fused multiply-add, so LLVM may contract the multiply and the add
+# ("contract" is the only fast-math flag: no reassociation). Bit-identical results, ~30% faster (measured).
+accumulate_fp32_exact_products = njit(parallel=True, cache=True, fastmath={"contract"})(
+    renamed(accumulate_fp32.py_func, "_exact_products")
+)
+
 # Each parallel kernel gets a single-threaded twin for small calls (see _threads.serial_if_small).
-accumulate_fp32 = Twin(accumulate_fp32)
-accumulate_fp32.parallel = _with_slp(accumulate_fp32.parallel)
-accumulate_fp32.serial = _with_slp(accumulate_fp32.serial)
+accumulate_fp32 = _fp32_twin(accumulate_fp32)
+accumulate_fp32_exact_products = _fp32_twin(accumulate_fp32_exact_products)
 accumulate_dl16_chunked = Twin(accumulate_dl16_chunked)

@@ -41,6 +41,15 @@ class serial_if_small:  # noqa: N801 - used like a function: `with serial_if_sma
         _local.serial = self.previous
 
 
+def renamed(f, suffix: str):
+    """A copy of the Python function `f` under another qualified name, so numba compiles and caches it apart from
+    `f` (its on-disk cache is keyed by qualified name, not by compile options)."""
+    copy = types.FunctionType(f.__code__, f.__globals__, f.__name__ + suffix, f.__defaults__, f.__closure__)
+    copy.__qualname__ = f.__qualname__ + suffix
+    copy.__module__ = f.__module__
+    return copy
+
+
 class Twin:
     """A numba ``parallel=True`` kernel plus the same code compiled without parallelism (prange runs as range).
 
@@ -49,13 +58,8 @@ class Twin:
 
     def __init__(self, parallel_kernel) -> None:
         self.parallel = parallel_kernel
-        f = parallel_kernel.py_func
-        twin = types.FunctionType(
-            f.__code__, f.__globals__, f.__name__ + "_serial", f.__defaults__, f.__closure__
-        )
-        twin.__qualname__ = f.__qualname__ + "_serial"
-        twin.__module__ = f.__module__
-        self.serial = numba.njit(cache=True)(twin)
+        fastmath = parallel_kernel.targetoptions.get("fastmath", False)
+        self.serial = numba.njit(cache=True, fastmath=fastmath)(renamed(parallel_kernel.py_func, "_serial"))
 
     def __call__(self, *args):
         return (self.serial if _serial() else self.parallel)(*args)

@@ -110,8 +110,14 @@ def reduce_mean(x, axis=None, model: AccumulationModel = DEFAULT_MODEL, k_splits
     return finalize(mean, model).reshape(out_shape)
 
 
-def partial_sums(a, b, model: AccumulationModel = DEFAULT_MODEL, k_splits: int = 1) -> np.ndarray:
-    """Per-slice partial results of a @ b: shape (k_splits, *result_shape), values in the accumulator format."""
+def partial_sums(
+    a, b, model: AccumulationModel = DEFAULT_MODEL, k_splits: int = 1, exact_products: bool = False
+) -> np.ndarray:
+    """Per-slice partial results of a @ b: shape (k_splits, *result_shape), values in the accumulator format.
+
+    exact_products: the caller guarantees every product a[i, k] * b[k, j] is a float32 value (both operands hold
+    DL16 or FP8 values, at most 11 x 11 significant bits and exponents far inside fp32's range, or one of them is a
+    row of ones); the fp32 model then runs a faster kernel with the same results (fused multiply-add)."""
     a32 = as_float32(a, "matmul", allow_float64=False)
     b32 = as_float32(b, "matmul", allow_float64=False)
     if a32.ndim == 0 or b32.ndim == 0:
@@ -136,7 +142,8 @@ def partial_sums(a, b, model: AccumulationModel = DEFAULT_MODEL, k_splits: int =
     b_b = np.broadcast_to(b2, batch + (n_k, n_n))
     out = np.empty((k_splits,) + batch + (n_m, n_n), dtype=np.float32)
     for index in np.ndindex(*batch):
-        _accumulate_2d(np.ascontiguousarray(a_b[index]), np.ascontiguousarray(b_b[index]), model, out, index)
+        a_c, b_c = np.ascontiguousarray(a_b[index]), np.ascontiguousarray(b_b[index])
+        _accumulate_2d(a_c, b_c, model, out, index, exact_products)
     if a32.ndim == 1:
         out = out[..., 0, :]
     if b32.ndim == 1:
@@ -167,7 +174,12 @@ def finalize(values, model: AccumulationModel = DEFAULT_MODEL) -> np.ndarray:
 
 
 def _accumulate_2d(
-    a: np.ndarray, b: np.ndarray, model: AccumulationModel, out: np.ndarray, index: tuple
+    a: np.ndarray,
+    b: np.ndarray,
+    model: AccumulationModel,
+    out: np.ndarray,
+    index: tuple,
+    exact_products: bool,
 ) -> None:
     """Fill out[s, *index] with the partial over the s-th K slice of a (M, K) and b (K, N), both C-contiguous."""
     n_splits = out.shape[0]
@@ -177,7 +189,8 @@ def _accumulate_2d(
         target = out[(s,) + index]
         with serial_if_small(width * target.size):
             if model.kind == "fp32":
-                kernels.accumulate_fp32(a, b, target, k0, k1)
+                fp32 = kernels.accumulate_fp32_exact_products if exact_products else kernels.accumulate_fp32
+                fp32(a, b, target, k0, k1)
             else:
                 chunk = model.chunk_size if model.kind == "chunked" else max(width, 1)
                 kernels.accumulate_dl16_chunked(a, b, target, k0, k1, chunk)
@@ -197,7 +210,8 @@ def _reduce_partials(x, axis, model, k_splits, keepdims):
         out_shape = tuple(1 if d in axes else x32.shape[d] for d in range(x32.ndim))
     else:
         out_shape = tuple(x32.shape[d] for d in kept)
-    partials = partial_sums(np.ones((1, n_k), dtype=np.float32), lanes, model, k_splits)
+    ones = np.ones((1, n_k), dtype=np.float32)
+    partials = partial_sums(ones, lanes, model, k_splits, exact_products=True)  # x * 1 is exact
     return partials, out_shape, n_k
 
 

@@ -17,6 +17,7 @@ import pytest
 
 from aiu_sim import Arg, ExecutionError, sfp_math
 from aiu_sim.executor import execute
+from aiu_sim.numerics._accumulate_kernels import accumulate_fp32_exact_products
 from aiu_sim.numerics import dl16
 from aiu_sim.numerics.accumulate import AccumulationModel, ReductionOrder, reduce_mean, reduce_sum
 from aiu_sim.numerics.accumulate import matmul as ref_matmul
@@ -299,11 +300,11 @@ def test_reduce_over_two_dims():
 # ---- matmul ------------------------------------------------------------------------------------------------------
 
 
-def matmul_program(M, K, N, split, model=None, order="chain", a=None, b=None):
+def matmul_program(M, K, N, split, model=None, order="chain", a=None, b=None, dtype="dl16"):
     pb = ProgramBuilder("mm", "spyre")
-    pb.buffer("A", "dl16", (M, K))
-    pb.buffer("B", "dl16", (K, N))
-    pb.buffer("C", "dl16", (M, N))
+    pb.buffer("A", dtype, (M, K))
+    pb.buffer("B", dtype, (K, N))
+    pb.buffer("C", dtype, (M, N))
     pb.constant("A", a)
     pb.constant("B", b)
     pb.kernel(
@@ -333,6 +334,21 @@ def test_k_split_matmul_is_bit_exact(kind, order):
     np.testing.assert_array_equal(out, ref)
     if kind == "dl16":  # the data must make the split observable, or this test could not fail
         assert not np.array_equal(ref, ref_matmul(a, b, model))
+
+
+def test_fp32_operands_never_take_the_fused_multiply_add_kernel():
+    """Products of fp32 values round in fp32, so an fp32-buffer matmul must keep separate multiply and add (the
+    fused kernel is only for operand formats whose products are exact); DL16 operands may take it, same bits."""
+    M, K, N = 9, 96, 67
+    a = RNG.normal(size=(M, K)).astype(np.float32)
+    b = (RNG.normal(size=(K, N)) * 1e3).astype(np.float32)
+    model = AccumulationModel(kind="fp32", output="fp32")
+    out = execute(matmul_program(M, K, N, {}, model, a=a, b=b, dtype="fp32"), {})["c"]
+    expected = ref_matmul(a, b, model)
+    assert np.array_equal(out.view(np.uint32), expected.view(np.uint32))
+    fused = np.empty((M, N), dtype=np.float32)  # this data tells the two kernels apart, or the test could not fail
+    accumulate_fp32_exact_products(a, b, fused, 0, K)
+    assert not np.array_equal(fused, expected)
 
 
 def test_run_default_accumulation_applies_when_the_kernel_has_none():

@@ -20,6 +20,7 @@ from aiu_sim.numerics.accumulate import (
     reduce_sum,
 )
 from aiu_sim.numerics.errors import UnknownFormatError, UnsupportedInputError
+from aiu_sim.numerics.formats import get_format
 
 FP32_OUT = AccumulationModel("fp32", output="fp32")
 DL16_OUT = AccumulationModel("dl16", output="fp32")
@@ -337,3 +338,30 @@ def test_the_fp32_kernel_leaves_numbas_vectorizer_setting_as_it_found_it():
     a = np.ones((5, 3), dtype=np.float32)
     matmul(a, a.T.copy(), FP32_OUT)
     assert numba.core.config.SLP_VECTORIZE == before
+
+
+def _device_values(rng, shape, fmt):
+    """Values of a format across its whole exponent range (DL16: 2**-31 .. 2**32), with zeros, the extremes and
+    NaN/Inf in the first row (so the other output rows stay finite)."""
+    f = get_format(fmt)
+    x = rng.standard_normal(shape) * np.exp2(rng.uniform(-34, 34, shape))
+    x = np.clip(x, f.min_finite, f.max_finite)
+    specials = [0.0, -0.0, f.max_finite, f.min_finite, f.smallest_normal, -f.smallest_normal, np.inf, np.nan]
+    x[0, : len(specials)] = specials
+    return f.quantize(x)
+
+
+@pytest.mark.parametrize("fmt", ["dl16", "fp8_e4m3", "fp8_e5m2"])
+@pytest.mark.parametrize("shape", [(8, 96, 64), (9, 70, 67)])
+def test_exact_products_kernel_is_bit_identical_on_device_formats(fmt, shape):
+    """For operands whose products are exact in fp32 the fused multiply-add kernel must give the plain kernel's bits,
+    NaN and Inf included."""
+    n_i, n_k, n_j = shape
+    rng = np.random.default_rng(len(fmt) * 100 + n_j)
+    a = _device_values(rng, (n_i, n_k), fmt)
+    b = np.ascontiguousarray(_device_values(rng, (n_j, n_k), fmt).T)  # b's first column holds the specials
+    plain = partial_sums(a, b, FP32_OUT, k_splits=2)
+    fused = partial_sums(a, b, FP32_OUT, k_splits=2, exact_products=True)
+    nan = np.isnan(plain)
+    assert nan.any() and not nan.all() and np.array_equal(nan, np.isnan(fused))
+    assert np.array_equal(plain.view(np.uint32)[~nan], fused.view(np.uint32)[~nan])  # signed zeros included
