@@ -17,8 +17,8 @@ import pytest
 
 from aiu_sim import Arg, ExecutionError, sfp_math
 from aiu_sim.executor import execute
-from aiu_sim.numerics._accumulate_kernels import accumulate_fp32_exact_products
 from aiu_sim.numerics import dl16
+from aiu_sim.numerics._accumulate_kernels import accumulate_fp32_exact_products
 from aiu_sim.numerics.accumulate import AccumulationModel, ReductionOrder, reduce_mean, reduce_sum
 from aiu_sim.numerics.accumulate import matmul as ref_matmul
 from aiu_sim.program import BINARY_FNS, REDUCE_FNS, TERNARY_FNS, UNARY_FNS
@@ -346,7 +346,9 @@ def test_fp32_operands_never_take_the_fused_multiply_add_kernel():
     out = execute(matmul_program(M, K, N, {}, model, a=a, b=b, dtype="fp32"), {})["c"]
     expected = ref_matmul(a, b, model)
     assert np.array_equal(out.view(np.uint32), expected.view(np.uint32))
-    fused = np.empty((M, N), dtype=np.float32)  # this data tells the two kernels apart, or the test could not fail
+    fused = np.empty(
+        (M, N), dtype=np.float32
+    )  # this data tells the two kernels apart, or the test could not fail
     accumulate_fp32_exact_products(a, b, fused, 0, K)
     assert not np.array_equal(fused, expected)
 
