@@ -39,6 +39,16 @@ def _run_op():
     return run_op
 
 
+def random_from_to(self, low, high, *, generator=None):
+    """aten.random.from(self, low, high) as aten.random.to(self, high - low) + low: the same numbers from the same
+    generator state (torch draws random() % (high - low) + low for both), under a name torch.fx can write; it writes
+    graphs as Python source and `from` is a keyword. torch.randint(low, high, ...) reaches spyre as random_.from."""
+    return torch.ops.aten.random.to(self, high - low, generator=generator) + low
+
+
+_RANDOM_FROM_ = getattr(torch.ops.aten.random_, "from")
+
+
 def run_on_device(op, args, kwargs):
     """Send `op` to run_op (as its functional overload) and write results into mutated/out arguments."""
     functional = functional_overload(op)
@@ -48,6 +58,8 @@ def run_on_device(op, args, kwargs):
         fargs, fkwargs = _functional_args(op, functional, args, kwargs)
     else:
         fargs, fkwargs = args, kwargs
+    if op is _RANDOM_FROM_ and fargs[2] is not None:  # random_(low, high); no high: the dtype's range, as is
+        target = random_from_to
     run_op = _run_op()
     if run_op is None:
         raise SpyreEagerUnavailableError(

@@ -10,7 +10,7 @@ from _dl16 import assert_within_ulps, round_dl16, to_dl16
 import torch_spyre_emu
 from torch_spyre_emu import eager
 from torch_spyre_emu.device import register
-from torch_spyre_emu.errors import FallbackWarning, SpyreUnsupportedOpError
+from torch_spyre_emu.errors import FallbackWarning, SpyreCompileError, SpyreUnsupportedOpError
 from torch_spyre_emu.tensor import payload
 
 register()
@@ -119,6 +119,25 @@ def test_eager_random_ops_are_host_draws_from_the_spyre_generator(name, make, dr
     assert torch.equal(chosen.cpu(), draw(generator=torch.Generator().manual_seed(9)))
     with torch_spyre_emu.strict(), pytest.raises(SpyreUnsupportedOpError, match=rf"aten\.{name}"):
         make()
+
+
+@pytest.mark.parametrize("low", [0, 5, -3])
+def test_eager_randint_is_the_host_draw_of_the_spyre_generator(low):
+    """torch.randint reaches spyre as aten.random_.from, an overload torch.fx cannot write (`from` is a keyword); it
+    runs as random.to(high - low) + low, which draws the same numbers."""
+    torch.spyre.manual_seed(7)
+    with pytest.warns(FallbackWarning, match=r"aten\.random"):
+        got = torch.randint(low, 10, (4, 64), device="spyre")
+    assert got.device.type == "spyre" and got.dtype == torch.int64
+    assert torch.equal(got.cpu(), torch.randint(low, 10, (4, 64), generator=torch.Generator().manual_seed(7)))
+    with torch_spyre_emu.strict(), pytest.raises(SpyreUnsupportedOpError, match=r"aten\.random"):
+        torch.randint(low, 10, (4, 64), device="spyre")
+
+
+def test_an_overload_torch_fx_cannot_write_is_a_typed_error_saying_what_to_do():
+    x = torch.zeros(4, 64, dtype=torch.float32).to("spyre")
+    with pytest.raises(SpyreCompileError, match=r"aten\.random\.from.*\.to\('spyre'\)"):
+        x.random_(5, None)  # random_.from without an upper bound: not rewritten, so torch.fx meets `from`
 
 
 def test_eager_randn_in_half_precision_is_the_host_draw_rounded_to_dl16():

@@ -129,10 +129,19 @@ def capture(
         run = fn
 
     functional = torch.func.functionalize(run, remove="mutations")
-    with mode, torch.no_grad():
-        gm = make_fx(functional, decomposition_table=table, tracing_mode="real", record_module_stack=True)(
-            *fakes
-        )
+    try:
+        with mode, torch.no_grad():
+            gm = make_fx(
+                functional, decomposition_table=table, tracing_mode="real", record_module_stack=True
+            )(*fakes)
+    except (
+        SyntaxError
+    ) as e:  # torch.fx writes Python source; an overload named like a keyword cannot be written
+        raise SpyreCompileError(
+            f"torch.fx cannot write the traced graph as Python ({e.msg}: {(e.text or '').strip()!r}); an aten "
+            "overload whose name is a Python keyword (e.g. aten.random.from, from torch.randint(low, high, ...)) "
+            "cannot be lowered. Create the tensor on the CPU and move it: torch.randint(...).to('spyre')"
+        ) from e
     gm.meta["fake_mode"] = mode
     gm.meta["fake_inputs"] = fakes
     input_mutations_as_outputs(gm)
