@@ -101,7 +101,7 @@ def _load_config_or_exit(spec: str):
     try:
         return load_config(spec)
     except ConfigError as e:
-        console.print(f"[red]error:[/red] {e}")
+        console.print(f"[red]error:[/red] {escape(str(e))}")  # a TOML path or key may look like markup
         raise typer.Exit(2) from None
 
 

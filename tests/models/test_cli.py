@@ -23,3 +23,9 @@ def test_info_unknown_preset_is_a_clear_error():
     result = runner.invoke(app, ["info", "--config", "nope"])
     assert result.exit_code == 2
     assert "unknown hardware preset 'nope'" in result.output and "available" in result.output
+
+
+def test_config_errors_print_names_that_look_like_markup_as_they_are():
+    result = runner.invoke(app, ["info", "--config", "[bold]chip"])
+    assert result.exit_code == 2
+    assert "unknown hardware preset '[bold]chip'" in result.output
