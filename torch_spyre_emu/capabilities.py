@@ -230,6 +230,16 @@ _OPS: list[OpEntry] = [
         ALL,
         "uniform_ (torch.rand); not in the June table: emulation assumption, a host draw like normal_/random_",
     ),
+    *(
+        _e(
+            name,
+            "fallback",
+            ALL,
+            f"{name} in compiled code: a host draw from torch.spyre's generator, like normal_ "
+            "(not in the June table: emulation assumption)",
+        )  # fmt: skip
+        for name in ("randn", "rand", "randn_like", "rand_like")
+    ),
     _e("index_copy", "fallback", ALL, "time proportional to the destination (#4239)"),
     _e("any", "fallback", ALL, "any reduction is an UnimplementedOp; eager falls back"),
     _e("convolution", "fallback", ALL, "conv runs im2col on CPU (RFC 1632-v3)", S4),

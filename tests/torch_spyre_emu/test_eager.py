@@ -149,6 +149,34 @@ def test_eager_randn_in_half_precision_is_the_host_draw_rounded_to_dl16():
     assert np.array_equal(payload(halves), to_dl16(drawn))  # one rounding, as the host->device copy does
 
 
+@pytest.mark.parametrize(
+    "name,in_graph,draw",
+    [
+        ("randn", lambda x: torch.randn(x.shape, dtype=x.dtype, device=x.device), torch.randn),
+        ("rand", lambda x: torch.rand(x.shape, dtype=x.dtype, device=x.device), torch.rand),
+        ("randn_like", torch.randn_like, torch.randn),
+        ("rand_like", torch.rand_like, torch.rand),
+    ],
+)
+def test_compiled_random_factories_draw_from_the_spyre_generator_like_eager(name, in_graph, draw):
+    """In compiled code random factories are CPU islands too, drawing from torch.spyre's generator: the numbers are
+    the seeded CPU generator's, rounded to DL16 once, the same as the eager spyre op gives."""
+    x = torch.zeros(4, 64, dtype=torch.float16)
+    compiled = torch.compile(lambda t: t + in_graph(t), backend="spyre")
+    torch.spyre.manual_seed(4)
+    with pytest.warns(FallbackWarning, match=rf"aten\.{name}"):
+        got = compiled(x)
+    expected = draw((4, 64), dtype=torch.float16, generator=torch.Generator().manual_seed(4))
+    assert np.array_equal(to_dl16(got), to_dl16(expected))
+    torch.spyre.manual_seed(4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FallbackWarning)
+        eager_draw = in_graph(x.to("spyre"))
+    assert np.array_equal(payload(eager_draw), to_dl16(expected))
+    with torch_spyre_emu.strict(), pytest.raises(SpyreUnsupportedOpError, match=rf"aten\.{name}"):
+        torch.compile(lambda t: t + in_graph(t), backend="spyre")(x)
+
+
 def test_eager_reduction_to_scalar_and_item():
     x = torch.randn(8, 64, dtype=torch.float16)
     total = x.to("spyre").sum()

@@ -87,6 +87,30 @@ def _draws_random_numbers(target) -> bool:
     return schema is not None and any(a.name == "generator" for a in schema.arguments)
 
 
+def _like(draw):
+    """randn_like(x) / rand_like(x) as randn / rand of x's shape: the draw eager makes of them too (empty_like, then
+    normal_ / uniform_ on the device, a host draw)."""
+
+    def call(args, kwargs):
+        like = args[0]
+        options = {k: v for k, v in kwargs.items() if k in ("dtype", "layout", "device", "pin_memory")}
+        options["dtype"] = options.get("dtype") or like.dtype
+        return draw, (list(like.shape),), options
+
+    return call
+
+
+aten = torch.ops.aten
+# Random factories compiled code meets without a generator argument, mapped to the overload or call that takes one,
+# so their CPU islands draw from torch.spyre's generator as eager random ops do.
+_FACTORY_DRAWS = {
+    aten.randn: lambda args, kwargs: (aten.randn.generator, args, kwargs),
+    aten.rand: lambda args, kwargs: (aten.rand.generator, args, kwargs),
+    aten.randn_like: _like(aten.randn.generator),
+    aten.rand_like: _like(aten.rand.generator),
+}
+
+
 def host_function(spec: HostSpec):
     """The callable aiu_sim's executor invokes for one CPU island."""
 
@@ -104,13 +128,18 @@ def host_function(spec: HostSpec):
             return x
 
         kwargs = {k: fill(v) for k, v in spec.kwargs.items()}
-        if _draws_random_numbers(spec.target) and kwargs.get("generator") is None:
+        target, args = spec.target, fill(spec.args)
+        if (
+            target.overloadpacket in _FACTORY_DRAWS
+        ):  # no generator argument: the equivalent call that takes one
+            target, args, kwargs = _FACTORY_DRAWS[target.overloadpacket](args, kwargs)
+        if _draws_random_numbers(target) and kwargs.get("generator") is None:
             # the device's generator, not torch's default CPU one: torch.spyre seeding decides spyre random values
             from torch_spyre_emu import spyre_module
 
             kwargs["generator"] = _CALL_GENERATOR.get() or spyre_module.get_generator()
         with torch.no_grad():
-            out = spec.target(*fill(spec.args), **kwargs)
+            out = target(*args, **kwargs)
         outs = [o for o in (out if isinstance(out, list | tuple) else [out]) if isinstance(o, torch.Tensor)]
         return [
             host_numerics.to_device(to_host_numpy(o), dtype_name(o.dtype)).reshape(shape)
