@@ -137,3 +137,26 @@ def test_config_mode_functional_skips_timing():
         config.mode = old
     assert torch.equal(out, torch.zeros(4, 64, dtype=torch.float16))
     assert torch_spyre_emu.last_profile().kernels == []
+
+
+def test_a_compiled_program_is_timed_once_per_chip(monkeypatch, tmp_path):
+    """Time depends only on the program and the chip, so later calls reuse the first call's timing report (and
+    still write their trace); another chip is timed anew."""
+    import aiu_sim.timing
+
+    simulated = []
+    simulate = aiu_sim.timing.simulate
+    monkeypatch.setattr(
+        aiu_sim.timing, "simulate", lambda *a, **k: simulated.append(a[0].name) or simulate(*a, **k)
+    )
+    fn = torch.compile(lambda a, b: torch.relu(a @ b), backend="spyre")
+    x, w = torch.randn(64, 128, dtype=torch.float16), torch.randn(128, 256, dtype=torch.float16)
+    first = torch_spyre_emu.profile(fn, x, w, trace_path=tmp_path / "1")
+    second = torch_spyre_emu.profile(fn, x, w, trace_path=tmp_path / "2")
+    assert len(simulated) == 1 and second.timing_reports[0] is first.timing_reports[0]
+    assert torch.equal(first.outputs, second.outputs) and second.total_us == first.total_us
+    assert json.loads(
+        open(second.trace_path).read()
+    )  # the reused timing's trace is written for this call too
+    small = torch_spyre_emu.profile(fn, x, w, config="small")
+    assert len(simulated) == 2 and small.total_us != first.total_us

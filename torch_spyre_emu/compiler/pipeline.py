@@ -60,6 +60,9 @@ class Compiled:
     ctx: CompileContext
     prep: WeightPrep | None = None  # None: no weight layout work in this graph
     main_reads: frozenset[str] = frozenset()  # buffers the per-call program's steps read
+    # (config token, run mode) -> the program's TimingReport: time depends only on the program and the chip, and a
+    # compiled program is never changed, so every call after the first reuses it (runtime.run_compiled)
+    timings: dict = field(default_factory=dict, repr=False, compare=False)
 
 
 def run_graph_passes(gm: fx.GraphModule, ctx: CompileContext) -> fx.GraphModule:

@@ -25,6 +25,7 @@ import torch
 
 import aiu_sim
 from aiu_sim.numerics import host as host_numerics
+from aiu_sim.trace import write_trace
 from torch_spyre_emu.compiler.builder import HostSpec, host_array
 from torch_spyre_emu.compiler.codegen import Lowered
 from torch_spyre_emu.compiler.context import dtype_name
@@ -270,20 +271,31 @@ def run_compiled(compiled: Compiled, args: list, mode: str = "both", trace_path=
             uploads.prep_kernels += len(prep.program.steps)
             uploads.prep_us += prep_us
     host_fns = {name: host_function(s) for name, s in lowered.builder.host_specs.items()}
-    result = aiu_sim.run(
-        program,
-        inputs if compute else None,
-        config=hw,
-        mode=mode,
-        host_functions=host_fns,
-        trace_path=trace_path,
-        resident=resident or None,
-        # one fetch per buffer: outputs may share one (a result also written into an input, or returned twice)
-        fetch=list(dict.fromkeys(lowered.output_buffers))
-        if compiled.ctx.outputs_on_device and compute
-        else None,
-        resident_exact=exact,
-    )
+    timing_key = (hw.token, mode)
+    timed = compiled.timings.get(timing_key) if mode != "functional" else None
+    if timed is not None and not compute:
+        result = aiu_sim.RunResult(outputs=None, timing=timed)
+    else:
+        result = aiu_sim.run(
+            program,
+            inputs if compute else None,
+            config=hw,
+            mode=mode if timed is None else "functional",
+            host_functions=host_fns,
+            trace_path=trace_path if timed is None else None,
+            resident=resident or None,
+            # one fetch per buffer: outputs may share one (a result also written into an input, or returned twice)
+            fetch=list(dict.fromkeys(lowered.output_buffers))
+            if compiled.ctx.outputs_on_device and compute
+            else None,
+            resident_exact=exact,
+        )
+    if timed is not None:  # the first call's timing: same program, same chip
+        result.timing = timed
+        if trace_path is not None:
+            write_trace(timed, trace_path)
+    elif result.timing is not None:
+        compiled.timings[timing_key] = result.timing
     outs: list[torch.Tensor] = []
     for name, buf, dtype, shape in zip(
         lowered.output_names,
