@@ -16,7 +16,7 @@ from torch_spyre_emu import debug
 from torch_spyre_emu.compiler.capture import capture
 from torch_spyre_emu.compiler.codegen import Lowered, lower_graph
 from torch_spyre_emu.compiler.context import CompileContext
-from torch_spyre_emu.compiler.passes.bundle import bundle_kernels
+from torch_spyre_emu.compiler.passes.bundle import bundle_kernels, sink_to_consumers
 from torch_spyre_emu.compiler.passes.constant_fold import constant_fold
 from torch_spyre_emu.compiler.passes.decompose import decompose
 from torch_spyre_emu.compiler.passes.legalize_dtypes import legalize_dtypes
@@ -35,8 +35,18 @@ GRAPH_PASSES = [decompose, mm_to_bmm, constant_fold, scalars_to_tensors, legaliz
 # split_weight_prep runs after work_division (its kernels keep their core split) and before lx_planning (the
 # prepared buffers must stay in DRAM, resident between programs). bundle_kernels comes last: torch-spyre fuses in
 # the scheduler (spyre_fuse_nodes, a post-fusion pass) after work division and LX planning (STACK §1.3); the
-# weight preparation program keeps one launch per kernel.
-KERNEL_PASSES = [stickify, restickify, pad_k, work_division, split_weight_prep, lx_planning, bundle_kernels]
+# weight preparation program keeps one launch per kernel. sink_to_consumers (the scheduler's reordering for fusion)
+# runs before lx_planning, which plans buffer lifetimes by step order.
+KERNEL_PASSES = [
+    stickify,
+    restickify,
+    pad_k,
+    work_division,
+    split_weight_prep,
+    sink_to_consumers,
+    lx_planning,
+    bundle_kernels,
+]
 
 
 @dataclass

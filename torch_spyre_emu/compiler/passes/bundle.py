@@ -25,8 +25,15 @@ kernel just before it when
 - the bundle holds fewer than MAX_BUNDLE kernels.
 
 Matmul kernels (PT) and restickify (its own hardware op, ReStickifyOpHBM) are bundles of their own: an assumption,
-the reference gives no evidence that torch-spyre fuses them with neighbours. Host steps end a bundle. Kernels keep
-program order (no reordering to make more fusions). Bundles are named fused_0, fused_1, ... in program order.
+the reference gives no evidence that torch-spyre fuses them with neighbours. Host steps end a bundle. Bundles are
+named fused_0, fused_1, ... in program order.
+
+Inductor's scheduler fuses a producer into its consumer even when an independent node sits between them in the
+graph's order (`silu(gate_proj(x)) * up_proj(x)`: the up projection's matmul is scheduled first, then silu and the
+multiply run as one kernel). `sink_to_consumers` does the same before LX planning: it moves a fusable kernel down,
+past kernels it has no data hazard with, to just before the first kernel that reads its result, when that kernel is
+fusable too. Host steps are never passed. Values cannot change (every step still sees the same buffer contents);
+only the launch count does.
 """
 
 from __future__ import annotations
@@ -34,7 +41,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from aiu_sim.program import Buffer, Kernel
+from aiu_sim.program import Buffer, Kernel, step_reads, step_writes
 
 POINTWISE_OPS = frozenset({"unary", "binary", "ternary", "copy", "fill"})
 REDUCTION_OPS = frozenset({"reduce", "softmax", "layernorm", "rmsnorm"})
@@ -97,4 +104,31 @@ def bundle_kernels(steps: list, buffers: dict[str, Buffer], ctx) -> list:
             for k in b.members:
                 k.bundle = f"fused_{index}"
             index += 1
+    return steps
+
+
+def _fusable(step) -> bool:
+    return isinstance(step, Kernel) and step.op in POINTWISE_OPS | REDUCTION_OPS
+
+
+def sink_to_consumers(steps: list, buffers: dict[str, Buffer], ctx) -> list:
+    """Move each fusable kernel down to just before its first consumer, when that consumer is fusable and only
+    kernels the mover has no hazard with (they neither read what it writes nor write what it reads or writes) lie
+    between. Walks from the end, so a chain a -> b -> c far from c's producer lands in front of c as a whole."""
+    if not ctx.fuse:
+        return steps
+    steps = list(steps)
+    for i in reversed(range(len(steps))):
+        mover = steps[i]
+        if not _fusable(mover):
+            continue
+        reads, writes = set(step_reads(mover)), set(step_writes(mover))
+        j = i + 1
+        while j < len(steps) and isinstance(steps[j], Kernel) and not writes & set(step_reads(steps[j])):
+            if set(step_writes(steps[j])) & (reads | writes):
+                break  # it overwrites an input or the result of the mover: keep the order
+            j += 1
+        consumer = steps[j] if j < len(steps) else None
+        if j > i + 1 and _fusable(consumer) and writes & set(step_reads(consumer)):
+            steps.insert(j - 1, steps.pop(i))
     return steps
