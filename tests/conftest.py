@@ -13,3 +13,18 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 
     torch.set_num_threads(1)
     torch.set_num_interop_threads(1)
+
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+# torch.compile'd modules share dynamo's code objects (nn.Module's call wrapper), so over the many tests one worker
+# runs, the per-code-object recompile limit (8) is reached and dynamo then runs a module eagerly on the CPU, not on
+# emulated Spyre: a test of Spyre numbers would fail (or one that does not look at them silently pass). Every test
+# starts from an empty dynamo cache, and reaching the limit anyway is an error.
+torch._dynamo.config.fail_on_recompile_limit_hit = True
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo_cache():
+    torch._dynamo.reset()

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 import os
 import tempfile
 import weakref
@@ -224,6 +225,20 @@ def _report(records: list[tuple], outputs, mode: str) -> ProfileReport:
     )
 
 
+def _own_frame(fn):
+    """A Python function that calls `fn`, with a code object of its own. torch.compile wraps a builtin (torch.exp,
+    F.linear, an OpOverload) in one frame shared by all of them (dynamo's wrap_inline), so every builtin profiled in
+    a process would share one dynamo cache and its recompile limit (8 entries); past it, dynamo runs the function
+    eagerly, on the CPU for CPU inputs, not on emulated Spyre."""
+
+    def call(*args, **kwargs):
+        return fn(*args, **kwargs)
+
+    name = "".join(c if c.isalnum() else "_" for c in getattr(fn, "__name__", type(fn).__name__))
+    call.__code__ = call.__code__.replace(co_name=f"spyre_profile_{name}")
+    return functools.wraps(fn)(call) if hasattr(fn, "__name__") else call
+
+
 def _compiled(fn):
     if getattr(fn, "_torchdynamo_orig_callable", None) is not None or getattr(fn, "_spyre_compiled", False):
         return fn
@@ -233,7 +248,8 @@ def _compiled(fn):
         hit = None
     if hit is not None:
         return hit
-    compiled = torch.compile(fn, backend="spyre", dynamic=False)
+    target = fn if inspect.isfunction(fn) or isinstance(fn, torch.nn.Module) else _own_frame(fn)
+    compiled = torch.compile(target, backend="spyre", dynamic=False)
     try:
         _COMPILED[fn] = compiled
     except TypeError:

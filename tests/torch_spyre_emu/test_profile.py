@@ -160,3 +160,17 @@ def test_a_compiled_program_is_timed_once_per_chip(monkeypatch, tmp_path):
     )  # the reused timing's trace is written for this call too
     small = torch_spyre_emu.profile(fn, x, w, config="small")
     assert len(simulated) == 2 and small.total_us != first.total_us
+
+
+def test_many_builtins_profiled_in_one_process_all_run_on_spyre():
+    """torch.compile gives every builtin one shared frame with dynamo's limit of 8 cache entries; profile() gives
+    each its own, so the ninth builtin still runs on emulated Spyre (the test session makes hitting the limit an
+    error rather than a silent CPU run)."""
+    ops = [torch.exp, torch.neg, torch.relu, torch.abs, torch.sigmoid, torch.tanh, torch.sqrt, torch.rsqrt,
+           torch.reciprocal, torch.square, torch.floor, torch.log]  # fmt: skip
+    for op in ops:
+        for rows in (8, 16):  # two guard sets each
+            rep = torch_spyre_emu.profile(
+                op, torch.rand(rows, 64, dtype=torch.float16) + 0.5, mode="functional"
+            )
+            assert rep.programs, op
