@@ -1,8 +1,8 @@
 """How a kernel argument maps a buffer onto the kernel's iteration space, for the functional executor.
 
-A kernel's iteration space is an ordered dict dim -> extent. `gather` turns one argument into an array with one
+A kernel's iteration space is an ordered dict dim -> extent. `GatherPlan` turns one argument into an array with one
 axis per space dim (size 1 where the argument does not use the dim), so numpy broadcasting does the rest.
-`scatter` writes a space-aligned result into an output argument's window. Both are views/strided assignments:
+`ScatterPlan` writes a space-aligned result into an output argument's window. Both are views/strided assignments:
 no per-element Python work.
 
 Every shape decision depends only on the argument, the buffer's shape and the space, so `GatherPlan` and
@@ -117,14 +117,3 @@ class ScatterPlan:
         if self.expand:
             value = np.expand_dims(value, self.expand)
         target[self.index] = value  # numpy broadcasts size-1 axes over the window
-
-
-def gather(arg: Arg, data: np.ndarray, kernel: Kernel) -> np.ndarray:
-    """The argument's values as an array aligned with kernel.space (a view where possible)."""
-    return GatherPlan(arg, data.shape, kernel.space)(data)
-
-
-def scatter(kernel: Kernel, arg: Arg, result: np.ndarray, target: np.ndarray) -> None:
-    """Write `result` (aligned with kernel.space: one axis per dim, size 1 or the dim's extent) into the window
-    of `target` that `arg` covers. A space dim the output does not index must have size 1 in the result."""
-    ScatterPlan(kernel, arg, target.shape)(result, target, kernel.op)

@@ -171,11 +171,7 @@ class _State:
 
     def fit(self, name: str, values: np.ndarray, where: str) -> np.ndarray:
         """`values` rounded into buffer `name`'s format, as an owned C-contiguous array of its shape."""
-        buf = self.buffers[name]
-        if values.shape != buf.shape:
-            raise ExecutionError(
-                f"{where}: shape {values.shape} does not match buffer {name!r} of shape {buf.shape}"
-            )
+        buf = self._check_shape(name, values, where)
         if values.dtype.kind in "iub" and get_format(buf.dtype).kind != "int":
             values = values.astype(np.float64)
         rounded = get_format(buf.dtype).quantize(values)
@@ -194,12 +190,16 @@ class _State:
 
     def bindable(self, name: str, values: np.ndarray, where: str) -> bool:
         """Whether exact device values can be bound as they are: the buffer's shape, storage dtype, C order."""
+        buf = self._check_shape(name, values, where)
+        return values.dtype == storage_dtype(buf.dtype) and values.flags.c_contiguous
+
+    def _check_shape(self, name: str, values: np.ndarray, where: str) -> Buffer:
         buf = self.buffers[name]
         if values.shape != buf.shape:
             raise ExecutionError(
                 f"{where}: shape {values.shape} does not match buffer {name!r} of shape {buf.shape}"
             )
-        return values.dtype == storage_dtype(buf.dtype) and values.flags.c_contiguous
+        return buf
 
     def target(self, name: str) -> np.ndarray:
         """The array a kernel writes a window of (zeros on first write: device memory starts cleared; a read-only
@@ -256,8 +256,7 @@ class _State:
             plan = self.plans[index] = _KernelPlan(k, self.buffers, fingerprint)
         return plan
 
-    def kernel(self, k: Kernel, plan: _KernelPlan | None = None) -> None:
-        plan = plan or _KernelPlan(k, self.buffers, ())
+    def kernel(self, k: Kernel, plan: _KernelPlan) -> None:
         where = plan.where
         xs = []
         for name, read in plan.reads:

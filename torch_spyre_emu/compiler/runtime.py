@@ -130,9 +130,8 @@ def host_function(spec: HostSpec):
 
         kwargs = {k: fill(v) for k, v in spec.kwargs.items()}
         target, args = spec.target, fill(spec.args)
-        if (
-            target.overloadpacket in _FACTORY_DRAWS
-        ):  # no generator argument: the equivalent call that takes one
+        # a random factory without a generator argument: the equivalent call that takes one
+        if target.overloadpacket in _FACTORY_DRAWS:
             target, args, kwargs = _FACTORY_DRAWS[target.overloadpacket](args, kwargs)
         if _draws_random_numbers(target) and kwargs.get("generator") is None:
             # the device's generator, not torch's default CPU one: torch.spyre seeding decides spyre random values
@@ -203,9 +202,11 @@ def prepared_weights(prep, params: list[torch.Tensor], values: list[np.ndarray],
         mode=mode,
         resident=resident,
         fetch=list(prep.outputs),
-        resident_exact=_exact(
-            prep.program, resident, {s.buffer: p for s, p in zip(prep.weights, params, strict=True)}
-        ),
+        resident_exact={
+            s.buffer
+            for s, p in zip(prep.weights, params, strict=True)
+            if _in_format(prep.program, s.buffer, p)
+        },
     )
     out = {name: result.outputs[name] for name in prep.outputs}
     cache = prep.cache
@@ -247,7 +248,8 @@ def run_compiled(compiled: Compiled, args: list, mode: str = "both", trace_path=
             # a weight only read by its preparation program is not bound to (and rounded into) every call
             if compiled.prep is None or spec.buffer in compiled.main_reads:
                 resident[spec.buffer] = values
-                exact |= _exact(program, {spec.buffer: values}, {spec.buffer: x})
+                if _in_format(program, spec.buffer, x):
+                    exact.add(spec.buffer)
             if fresh:
                 nbytes = program.buffers[spec.buffer].nbytes
                 uploads = UploadRecord(
@@ -255,7 +257,8 @@ def run_compiled(compiled: Compiled, args: list, mode: str = "both", trace_path=
                 )
         elif spec.resident:
             resident[spec.buffer] = _payload(x)
-            exact |= _exact(program, {spec.buffer: resident[spec.buffer]}, {spec.buffer: x})
+            if _in_format(program, spec.buffer, x):
+                exact.add(spec.buffer)
         else:
             inputs[spec.name] = to_host_numpy(x)
     prep = compiled.prep
@@ -321,15 +324,11 @@ def run_compiled(compiled: Compiled, args: list, mode: str = "both", trace_path=
     return outputs, result, uploads
 
 
-def _exact(program, values: dict[str, np.ndarray], tensors: dict[str, torch.Tensor]) -> set[str]:
-    """The buffers whose values (device values of these tensors) are already in the buffer's device format, so the
-    executor binds them without rounding them again; a dtype the lowering changed (e.g. an fp32 weight read as
-    DL16) is rounded by the executor as before."""
-    return {
-        name
-        for name, t in tensors.items()
-        if name in values and device_format(t.dtype) == program.buffers[name].dtype
-    }
+def _in_format(program, buffer: str, t: torch.Tensor) -> bool:
+    """Whether the device values of tensor `t` are already in the format of `buffer`, so the executor binds them
+    without rounding them again; a dtype the lowering changed (e.g. an fp32 weight read as DL16) is rounded by the
+    executor as before."""
+    return device_format(t.dtype) == program.buffers[buffer].dtype
 
 
 def _payload(t: torch.Tensor) -> np.ndarray:
