@@ -49,6 +49,10 @@ REDUCTION_OPS = frozenset({"reduce", "softmax", "layernorm", "rmsnorm"})
 MAX_BUNDLE = 64
 
 
+def _fusable(step) -> bool:
+    return isinstance(step, Kernel) and step.op in POINTWISE_OPS | REDUCTION_OPS
+
+
 def group_of(k: Kernel) -> tuple[int, int]:
     """(numel, rnumel): the kernel's outer and reduced iteration sizes, Inductor's fusion group."""
     rnumel = math.prod(k.space[d] for d in k.reduce_dims)
@@ -85,7 +89,7 @@ def bundle_kernels(steps: list, buffers: dict[str, Buffer], ctx) -> list:
         return steps
     done: list[_Bundle] = []
     for i, step in enumerate(steps):
-        if not isinstance(step, Kernel) or step.op not in POINTWISE_OPS | REDUCTION_OPS:
+        if not _fusable(step):
             continue  # host steps, matmuls and restickifies are not fused: the index gap ends the bundle
         reads = {a.buffer for a in step.inputs}
         new = _Bundle([step], group_of(step), i, i, {a.buffer for a in step.outputs})
@@ -105,10 +109,6 @@ def bundle_kernels(steps: list, buffers: dict[str, Buffer], ctx) -> list:
                 k.bundle = f"fused_{index}"
             index += 1
     return steps
-
-
-def _fusable(step) -> bool:
-    return isinstance(step, Kernel) and step.op in POINTWISE_OPS | REDUCTION_OPS
 
 
 def sink_to_consumers(steps: list, buffers: dict[str, Buffer], ctx) -> list:
