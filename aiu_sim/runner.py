@@ -11,7 +11,7 @@ import numpy as np
 
 from aiu_sim.config import HardwareConfig, load_config
 from aiu_sim.errors import ExecutionError
-from aiu_sim.program import KernelProgram
+from aiu_sim.ir.program import KernelProgram
 
 if TYPE_CHECKING:  # the timing engine is imported lazily: functional runs must not need it
     from aiu_sim.timing import TimingReport
@@ -41,7 +41,7 @@ def run(
 
     config: a HardwareConfig, preset name or TOML path (default: the program's config, else the `spyre` preset).
     trace_path: write a Chrome/Perfetto trace of the timing there. accumulation: the default accumulation model of
-    matmuls and sums (see aiu_sim.executor.execute). resident: buffers already on the device (buffer name -> device
+    matmuls and sums (see aiu_sim.functional.executor.execute). resident: buffers already on the device (buffer name -> device
     values, e.g. weights or spyre tensors), bound without a host copy (torch_spyre_emu uses it). fetch: buffer names
     whose final device values are returned in outputs too (results that stay on the device). resident_exact: names
     of resident buffers whose values already are in the buffer's format, bound without rounding or copying."""
@@ -52,7 +52,7 @@ def run(
     cfg = load_config(config if config is not None else program.config)
     outputs = None
     if mode in ("both", "functional"):
-        from aiu_sim.executor import execute
+        from aiu_sim.functional.executor import execute
 
         if inputs is None:
             raise ExecutionError(
@@ -108,7 +108,9 @@ def _timing_engine():
 
 def _write_trace(report, path) -> None:
     try:
-        from aiu_sim.trace import write_trace
+        from aiu_sim.timing.trace import write_trace
     except ImportError as e:
-        raise ExecutionError(f"trace output (aiu_sim.trace) is not available ({e}); omit trace_path") from e
+        raise ExecutionError(
+            f"trace output (aiu_sim.timing.trace) is not available ({e}); omit trace_path"
+        ) from e
     write_trace(report, path)

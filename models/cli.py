@@ -37,7 +37,7 @@ def simulate(
     """Time one fp16 matmul on the simulated chip (aiu_sim alone, no torch) and print where the time went."""
     from aiu_sim import run
     from aiu_sim.builders import matmul_program
-    from aiu_sim.summary import format_summary
+    from aiu_sim.timing.summary import format_summary
 
     cfg = _load_config_or_exit(config)
     program = matmul_program(m, k, n, config=cfg)

@@ -39,7 +39,7 @@ import adapters
 import torch_spyre_emu
 from models import plots, report, rundir, weights, weights_cache
 from models.generate import Generation, StaticGreedy, device_copy
-from torch_spyre_emu.profile import ProfileReport
+from torch_spyre_emu.profiling import ProfileReport
 
 DEFAULT_PROMPT = "What is the capital of France? Tell me three facts about it."
 DEFAULT_SENTENCES = [

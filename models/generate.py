@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 import torch_spyre_emu
-from torch_spyre_emu.profile import ProfileReport
+from torch_spyre_emu.profiling import ProfileReport
 
 BLOCK = 64  # sequence lengths are padded to whole 64-token blocks (one stick of fp16)
 

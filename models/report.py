@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from torch_spyre_emu.profile import KernelRecord, ProfileReport
+from torch_spyre_emu.profiling import KernelRecord, ProfileReport
 
 
 @dataclass

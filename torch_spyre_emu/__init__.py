@@ -12,8 +12,8 @@ from torch_spyre_emu import config
 from torch_spyre_emu.blocks import compile_blocks
 from torch_spyre_emu.capabilities import capabilities, override_capabilities
 from torch_spyre_emu.config import strict_mode as strict
-from torch_spyre_emu.device import register as _register_device
-from torch_spyre_emu.profile import last_profile, profile
+from torch_spyre_emu.device.register import register as _register_device
+from torch_spyre_emu.profiling import last_profile, profile
 
 _register_device()  # the "spyre" device exists as soon as the package is imported (idempotent)
 

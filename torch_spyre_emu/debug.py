@@ -36,7 +36,7 @@ def program(prog) -> None:
 
 
 def timings(report) -> None:
-    """Level 2: per-kernel timings of one run (a torch_spyre_emu.profile.ProfileReport)."""
+    """Level 2: per-kernel timings of one run (a torch_spyre_emu.profiling.ProfileReport)."""
     if level() >= 2 and report is not None:
         emit(f"[spyre-emu] timing of {report.name}: total {report.total_us:.2f} us")
         for k in report.kernels:

@@ -59,7 +59,7 @@ def _traced_op(func, args, kwargs):
 def run_op(func, args, kwargs):
     """Run one aten op on spyre tensors through the compiler; returns spyre tensors (same structure as the op)."""
     from torch_spyre_emu.compiler.runtime import call_generator, run_compiled
-    from torch_spyre_emu.profile import current_run_options, record
+    from torch_spyre_emu.profiling import current_run_options, record
 
     kwargs = dict(kwargs or {})
     if func in (aten._local_scalar_dense.default, aten.item.default):
@@ -116,7 +116,7 @@ def _compile_keeping_fallback_warnings(func, args, kwargs, tensors, ctx) -> tupl
 
 
 def _item(t: torch.Tensor):
-    from torch_spyre_emu.tensor import payload
+    from torch_spyre_emu.device.tensor import payload
 
     if t.numel() != 1:
         raise SpyreDeviceError(f"item() needs a one-element tensor, got shape {list(t.shape)}")

@@ -2,7 +2,7 @@
 
     report = simulate(program, config)   # TimingReport
     print(report.summary())
-    aiu_sim.trace.write_trace(report, "trace.json")
+    aiu_sim.timing.trace.write_trace(report, "trace.json")
 
 Layout: resources.py (the timed units and ring geometry), engine.py (the event loop), dram.py (the calibrated DRAM
 model), compute.py (PT and SFP cycles), tiling.py (LX tile plans), kernels.py (a kernel as tile-level tasks),

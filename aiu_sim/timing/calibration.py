@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from aiu_sim.config import HardwareConfig, load_config
-from aiu_sim.program import Arg, Buffer, Kernel, KernelProgram
+from aiu_sim.ir.program import Arg, Buffer, Kernel, KernelProgram
 from aiu_sim.timing.simulate import simulate
 
 

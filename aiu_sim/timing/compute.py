@@ -23,8 +23,8 @@ import math
 from dataclasses import dataclass
 
 from aiu_sim.config import HardwareConfig
-from aiu_sim.layout import elems_per_stick
-from aiu_sim.program import TRANSCENDENTAL_FNS, Buffer, Kernel, arg_shape
+from aiu_sim.ir.layout import elems_per_stick
+from aiu_sim.ir.program import TRANSCENDENTAL_FNS, Buffer, Kernel, arg_shape
 
 _PAD_STICK_BYTES = 128
 

@@ -16,7 +16,7 @@ from collections import defaultdict
 import numpy as np
 
 from aiu_sim.config import HardwareConfig
-from aiu_sim.program import Buffer, Kernel, arg_bytes, core_slices, stick_dims
+from aiu_sim.ir.program import Buffer, Kernel, arg_bytes, core_slices, stick_dims
 from aiu_sim.timing import engine
 from aiu_sim.timing.compute import ComputeCost, elem_bytes, matmul_cost, matmul_dims, sfp_cost
 from aiu_sim.timing.dram import kernel_dram_model

@@ -231,7 +231,7 @@ class TimingReport:
         }
 
     def summary(self, top: int = 10) -> str:
-        from aiu_sim.summary import format_summary
+        from aiu_sim.timing.summary import format_summary
 
         return format_summary(self, top=top)
 

@@ -22,7 +22,7 @@ import numpy as np
 
 from aiu_sim.config import HardwareConfig, load_config
 from aiu_sim.errors import ProgramError
-from aiu_sim.program import Buffer, DeviceToHost, HostOp, HostToDevice, Kernel, KernelProgram, opens_bundle
+from aiu_sim.ir.program import Buffer, DeviceToHost, HostOp, HostToDevice, Kernel, KernelProgram, opens_bundle
 from aiu_sim.timing.kernels import time_kernel
 from aiu_sim.timing.report import KernelTiming, StepTiming, TimingReport
 from aiu_sim.timing.resources import ResourceMap

@@ -25,7 +25,7 @@ from collections import defaultdict
 
 import numpy as np
 
-from aiu_sim.program import Buffer, Kernel, core_slices
+from aiu_sim.ir.program import Buffer, Kernel, core_slices
 from aiu_sim.timing import engine
 from aiu_sim.timing.compute import elem_bytes
 

@@ -17,8 +17,8 @@ from aiu_sim.builders import (
     llama_example_inputs,
     matmul_program,
 )
-from aiu_sim.executor import execute
-from aiu_sim.program import stick_dims
+from aiu_sim.functional.executor import execute
+from aiu_sim.ir.program import stick_dims
 
 LLAMA_8B = dict(layers=32, hidden=4096, intermediate=14336, heads=32, kv_heads=8, head_dim=128, vocab=128256)
 TINY = dict(layers=2, hidden=128, intermediate=256, heads=4, kv_heads=2, head_dim=32, vocab=300)

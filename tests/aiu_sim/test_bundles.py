@@ -18,7 +18,7 @@ from aiu_sim import (
     ProgramError,
 )
 from aiu_sim.timing import KernelCache, simulate
-from aiu_sim.trace import trace_events
+from aiu_sim.timing.trace import trace_events
 
 SPYRE = aiu_sim.preset("spyre")
 LAUNCH_NS = SPYRE.kernel_launch_overhead_us * 1e3

@@ -15,14 +15,15 @@ import math
 import numpy as np
 import pytest
 
-from aiu_sim import Arg, ExecutionError, sfp_math
-from aiu_sim.executor import execute
+from aiu_sim import Arg, ExecutionError
+from aiu_sim.builders.program_builder import ProgramBuilder
+from aiu_sim.functional import sfp_math
+from aiu_sim.functional.executor import execute
+from aiu_sim.ir.program import BINARY_FNS, REDUCE_FNS, TERNARY_FNS, UNARY_FNS
 from aiu_sim.numerics import dl16
 from aiu_sim.numerics._accumulate_kernels import accumulate_fp32_exact_products
 from aiu_sim.numerics.accumulate import AccumulationModel, ReductionOrder, reduce_mean, reduce_sum
 from aiu_sim.numerics.accumulate import matmul as ref_matmul
-from aiu_sim.program import BINARY_FNS, REDUCE_FNS, TERNARY_FNS, UNARY_FNS
-from aiu_sim.program_builder import ProgramBuilder
 
 RNG = np.random.default_rng(1234)
 SHAPE = (6, 200)  # 200 is not a whole number of 64-element sticks: exercises the padded last stick
@@ -625,7 +626,7 @@ def test_whole_buffer_outputs_never_alias_their_inputs():
     """The executor keeps a whole-buffer result as the buffer's array (no copy); a later windowed write into the
     copy must still leave the source untouched."""
     import aiu_sim
-    from aiu_sim.program import Arg, Buffer, DeviceToHost, HostToDevice, Kernel, KernelProgram
+    from aiu_sim.ir.program import Arg, Buffer, DeviceToHost, HostToDevice, Kernel, KernelProgram
 
     program = KernelProgram(
         "alias_probe",

@@ -2,7 +2,7 @@
 
 import pytest
 
-from aiu_sim.layout import default_layout, elems_per_stick, padded
+from aiu_sim.ir.layout import default_layout, elems_per_stick, padded
 
 
 def test_worked_example_rank3_fp16():

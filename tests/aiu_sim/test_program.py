@@ -8,10 +8,10 @@ import pytest
 
 import aiu_sim
 from aiu_sim import Arg, Buffer, DeviceToHost, HostToDevice, Kernel, KernelProgram, ProgramError
-from aiu_sim.exec_reduce import partial_sum_groups
+from aiu_sim.functional.reduce import partial_sum_groups
+from aiu_sim.ir.program import arg_sticks, core_slices
 from aiu_sim.numerics import host
 from aiu_sim.numerics.accumulate import AccumulationModel, ReductionOrder, matmul
-from aiu_sim.program import arg_sticks, core_slices
 
 M, K, N = 64, 512, 512
 

@@ -10,9 +10,9 @@ import pytest
 import aiu_sim
 from aiu_sim import Arg, Buffer, HostOp, Kernel, KernelProgram, ProgramError
 from aiu_sim.builders import llama_decoder_program, matmul_program
-from aiu_sim.layout import default_layout
+from aiu_sim.ir.layout import default_layout
+from aiu_sim.ir.serialize import from_json, to_json
 from aiu_sim.numerics.accumulate import AccumulationModel
-from aiu_sim.serialize import from_json, to_json
 
 
 def assert_same_program(p: KernelProgram, q: KernelProgram) -> None:

@@ -8,7 +8,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from aiu_sim.config import preset
-from aiu_sim.program import Arg, Buffer, Kernel, KernelProgram, arg_bytes
+from aiu_sim.ir.program import Arg, Buffer, Kernel, KernelProgram, arg_bytes
 from aiu_sim.timing import simulate
 from aiu_sim.timing.calibration import bmm_program, matmul_program, stream_program
 from aiu_sim.timing.dram import mixed_bandwidth_gbps

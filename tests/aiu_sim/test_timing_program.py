@@ -8,7 +8,7 @@ import pytest
 
 from aiu_sim.config import preset
 from aiu_sim.errors import ProgramError
-from aiu_sim.program import Arg, Buffer, DeviceToHost, HostOp, HostToDevice, Kernel, KernelProgram
+from aiu_sim.ir.program import Arg, Buffer, DeviceToHost, HostOp, HostToDevice, Kernel, KernelProgram
 from aiu_sim.timing import KernelCache, simulate
 
 SPYRE = preset("spyre")

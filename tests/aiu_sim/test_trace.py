@@ -6,9 +6,9 @@ from collections import defaultdict
 import pytest
 
 from aiu_sim.config import preset
-from aiu_sim.program import Arg, Buffer, DeviceToHost, HostToDevice, Kernel, KernelProgram
+from aiu_sim.ir.program import Arg, Buffer, DeviceToHost, HostToDevice, Kernel, KernelProgram
 from aiu_sim.timing import simulate
-from aiu_sim.trace import trace_events, write_trace
+from aiu_sim.timing.trace import trace_events, write_trace
 
 SPYRE = preset("spyre")
 

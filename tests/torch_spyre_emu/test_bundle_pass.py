@@ -10,7 +10,7 @@ import torch
 
 import adapters
 import torch_spyre_emu
-from aiu_sim.program import Arg, HostOp, Kernel
+from aiu_sim.ir.program import Arg, HostOp, Kernel
 from models.weights import tiny_llama
 from torch_spyre_emu import config
 from torch_spyre_emu.compiler.context import CompileContext

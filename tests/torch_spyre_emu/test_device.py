@@ -13,10 +13,10 @@ from torch.utils._pytree import tree_map
 
 from aiu_sim.numerics import dl16, fp8, host
 from aiu_sim.numerics.errors import Int64NarrowingWarning, Int64RangeError
-from torch_spyre_emu.device import register
+from torch_spyre_emu.device.layout import SpyreTensorLayout, default_layout
+from torch_spyre_emu.device.register import register
+from torch_spyre_emu.device.tensor import from_payload, payload
 from torch_spyre_emu.errors import SpyreDeviceError, SpyreEagerUnavailableError, SpyreError, SpyreLayoutError
-from torch_spyre_emu.layout import SpyreTensorLayout, default_layout
-from torch_spyre_emu.tensor import from_payload, payload
 
 register()
 

@@ -9,9 +9,9 @@ from _dl16 import assert_within_ulps, round_dl16, to_dl16
 
 import torch_spyre_emu
 from torch_spyre_emu import eager
-from torch_spyre_emu.device import register
+from torch_spyre_emu.device.register import register
+from torch_spyre_emu.device.tensor import payload
 from torch_spyre_emu.errors import FallbackWarning, SpyreCompileError, SpyreUnsupportedOpError
-from torch_spyre_emu.tensor import payload
 
 register()
 

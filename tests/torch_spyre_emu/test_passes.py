@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import aiu_sim
-from aiu_sim.program import Kernel, arg_bytes, core_slices, stick_dims
+from aiu_sim.ir.program import Kernel, arg_bytes, core_slices, stick_dims
 from torch_spyre_emu.compiler.context import CompileContext
 from torch_spyre_emu.compiler.passes.work_division import matmul_cost_us
 from torch_spyre_emu.compiler.pipeline import compile_fn

@@ -6,7 +6,7 @@ import threading
 import pytest
 import torch
 
-from torch_spyre_emu.device import register
+from torch_spyre_emu.device.register import register
 from torch_spyre_emu.errors import SpyreDeviceError
 
 register()

@@ -4,8 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from torch_spyre_emu.errors import SpyreLayoutError
-from torch_spyre_emu.layout import (
+from torch_spyre_emu.device.layout import (
     SpyreTensorLayout,
     dci,
     default_layout,
@@ -13,6 +12,7 @@ from torch_spyre_emu.layout import (
     host_dim_map,
     to_device_image,
 )
+from torch_spyre_emu.errors import SpyreLayoutError
 
 
 def test_worked_example_rank3_fp16():

@@ -10,7 +10,6 @@ the KernelProgram with aiu_sim. CPU inputs give CPU outputs; spyre-tensor inputs
 
 from __future__ import annotations
 
-import importlib
 import itertools
 
 import torch
@@ -78,11 +77,8 @@ class GraphRunner:
         return compiled
 
     def __call__(self, *args):
+        from torch_spyre_emu import profiling
         from torch_spyre_emu.compiler.runtime import run_compiled
-
-        profiling = importlib.import_module(
-            "torch_spyre_emu.profile"
-        )  # the module (the package exports the function)
 
         args = list(args)
         compiled = self.compiled_for(args)

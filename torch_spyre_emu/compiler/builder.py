@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from aiu_sim.program import Arg, Buffer, Kernel
+from aiu_sim.ir.program import Arg, Buffer, Kernel
 from torch_spyre_emu.compiler.context import TORCH_TO_FORMAT, dtype_name
 from torch_spyre_emu.compiler.views import TRef
 from torch_spyre_emu.errors import SpyreCompileError

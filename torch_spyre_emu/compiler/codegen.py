@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.fx as fx
 
-from aiu_sim.program import DeviceToHost, HostOp, HostToDevice
+from aiu_sim.ir.program import DeviceToHost, HostOp, HostToDevice
 from torch_spyre_emu.compiler.builder import Builder, HostSpec
 from torch_spyre_emu.compiler.context import CompileContext, dtype_name, module_path
 from torch_spyre_emu.compiler.lowering import Unavailable, find_lowering

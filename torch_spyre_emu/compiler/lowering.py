@@ -13,7 +13,7 @@ from collections.abc import Callable
 import torch
 import torch.fx as fx
 
-from aiu_sim.program import Arg
+from aiu_sim.ir.program import Arg
 from torch_spyre_emu.compiler.builder import Builder
 from torch_spyre_emu.compiler.views import TRef
 from torch_spyre_emu.errors import SpyreCompileError

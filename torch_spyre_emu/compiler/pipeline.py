@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import torch.fx as fx
 
-from aiu_sim.program import KernelProgram, step_reads, step_writes
+from aiu_sim.ir.program import KernelProgram, step_reads, step_writes
 from torch_spyre_emu import debug
 from torch_spyre_emu.compiler.capture import capture
 from torch_spyre_emu.compiler.codegen import Lowered, lower_graph

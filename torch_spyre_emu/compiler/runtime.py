@@ -25,13 +25,13 @@ import torch
 
 import aiu_sim
 from aiu_sim.numerics import host as host_numerics
-from aiu_sim.trace import write_trace
+from aiu_sim.timing.trace import write_trace
 from torch_spyre_emu.compiler.builder import HostSpec, host_array
 from torch_spyre_emu.compiler.codegen import Lowered
 from torch_spyre_emu.compiler.context import dtype_name
 from torch_spyre_emu.compiler.pipeline import Compiled
-from torch_spyre_emu.host_dtypes import device_format
-from torch_spyre_emu.profile import timing_stand_in
+from torch_spyre_emu.device.host_dtypes import device_format
+from torch_spyre_emu.profiling import timing_stand_in
 
 
 @dataclass
@@ -135,7 +135,7 @@ def host_function(spec: HostSpec):
             target, args, kwargs = _FACTORY_DRAWS[target.overloadpacket](args, kwargs)
         if _draws_random_numbers(target) and kwargs.get("generator") is None:
             # the device's generator, not torch's default CPU one: torch.spyre seeding decides spyre random values
-            from torch_spyre_emu import spyre_module
+            from torch_spyre_emu.device import spyre_module
 
             kwargs["generator"] = _CALL_GENERATOR.get() or spyre_module.get_generator()
         with torch.no_grad():
@@ -332,14 +332,14 @@ def _in_format(program, buffer: str, t: torch.Tensor) -> bool:
 
 
 def _payload(t: torch.Tensor) -> np.ndarray:
-    from torch_spyre_emu.tensor import payload
+    from torch_spyre_emu.device.tensor import payload
 
     return payload(t)
 
 
 def _to_spyre(values: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
-    from torch_spyre_emu import host_dtypes
-    from torch_spyre_emu.tensor import from_payload
+    from torch_spyre_emu.device import host_dtypes
+    from torch_spyre_emu.device.tensor import from_payload
 
     return from_payload(np.array(values, dtype=host_dtypes.payload_numpy_dtype(dtype), order="C"), dtype)
 

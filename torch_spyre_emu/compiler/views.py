@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from aiu_sim.program import Arg
+from aiu_sim.ir.program import Arg
 
 
 @dataclass(frozen=True)

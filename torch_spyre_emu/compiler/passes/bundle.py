@@ -41,7 +41,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from aiu_sim.program import Buffer, Kernel, step_reads, step_writes
+from aiu_sim.ir.program import Buffer, Kernel, step_reads, step_writes
 
 POINTWISE_OPS = frozenset({"unary", "binary", "ternary", "copy", "fill"})
 REDUCTION_OPS = frozenset({"reduce", "softmax", "layernorm", "rmsnorm"})

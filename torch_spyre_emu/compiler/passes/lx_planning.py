@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 
-from aiu_sim.program import Buffer, DeviceToHost, HostOp, HostToDevice, Kernel, arg_bytes, core_slices
+from aiu_sim.ir.program import Buffer, DeviceToHost, HostOp, HostToDevice, Kernel, arg_bytes, core_slices
 
 ALIGN = 128
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import math
 
-from aiu_sim.layout import elems_per_stick
-from aiu_sim.program import Arg, Buffer, Kernel
+from aiu_sim.ir.layout import elems_per_stick
+from aiu_sim.ir.program import Arg, Buffer, Kernel
 
 
 def pad_k(steps: list, buffers: dict[str, Buffer], ctx=None) -> list:

@@ -9,7 +9,7 @@ required dim; the kernel then reads that buffer.
 
 from __future__ import annotations
 
-from aiu_sim.program import Arg, Buffer, Kernel, arg_shape
+from aiu_sim.ir.program import Arg, Buffer, Kernel, arg_shape
 from torch_spyre_emu.compiler.passes.stickify import stick_dim
 
 POINTWISE = ("unary", "binary", "ternary")

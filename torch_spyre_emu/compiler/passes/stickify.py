@@ -1,6 +1,6 @@
 """Stickification (STACK §1.3 pass 2, §2): give every buffer its SpyreTensorLayout and every kernel its stick dim.
 
-Every buffer gets torch-spyre's default layout (aiu_sim.layout.default_layout: device order d1..d(r-1),
+Every buffer gets torch-spyre's default layout (aiu_sim.ir.layout.default_layout: device order d1..d(r-1),
 tiles(dr), d0, dr-in-stick; only the stick dim padded). In aiu_sim the stick is always a buffer's last logical
 axis, so a non-default `dim_order` is expressed by giving the buffer a permuted logical shape (which is what the
 restickify pass does) rather than a permuted layout. Each kernel is stamped with `attrs["stick_dim"]`: the iteration
@@ -9,8 +9,8 @@ dim along its (first) output's stick, which pointwise inputs must share (checked
 
 from __future__ import annotations
 
-from aiu_sim.layout import default_layout
-from aiu_sim.program import Buffer, Kernel, arg_shape
+from aiu_sim.ir.layout import default_layout
+from aiu_sim.ir.program import Buffer, Kernel, arg_shape
 
 
 def stickify(steps: list, buffers: dict[str, Buffer], ctx=None) -> list:

@@ -20,7 +20,7 @@ import warnings
 import torch
 import torch.fx as fx
 
-from aiu_sim.layout import elems_per_stick
+from aiu_sim.ir.layout import elems_per_stick
 from torch_spyre_emu.compiler.context import (
     TORCH_TO_FORMAT,
     CompileContext,

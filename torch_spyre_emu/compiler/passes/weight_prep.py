@@ -13,7 +13,7 @@ and it is not a graph result. Values are unchanged: the same kernels run on the 
 
 from __future__ import annotations
 
-from aiu_sim.program import Buffer, HostOp, HostToDevice, Kernel, step_reads
+from aiu_sim.ir.program import Buffer, HostOp, HostToDevice, Kernel, step_reads
 
 LAYOUT_OPS = ("restickify", "copy", "fill")
 

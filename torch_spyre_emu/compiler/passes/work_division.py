@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 
-from aiu_sim.program import Buffer, Kernel, arg_bytes, core_slices, stick_dims
+from aiu_sim.ir.program import Buffer, Kernel, arg_bytes, core_slices, stick_dims
 from torch_spyre_emu.errors import SpyreCompileError
 
 PEAK_FLOPS_DL16 = 98.304e12  # work_division.py "DL16 peak"

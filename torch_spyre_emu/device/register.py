@@ -12,7 +12,8 @@ import threading
 import torch
 from torch.utils.backend_registration import _setup_privateuseone_for_python_backend
 
-from torch_spyre_emu import device_kernels, spyre_module, tensor_api
+from torch_spyre_emu.device import kernels as device_kernels
+from torch_spyre_emu.device import spyre_module, tensor_api
 from torch_spyre_emu.errors import SpyreDeviceError
 
 DEVICE_NAME = "spyre"

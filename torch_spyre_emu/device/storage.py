@@ -15,9 +15,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from torch_spyre_emu import device_memory
+from torch_spyre_emu.device import memory as device_memory
+from torch_spyre_emu.device.layout import SpyreTensorLayout
 from torch_spyre_emu.errors import SpyreDeviceError
-from torch_spyre_emu.layout import SpyreTensorLayout
 
 _ATTR = "_spyre_device_storage"
 

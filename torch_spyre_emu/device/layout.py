@@ -5,7 +5,7 @@ count of the device format). `stride_map[i]` is the host-element stride of one s
 synthetic, padded or size-1 dimension, which only ever holds index 0. The host offset of a device position is the
 dot product of its coordinates with stride_map; positions that map to no host element are padding (zeros).
 
-The stick math itself (default layout, elements per stick) lives in aiu_sim.layout so the simulator shares it; this
+The stick math itself (default layout, elements per stick) lives in aiu_sim.ir.layout so the simulator shares it; this
 module adds the torch-facing type, validation against a host shape, the device image and the DMA triple (DCI).
 """
 
@@ -16,8 +16,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from aiu_sim import layout as stick_math
 from aiu_sim.config import STICK_BYTES
+from aiu_sim.ir import layout as stick_math
 from aiu_sim.numerics.formats import FORMATS
 from torch_spyre_emu.errors import SpyreLayoutError
 
@@ -100,7 +100,7 @@ def default_layout(shape, dtype, dim_order=None) -> SpyreTensorLayout:
     Host dims (d0, ..., dr) are permuted by `dim_order` first, then laid out as d1, ..., d(r-1), tiles(dr), d0,
     dr-in-stick; only the stick dim is padded. Size-1 host dims never contribute, so all their device dims get
     stride -1 (canonical form)."""
-    from torch_spyre_emu.host_dtypes import device_format
+    from torch_spyre_emu.device.host_dtypes import device_format
 
     shape = tuple(int(s) for s in shape)
     if len(shape) > MAX_HOST_RANK:

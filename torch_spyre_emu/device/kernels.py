@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import torch
 
-from torch_spyre_emu import host_dtypes, op_dispatch
+from torch_spyre_emu.device import host_dtypes, op_dispatch
+from torch_spyre_emu.device.tensor import check_device, new_tensor, payload
 from torch_spyre_emu.errors import SpyreDeviceError
-from torch_spyre_emu.tensor import check_device, new_tensor, payload
 
 aten = torch.ops.aten
 _libraries: list[torch.library.Library] = []  # keep registrations alive

@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from aiu_sim.errors import ExecutionError
-from aiu_sim.program import Arg, Kernel
+from aiu_sim.ir.program import Arg, Kernel
 
 
 def window(arg: Arg, shape: tuple[int, ...], space: dict[str, int]) -> tuple[slice, ...]:

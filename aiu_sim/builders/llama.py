@@ -19,10 +19,10 @@ import math
 
 import numpy as np
 
+from aiu_sim.builders.program_builder import ProgramBuilder, SplitPolicy
 from aiu_sim.config import HardwareConfig
 from aiu_sim.errors import ProgramError
-from aiu_sim.program import Arg, KernelProgram
-from aiu_sim.program_builder import ProgramBuilder, SplitPolicy
+from aiu_sim.ir.program import Arg, KernelProgram
 
 
 def llama_decoder_program(

@@ -12,7 +12,7 @@ import functools
 
 import torch
 
-from torch_spyre_emu import device_storage
+from torch_spyre_emu.device import storage as device_storage
 from torch_spyre_emu.errors import SpyreDeviceError, SpyreEagerUnavailableError
 
 _META = torch._C.DispatchKeySet(torch._C.DispatchKey.Meta)
@@ -155,11 +155,11 @@ def _write_back(op, mutated, args, kwargs, result):
 
 def copy_into(dst: torch.Tensor, src: torch.Tensor, op=None) -> None:
     """Write spyre tensor `src` into spyre tensor `dst` (same shape; cast through run_op if dtypes differ)."""
-    from torch_spyre_emu.tensor import payload
+    from torch_spyre_emu.device.tensor import payload
 
     if not isinstance(src, torch.Tensor) or src.device.type != "spyre":
         raise SpyreDeviceError(
-            f"run_op({op}) must return spyre tensors (made with torch_spyre_emu.tensor.from_payload), got "
+            f"run_op({op}) must return spyre tensors (made with torch_spyre_emu.device.tensor.from_payload), got "
             f"{type(src).__name__}{'' if not isinstance(src, torch.Tensor) else ' on ' + str(src.device)}"
         )
     if dst.numel() == 0 and tuple(dst.shape) != tuple(src.shape):

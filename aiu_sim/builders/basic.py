@@ -1,4 +1,4 @@
-"""Hand-built programs without torch: a matmul, an elementwise op, a Llama forward (llama_builder.py).
+"""One-kernel programs built without torch: a matmul and an elementwise op.
 
 p = matmul_program(256, 1024, 512, split={"n": 8, "k": 4})      # 32 cores, K split 4 ways
 out = aiu_sim.run(p, {"a": a, "b": b}, mode="functional").outputs["c"]
@@ -8,21 +8,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from aiu_sim.builders.program_builder import ProgramBuilder, SplitPolicy
 from aiu_sim.config import HardwareConfig
 from aiu_sim.errors import ProgramError
-from aiu_sim.llama_builder import llama_decoder_program, llama_example_inputs
-from aiu_sim.program import BINARY_FNS, TERNARY_FNS, UNARY_FNS, KernelProgram
-from aiu_sim.program_builder import HOST_DTYPE, ProgramBuilder, SplitPolicy, equal_split
-
-__all__ = [
-    "HOST_DTYPE",
-    "ProgramBuilder",
-    "elementwise_program",
-    "equal_split",
-    "llama_decoder_program",
-    "llama_example_inputs",
-    "matmul_program",
-]
+from aiu_sim.ir.program import BINARY_FNS, TERNARY_FNS, UNARY_FNS, KernelProgram
 
 
 def matmul_program(

@@ -13,9 +13,9 @@ import threading
 
 import torch
 
-from torch_spyre_emu import device_memory
+from torch_spyre_emu.device import memory as device_memory
+from torch_spyre_emu.device.streams import Stream, StreamContext, current_stream, default_stream, set_stream
 from torch_spyre_emu.errors import SpyreDeviceError
-from torch_spyre_emu.streams import Stream, StreamContext, current_stream, default_stream, set_stream
 
 __all__ = [
     "Stream",

@@ -86,7 +86,7 @@ def write_trace(report: TimingReport, path: str | Path, max_events_per_kernel: i
             "config": report.config.name,
             "mode": report.mode,
             "total_us": report.total_us,
-            "generator": "aiu_sim.trace",
+            "generator": "aiu_sim.timing.trace",
         },
     }
     with path.open("w") as f:

@@ -6,8 +6,8 @@ import math
 
 from aiu_sim.config import HardwareConfig, preset
 from aiu_sim.errors import BundleError, ProgramError
-from aiu_sim.layout import ELEMS_PER_STICK
-from aiu_sim.program import (
+from aiu_sim.ir.layout import ELEMS_PER_STICK
+from aiu_sim.ir.program import (
     ARITY,
     FNS_BY_OP,
     KERNEL_OPS,

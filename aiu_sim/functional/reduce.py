@@ -17,9 +17,9 @@ from collections.abc import Callable
 import numpy as np
 
 from aiu_sim.errors import ExecutionError
+from aiu_sim.ir.program import Arg, Buffer, Kernel, core_slices
 from aiu_sim.numerics.accumulate import AccumulationModel, ReductionOrder, combine, partial_sums
 from aiu_sim.numerics.formats import get_format
-from aiu_sim.program import Arg, Buffer, Kernel, core_slices
 
 Region = dict[str, tuple[int, int]]
 REDUCTION_ORDERS = ("chain", "pairwise")

@@ -24,7 +24,7 @@ class Stream:
     """A FIFO work queue on one spyre device. Use as a context manager to make it the current stream."""
 
     def __init__(self, device=None, priority: int = 0, *, _stream_id: int | None = None):
-        from torch_spyre_emu import spyre_module
+        from torch_spyre_emu.device import spyre_module
 
         self.device_index = spyre_module._device_index(device)
         if not isinstance(priority, int) or priority > 0:
@@ -88,7 +88,7 @@ class Stream:
 
 
 def default_stream(device=None) -> Stream:
-    from torch_spyre_emu import spyre_module
+    from torch_spyre_emu.device import spyre_module
 
     return Stream(spyre_module._device_index(device), 0, _stream_id=0)
 
@@ -101,7 +101,7 @@ def _current_map() -> dict[int, Stream]:
 
 def current_stream(device=None) -> Stream:
     """The stream work on `device` (default: the current device) goes to in this thread."""
-    from torch_spyre_emu import spyre_module
+    from torch_spyre_emu.device import spyre_module
 
     index = spyre_module._device_index(device)
     return _current_map().get(index) or default_stream(index)

@@ -19,10 +19,11 @@ import math
 import numpy as np
 import torch
 
-from aiu_sim.layout import contiguous_strides
-from torch_spyre_emu import device_storage, host_dtypes
+from aiu_sim.ir.layout import contiguous_strides
+from torch_spyre_emu.device import host_dtypes
+from torch_spyre_emu.device import storage as device_storage
+from torch_spyre_emu.device.layout import SpyreTensorLayout, default_layout, host_dim_map, to_device_image
 from torch_spyre_emu.errors import SpyreDeviceError, SpyreLayoutError
-from torch_spyre_emu.layout import SpyreTensorLayout, default_layout, host_dim_map, to_device_image
 
 _META = torch._C.DispatchKeySet(torch._C.DispatchKey.Meta)
 
@@ -57,7 +58,7 @@ def new_tensor(
     shape, dtype: torch.dtype, strides=None, layout: SpyreTensorLayout | None = None
 ) -> torch.Tensor:
     """Allocate a zero-filled spyre tensor of `shape`/`dtype` (torch strides `strides`, default contiguous)."""
-    from torch_spyre_emu import spyre_module
+    from torch_spyre_emu.device import spyre_module
 
     shape = tuple(int(s) for s in shape)
     strides = contiguous_strides(shape) if strides is None else tuple(int(s) for s in strides)

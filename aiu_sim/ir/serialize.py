@@ -20,8 +20,8 @@ import numpy as np
 
 from aiu_sim.config import HardwareConfig
 from aiu_sim.errors import ProgramError
-from aiu_sim.layout import StickLayout, default_layout
-from aiu_sim.program import Arg, Buffer, DeviceToHost, HostOp, HostToDevice, Kernel, KernelProgram
+from aiu_sim.ir.layout import StickLayout, default_layout
+from aiu_sim.ir.program import Arg, Buffer, DeviceToHost, HostOp, HostToDevice, Kernel, KernelProgram
 
 FORMAT = "aiu_sim.KernelProgram"
 VERSION = 1

@@ -13,14 +13,15 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 
 import numpy as np
 
-from aiu_sim import exec_reduce, sfp_math
 from aiu_sim.errors import ExecutionError
-from aiu_sim.exec_access import GatherPlan, ScatterPlan
+from aiu_sim.functional import reduce as exec_reduce
+from aiu_sim.functional import sfp_math
+from aiu_sim.functional.access import GatherPlan, ScatterPlan
+from aiu_sim.ir.program import Buffer, DeviceToHost, HostOp, HostToDevice, Kernel, KernelProgram
 from aiu_sim.numerics import host
 from aiu_sim.numerics.accumulate import DEFAULT_MODEL, AccumulationModel
 from aiu_sim.numerics.errors import NumericsError
 from aiu_sim.numerics.formats import get_format
-from aiu_sim.program import Buffer, DeviceToHost, HostOp, HostToDevice, Kernel, KernelProgram
 
 HostFunction = Callable[..., object]
 

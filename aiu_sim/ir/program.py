@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from aiu_sim.config import STICK_BYTES, HardwareConfig
 from aiu_sim.errors import ProgramError
-from aiu_sim.layout import StickLayout, default_layout, elems_per_stick
+from aiu_sim.ir.layout import StickLayout, default_layout, elems_per_stick
 
 # Kernel ops and the unit that runs them (STACK §1.6: exUnit "pt" for matmul, "sfp" for everything else).
 KERNEL_OPS = {
@@ -112,7 +112,7 @@ class Buffer:
     name: str
     dtype: str  # an aiu_sim.numerics format name: "dl16", "fp32", "int32", "int8", "fp8_e4m3", ...
     shape: tuple[int, ...]
-    layout: StickLayout | None = None  # default: aiu_sim.layout.default_layout(shape, dtype)
+    layout: StickLayout | None = None  # default: aiu_sim.ir.layout.default_layout(shape, dtype)
     placement: str = "dram"
     lx_offset: int = 0
     lx_bytes_per_core: int = 0
@@ -261,7 +261,7 @@ class KernelProgram:
     def __post_init__(self) -> None:
         if isinstance(self.buffers, list | tuple):
             self.buffers = {b.name: b for b in self.buffers}
-        from aiu_sim.validate import validate_program  # local import: validate imports this module
+        from aiu_sim.ir.validate import validate_program  # local import: validate imports this module
 
         validate_program(self, self.config)
 
@@ -270,19 +270,19 @@ class KernelProgram:
         return [s for s in self.steps if isinstance(s, Kernel)]
 
     def __str__(self) -> str:
-        from aiu_sim.listing import format_program
+        from aiu_sim.ir.listing import format_program
 
         return format_program(self)
 
     def to_json(self, indent: int | None = None) -> str:
-        """The program as JSON (aiu_sim/serialize.py); KernelProgram.from_json(text) rebuilds it."""
-        from aiu_sim.serialize import to_json
+        """The program as JSON (aiu_sim/ir/serialize.py); KernelProgram.from_json(text) rebuilds it."""
+        from aiu_sim.ir.serialize import to_json
 
         return to_json(self, indent)
 
     @classmethod
     def from_json(cls, text: str, config: HardwareConfig | None = None) -> KernelProgram:
-        from aiu_sim.serialize import from_json
+        from aiu_sim.ir.serialize import from_json
 
         return from_json(text, config)
 

@@ -11,8 +11,8 @@ import functools
 
 import torch
 
-from torch_spyre_emu import device_storage
-from torch_spyre_emu import tensor as spyre_tensor
+from torch_spyre_emu.device import storage as device_storage
+from torch_spyre_emu.device import tensor as spyre_tensor
 from torch_spyre_emu.errors import SpyreLayoutError
 
 _installed = False

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from aiu_sim.program import (
+from aiu_sim.ir.program import (
     Arg,
     Buffer,
     DeviceToHost,

@@ -17,7 +17,16 @@ import numpy as np
 
 from aiu_sim.config import HardwareConfig, load_config
 from aiu_sim.errors import ProgramError
-from aiu_sim.program import Arg, Buffer, DeviceToHost, HostOp, HostToDevice, Kernel, KernelProgram, stick_dims
+from aiu_sim.ir.program import (
+    Arg,
+    Buffer,
+    DeviceToHost,
+    HostOp,
+    HostToDevice,
+    Kernel,
+    KernelProgram,
+    stick_dims,
+)
 
 # The host dtype a device format is copied from / to by default (STACK §3 table, read backwards).
 HOST_DTYPE = {
