@@ -37,7 +37,7 @@ from rich.progress import (
 
 import adapters
 import torch_spyre_emu
-from models import plots, report, rundir, weights, weights_cache
+from models import plots, report, rundir, text, weights, weights_cache
 from models.generate import Generation, StaticGreedy, device_copy
 from torch_spyre_emu.profiling import ProfileReport
 
@@ -178,7 +178,7 @@ def run_chat(
         bar.advance(load)
         wall["load"] = time.perf_counter() - t0
 
-        ids = weights.chat_input_ids(tok, prompt)
+        ids = text.chat_input_ids(tok, prompt)
         runner = StaticGreedy(model)
         prefill_what = (
             "re-timing the restored prefill program"
@@ -330,7 +330,7 @@ def run_embed(
         t0 = time.perf_counter()
         load = bar.add_task("loading all-MiniLM-L6-v2 (real weights, offline)", total=2)
         cpu_model, tok = weights.load_minilm()
-        cpu = weights.embed(sentences, cpu_model, tok)
+        cpu = text.embed(sentences, cpu_model, tok)
         bar.advance(load)
         model = copy.deepcopy(cpu_model).half()
         handle = adapters.apply(model)
@@ -346,7 +346,7 @@ def run_embed(
         compiled = torch.compile(model, backend="spyre", dynamic=False)
         rep = torch_spyre_emu.profile(compiled, mode="both", trace_path=str(out / "traces"), **batch)
         hidden = rep.outputs.last_hidden_state.float()
-        spyre = weights.mean_pool(hidden, batch["attention_mask"])
+        spyre = text.mean_pool(hidden, batch["attention_mask"])
         bar.advance(run)
         wall["compile_and_run"] = time.perf_counter() - t0
     handle.remove()

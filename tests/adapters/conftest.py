@@ -7,9 +7,9 @@ import torch
 
 import adapters
 from adapters.base import primary_output
-from models import weights
+from models import tiny
 
-TINY = {"llama": weights.tiny_llama, "gpt2": weights.tiny_gpt2, "bert": weights.tiny_bert}
+TINY = {"llama": tiny.tiny_llama, "gpt2": tiny.tiny_gpt2, "bert": tiny.tiny_bert}
 
 
 def example_inputs(name: str, batch: int = 2, seq: int = 12, left_pad: int = 0, seed: int = 1) -> dict:

@@ -13,7 +13,7 @@ import torch
 
 import adapters
 import torch_spyre_emu
-from models import weights
+from models import text, weights
 
 PROMPT = "What is the capital of France?"
 SENTENCES = [
@@ -26,7 +26,7 @@ SENTENCES = [
 @pytest.fixture(scope="module")
 def smollm2():
     model, tok = weights.load_smollm2()
-    ids = weights.chat_input_ids(tok, PROMPT)
+    ids = text.chat_input_ids(tok, PROMPT)
     return model, tok, {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
 
 
@@ -79,13 +79,13 @@ def test_minilm_each_adapter_equivalent(minilm, name):
 
 def test_minilm_all_adapters_embeddings_match(minilm):
     model, tok, batch = minilm
-    ref = weights.embed(SENTENCES, model, tok)
+    ref = text.embed(SENTENCES, model, tok)
     with torch.no_grad():
         ref_h = model(**batch).last_hidden_state
     with torch_spyre_emu.capabilities.override({"aten.scaled_dot_product_attention": "unsupported"}):
         with adapters.apply(model) as h:
             assert {"embedding", "attention_mask", "head_dim_pad", "gelu", "sdpa"} <= set(h.report.applied)
-            out = weights.embed(SENTENCES, model, tok)
+            out = text.embed(SENTENCES, model, tok)
             with torch.no_grad():
                 out_h = model(**batch).last_hidden_state
     real = batch["attention_mask"].bool()

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import adapters
-from models import demo, weights
+from models import demo, text, weights
 from models.generate import device_copy, round_up
 from models.report import cpu_greedy
 
@@ -35,7 +35,7 @@ def test_minilm_embeddings_match_cpu_fp32(tmp_path):
 @pytest.mark.slow
 def test_smollm2_teacher_forced_top1_at_least_95_percent():
     cpu_model, tok = weights.load_smollm2()
-    prompt = weights.chat_input_ids(tok, PROMPT)
+    prompt = text.chat_input_ids(tok, PROMPT)
     n = prompt.shape[1]
     cont = cpu_greedy(cpu_model, prompt, POSITIONS, eos_token_id=None)  # no early stop: exactly 64 positions
     assert len(cont) == POSITIONS

@@ -18,7 +18,7 @@ import torch
 from typer.testing import CliRunner
 
 import adapters
-from models import report, weights
+from models import report, tiny
 from models.cli import app
 from models.generate import GenerationError, StaticGreedy, device_copy, round_up
 from models.report import first_divergence, teacher_forced_matches
@@ -85,7 +85,7 @@ def test_minilm_demo_prints_both_similarity_matrices_and_writes_files(tmp_path):
 
 @pytest.fixture(scope="module")
 def tiny_pair():
-    ref = weights.tiny_llama()
+    ref = tiny.tiny_llama()
     model = device_copy(ref, torch.float16)
     handle = adapters.apply(model)
     yield ref, model
@@ -103,7 +103,7 @@ def test_device_copy_is_fp16_with_tied_weights_and_leaves_the_original(tiny_pair
 def test_static_cache_loop_is_exact_in_fp32_on_the_cpu():
     # The loop's logic (padding, cache slots, blend writes, masks, positions, row select) run eagerly in fp32 on
     # the patched model must give HF's own greedy tokens: any slot or mask error changes them.
-    ref = weights.tiny_llama()
+    ref = tiny.tiny_llama()
     model = device_copy(ref, torch.float32)
     ids = torch.randint(0, 512, (1, 10), generator=torch.Generator().manual_seed(3))
     with adapters.apply(model):
@@ -220,7 +220,7 @@ def test_smollm2_demo_killed_and_resumed_equals_the_uninterrupted_run(tmp_path):
 
 def test_agreement_cpu_text_equals_full_cpu_greedy_when_tokens_diverge():
     # The shortcut (CPU generation only from the first mismatch) must give CPU's full greedy text.
-    ref = weights.tiny_llama()
+    ref = tiny.tiny_llama()
     ids = torch.randint(0, 512, (1, 10), generator=torch.Generator().manual_seed(3))
     full = report.cpu_greedy(ref, ids, 10, eos_token_id=None)
     other = full[:4] + [(full[4] + 1) % 512] + full[5:]  # a "device" sequence that diverges at step 4

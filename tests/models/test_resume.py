@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 import adapters
 from aiu_sim.config import load_config
-from models import demo, rundir, weights
+from models import demo, rundir, tiny
 from models.cli import app
 from models.generate import Checkpoint, ResumeError, StaticGreedy, StepRecord, device_copy
 from models.rundir import RunDirectory
@@ -28,7 +28,7 @@ class Interrupted(Exception):
 
 @pytest.fixture(scope="module")
 def model():
-    m = device_copy(weights.tiny_llama(), torch.float16)
+    m = device_copy(tiny.tiny_llama(), torch.float16)
     handle = adapters.apply(m)
     yield m
     handle.remove()

@@ -7,7 +7,7 @@ import os
 import pytest
 import torch
 
-from models import weights
+from models import text, tiny, weights
 
 
 def test_weights_are_located_in_their_packages():
@@ -47,7 +47,7 @@ def test_loading_is_offline():
 def test_smollm2_answers_paris_greedily():
     model, tok = weights.load_smollm2()
     assert type(model).__name__ == "LlamaForCausalLM" and model.config.num_hidden_layers == 30
-    ids = weights.chat_input_ids(tok, "What is the capital of France?")
+    ids = text.chat_input_ids(tok, "What is the capital of France?")
     out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=24, do_sample=False)
     answer = tok.decode(out[0, ids.shape[1] :], skip_special_tokens=True)
     assert "Paris" in answer, answer
@@ -55,7 +55,7 @@ def test_smollm2_answers_paris_greedily():
 
 
 def test_minilm_paraphrases_are_closer_than_unrelated():
-    e = weights.embed(
+    e = text.embed(
         [
             "A man is playing a guitar.",
             "Someone is strumming a guitar.",
@@ -70,11 +70,11 @@ def test_minilm_paraphrases_are_closer_than_unrelated():
 
 def test_mean_pool_ignores_padding():
     h = torch.tensor([[[1.0, 0.0], [3.0, 0.0], [100.0, 100.0]]])
-    pooled = weights.mean_pool(h, torch.tensor([[1, 1, 0]]))
+    pooled = text.mean_pool(h, torch.tensor([[1, 1, 0]]))
     torch.testing.assert_close(pooled, torch.tensor([[1.0, 0.0]]))
 
 
-@pytest.mark.parametrize("build", [weights.tiny_llama, weights.tiny_gpt2, weights.tiny_bert])
+@pytest.mark.parametrize("build", [tiny.tiny_llama, tiny.tiny_gpt2, tiny.tiny_bert])
 def test_tiny_models_are_seeded_and_small(build):
     a, b, c = build(seed=0), build(seed=0), build(seed=1)
     sa, sb, sc = a.state_dict(), b.state_dict(), c.state_dict()
@@ -107,8 +107,8 @@ def test_smollm2_from_the_weights_cache_is_bit_identical_to_the_gguf_load(tmp_pa
     assert cached_tok.chat_template == direct_tok.chat_template
     assert cached_tok.special_tokens_map == direct_tok.special_tokens_map
     for prompt in ("What is the capital of France?", "Ünïcødé, 日本語, emoji 🙂 and\ttabs"):
-        ids = weights.chat_input_ids(direct_tok, prompt)
-        assert torch.equal(weights.chat_input_ids(cached_tok, prompt), ids)
+        ids = text.chat_input_ids(direct_tok, prompt)
+        assert torch.equal(text.chat_input_ids(cached_tok, prompt), ids)
         assert cached_tok.decode(ids[0]) == direct_tok.decode(ids[0])
     with torch.no_grad():
         assert torch.equal(cached(ids).logits, direct(ids).logits)

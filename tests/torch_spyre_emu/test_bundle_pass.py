@@ -11,7 +11,7 @@ import torch
 import adapters
 import torch_spyre_emu
 from aiu_sim.ir.program import Arg, HostOp, Kernel
-from models.weights import tiny_llama
+from models.tiny import tiny_llama
 from torch_spyre_emu import config
 from torch_spyre_emu.compiler.context import CompileContext
 from torch_spyre_emu.compiler.passes.bundle import MAX_BUNDLE, bundle_kernels, sink_to_consumers
