@@ -1,7 +1,7 @@
 """The adapter layer's only contact points with the emulated stack, imported lazily.
 
-The stack (torch_spyre_emu) is a lower layer that is still growing; the adapters read its capability
-table to decide what to patch, and its strict-mode dry run to plan.
+The adapters read the stack's capability table to decide what to patch, and its strict-mode dry run
+(`find_unsupported`) to plan; they never reach further into torch_spyre_emu.
 """
 
 from __future__ import annotations
@@ -17,14 +17,9 @@ def capabilities():
 
 
 def find_unsupported_fn():
-    """`torch_spyre_emu.compiler.find_unsupported`, or an ImportError saying it has not landed."""
-    try:
-        from torch_spyre_emu.compiler import find_unsupported
-    except ImportError as e:  # the compiler is a lower layer still being written
-        raise ImportError(
-            "adapters.plan needs torch_spyre_emu.compiler.find_unsupported(model, example_inputs), "
-            f"which is not importable yet ({e}); plan() works once the compiler lands"
-        ) from e
+    """`torch_spyre_emu.compiler.find_unsupported`: every op of a model that would not run on the device."""
+    from torch_spyre_emu.compiler import find_unsupported
+
     return find_unsupported
 
 

@@ -17,10 +17,6 @@ class SpyreDeviceError(SpyreError, RuntimeError):
     """A device request cannot be met (bad device index, dtype with no device format, bad stream priority...)."""
 
 
-class SpyreEagerUnavailableError(SpyreError, NotImplementedError):
-    """An eager op on spyre tensors needs the eager lowering hook (torch_spyre_emu.eager.run_op), which is missing."""
-
-
 # --- compiler / coverage (torch_spyre_emu.compiler, torch_spyre_emu.capabilities) -------------------------------
 
 

@@ -16,7 +16,7 @@ from aiu_sim.numerics.errors import Int64NarrowingWarning, Int64RangeError
 from torch_spyre_emu.device.layout import SpyreTensorLayout, default_layout
 from torch_spyre_emu.device.register import register
 from torch_spyre_emu.device.tensor import from_payload, payload
-from torch_spyre_emu.errors import SpyreDeviceError, SpyreEagerUnavailableError, SpyreError, SpyreLayoutError
+from torch_spyre_emu.errors import SpyreDeviceError, SpyreError, SpyreLayoutError
 
 register()
 
@@ -302,15 +302,6 @@ def test_from_payload_takes_device_values_without_rounding_again():
 
 
 # --- compute goes to run_op ------------------------------------------------------------------------------------
-
-
-def test_compute_without_the_eager_hook_is_a_clear_error(monkeypatch):
-    monkeypatch.setitem(sys.modules, "torch_spyre_emu.eager", None)
-    s = torch.ones(2, 3, device="spyre")
-    with pytest.raises(SpyreEagerUnavailableError, match=r"aten\.add\.Tensor.*float32\[2, 3\]@spyre:0"):
-        s + s
-    with pytest.raises(NotImplementedError, match="torch_spyre_emu.eager.run_op"):
-        torch.relu(s)
 
 
 @pytest.fixture

@@ -13,29 +13,15 @@ import functools
 import torch
 
 from torch_spyre_emu.device import storage as device_storage
-from torch_spyre_emu.errors import SpyreDeviceError, SpyreEagerUnavailableError
+from torch_spyre_emu.errors import SpyreDeviceError
 
 _META = torch._C.DispatchKeySet(torch._C.DispatchKey.Meta)
-_EAGER_MODULE = "torch_spyre_emu.eager"
-
-
-def _describe(args, kwargs) -> str:
-    parts = []
-    for a in list(args) + list(kwargs.values()):
-        if isinstance(a, torch.Tensor):
-            parts.append(f"{str(a.dtype).removeprefix('torch.')}{list(a.shape)}@{a.device}")
-    return ", ".join(parts) or "no tensors"
 
 
 def _run_op():
-    """Import the eager hook lazily: it is written by the compiler side and may not exist yet."""
-    try:
-        from torch_spyre_emu.eager import run_op
-    except ImportError as e:
-        missing = isinstance(e, ModuleNotFoundError) and e.name == _EAGER_MODULE
-        if not (missing or "run_op" in str(e)):
-            raise
-        return None
+    """eager.run_op, imported at call time: eager sits above the device half (it imports the compiler)."""
+    from torch_spyre_emu.eager import run_op
+
     return run_op
 
 
@@ -60,14 +46,7 @@ def run_on_device(op, args, kwargs):
         fargs, fkwargs = args, kwargs
     if op is _RANDOM_FROM_ and fargs[2] is not None:  # random_(low, high); no high: the dtype's range, as is
         target = random_from_to
-    run_op = _run_op()
-    if run_op is None:
-        raise SpyreEagerUnavailableError(
-            f"{target} on spyre tensors ({_describe(fargs, fkwargs)}) needs the eager lowering hook "
-            f"{_EAGER_MODULE}.run_op, which is not available yet; move the tensors to the host with .cpu() to "
-            "compute there"
-        )
-    result = run_op(target, fargs, fkwargs)
+    result = _run_op()(target, fargs, fkwargs)
     if functional is None or not mutated:
         return result
     return _write_back(op, mutated, args, kwargs, result)
