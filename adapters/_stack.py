@@ -23,6 +23,13 @@ def find_unsupported_fn():
     return find_unsupported
 
 
+def elems_per_stick(dtype: torch.dtype) -> int:
+    """Elements of `dtype` per device stick (64 for float16), from the stack's dtype table."""
+    from torch_spyre_emu.device.host_dtypes import elems_per_stick
+
+    return elems_per_stick(dtype)
+
+
 def host(fn):
     """Mark `fn` as host code: it runs eagerly on the CPU, outside any compiled Spyre graph.
 

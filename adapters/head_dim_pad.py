@@ -17,13 +17,14 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from adapters._stack import elems_per_stick
 from adapters.base import Adapter, modules_of, parent_and_name
 from adapters.errors import AdapterOrderError, AdapterTargetError
 from adapters.patch import Patch
 from adapters.registry import register_adapter
 from adapters.rope import half_pad_matrix
 
-STICK = 64
+STICK = elems_per_stick(torch.float16)  # 64
 
 
 def padded_size(d: int) -> int:

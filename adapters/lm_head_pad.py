@@ -12,12 +12,12 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from adapters._stack import host
+from adapters._stack import elems_per_stick, host
 from adapters.base import Adapter
 from adapters.patch import Patch
 from adapters.registry import register_adapter
 
-STICK = 64
+STICK = elems_per_stick(torch.float16)  # 64
 
 
 @host

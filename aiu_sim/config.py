@@ -15,10 +15,10 @@ from importlib import resources
 from pathlib import Path
 
 from aiu_sim.errors import ConfigError
+from aiu_sim.numerics.formats import STICK_BYTES  # HW §7: 128 B, aligned; the unit of DRAM<->LX transfer
 
 KIB = 1024
 MIB = 1024 * 1024
-STICK_BYTES = 128  # HW §7: a stick is 128 B, aligned; the unit of DRAM<->LX transfer
 
 
 @dataclass(frozen=True)

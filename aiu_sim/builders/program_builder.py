@@ -27,18 +27,7 @@ from aiu_sim.ir.program import (
     KernelProgram,
     stick_dims,
 )
-
-# The host dtype a device format is copied from / to by default (STACK §3 table, read backwards).
-HOST_DTYPE = {
-    "dl16": "float16",
-    "fp32": "float32",
-    "int32": "int32",
-    "int8": "int8",
-    "int4": "int4",
-    "fp8_e4m3": "float8_e4m3fn",
-    "fp8_e5m2": "float8_e5m2",
-    "bool": "bool",
-}
+from aiu_sim.numerics.formats import DEFAULT_HOST_DTYPE as HOST_DTYPE  # format -> default host dtype
 
 SplitPolicy = Callable[[Kernel, dict[str, Buffer], int], dict[str, int]]
 ArgSpec = Arg | tuple

@@ -94,10 +94,7 @@ def as_model(spec, where: str) -> AccumulationModel:
 
 def storage_dtype(fmt: str) -> np.dtype:
     """The numpy dtype a buffer of device format `fmt` is held in."""
-    f = get_format(fmt)
-    if f.kind == "int":
-        return get_format(fmt).quantize(np.zeros(0, dtype=np.int32)).dtype
-    return np.dtype(np.float32)
+    return get_format(fmt).container
 
 
 class _KernelPlan:

@@ -10,19 +10,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from aiu_sim.config import STICK_BYTES
+from aiu_sim.numerics.formats import FORMATS, STICK_BYTES
 
-# Elements per 128-byte stick by device format (STACK §2 table; int4 packs two per byte).
-ELEMS_PER_STICK = {
-    "dl16": 64,
-    "fp32": 32,
-    "int32": 32,
-    "int8": 128,
-    "fp8_e4m3": 128,
-    "fp8_e5m2": 128,
-    "int4": 256,
-    "bool": 64,
-}
+# Elements per 128-byte stick by device format, from the format registry (STACK §2 table; int4 packs two per byte).
+ELEMS_PER_STICK = {name: fmt.elems_per_stick for name, fmt in FORMATS.items()}
 
 
 def elems_per_stick(dtype: str) -> int:

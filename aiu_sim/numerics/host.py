@@ -1,12 +1,13 @@
 """Host <-> device data mapping, as torch-spyre's copy path does it.
 
-Table (../shared/reference/torch_spyre_stack.md §3, ``stringToDTDataFormatPair``):
+Table (../shared/reference/torch_spyre_api.md §2, ``csrc/types_mapping.h``; held in formats.FORMATS / HOST_NUMPY):
   float16, bfloat16, bool -> DL16 (SEN169_FP16)     float32 -> fp32      int64, int32 -> int32 (int64 with a warning)
-  int8 -> int8 (SENINT8)    int4 -> int4 (SENINT4)  float8_e4m3fn -> fp8_e4m3    float8_e5m2(fnuz) -> fp8_e5m2
+  int16 -> int16 (SENINT16)  uint8 -> uint32 (SENUINT32)  int8 -> int8 (SENINT8)  int4 -> int4 (SENINT4)
+  float8_e4m3fn -> fp8_e4m3    float8_e5m2(fnuz) -> fp8_e5m2
 Host dtypes are given by name ("float16", "torch.float16" or a numpy dtype): this package never imports torch.
 
 Device values are returned as numpy arrays: float32 holding values of the device format for float formats and bool
-(0.0 / 1.0 in DL16), int32 / int8 for integer formats (int4 in an int8 container).
+(0.0 / 1.0 in DL16), the integer container for integer formats (int4 in an int8 container, uint8 in uint32).
 
 Decisions (also in docs/numerics.md):
   * ``to_device`` first converts ``x`` to the host dtype (a no-op when it already has it), then rounds once to the
@@ -19,7 +20,6 @@ Decisions (also in docs/numerics.md):
 
 import warnings
 
-import ml_dtypes
 import numpy as np
 
 from aiu_sim.numerics import fp8, ints
@@ -30,7 +30,8 @@ from aiu_sim.numerics.errors import (
     UnknownFormatError,
     UnsupportedInputError,
 )
-from aiu_sim.numerics.formats import FORMATS
+from aiu_sim.numerics.formats import FORMATS, HOST_FORMAT, HOST_NUMPY
+from aiu_sim.numerics.formats import host_dtype_name as _name_of
 
 __all__ = [
     "Int64NarrowingWarning",
@@ -41,35 +42,19 @@ __all__ = [
     "to_host",
 ]
 
-# host dtype name -> numpy dtype of a host array of that dtype (int4 has no numpy type: int8 container)
-_HOST_NUMPY = {
-    "float16": np.dtype(np.float16),
-    "bfloat16": np.dtype(ml_dtypes.bfloat16),
-    "bool": np.dtype(np.bool_),
-    "float32": np.dtype(np.float32),
-    "int64": np.dtype(np.int64),
-    "int32": np.dtype(np.int32),
-    "int8": np.dtype(np.int8),
-    "int4": np.dtype(np.int8),
-    "float8_e4m3fn": np.dtype(ml_dtypes.float8_e4m3fn),
-    "float8_e5m2": np.dtype(ml_dtypes.float8_e5m2),
-    "float8_e5m2fnuz": np.dtype(ml_dtypes.float8_e5m2fnuz),
-}
-_HOST_TO_FORMAT = {torch_name: fmt.name for fmt in FORMATS.values() for torch_name in fmt.torch_dtypes}
-
 _int64_warned = False
 
 
 def device_format_for(host_dtype_name) -> str:
     """Canonical device format name for a host dtype name, e.g. "torch.bfloat16" -> "dl16", "int64" -> "int32"."""
-    return FORMATS[_host_format(_normalize(host_dtype_name))].storage
+    return FORMATS[_host_format(_name_of(host_dtype_name))].storage
 
 
 def host_dtype(host_dtype_name) -> np.dtype:
     """The numpy dtype that holds host data of this dtype (ml_dtypes for bfloat16 / FP8, int8 for int4)."""
-    name = _normalize(host_dtype_name)
+    name = _name_of(host_dtype_name)
     _host_format(name)
-    return _HOST_NUMPY[name]
+    return HOST_NUMPY[name]
 
 
 def to_device(x, host_dtype_name, *, exponent_bias: int | None = None) -> np.ndarray:
@@ -77,7 +62,7 @@ def to_device(x, host_dtype_name, *, exponent_bias: int | None = None) -> np.nda
 
     ``exponent_bias`` applies to FP8 device formats only (default: the format's default bias).
     """
-    name = _normalize(host_dtype_name)
+    name = _name_of(host_dtype_name)
     fmt = FORMATS[_host_format(name)]
     if exponent_bias is not None and fmt.name not in fp8.FORMAT_NAMES:
         raise UnsupportedInputError(f"exponent_bias applies to FP8 host dtypes only, not to {name!r}")
@@ -86,7 +71,7 @@ def to_device(x, host_dtype_name, *, exponent_bias: int | None = None) -> np.nda
     if fmt.kind == "int":
         return _ints_to_device(x, name, fmt.name)
     with np.errstate(over="ignore"):  # e.g. float32 -> float16 overflow to Inf: the host value is Inf
-        host_values = as_float32(x, f"to_device({name})").astype(_HOST_NUMPY[name])
+        host_values = as_float32(x, f"to_device({name})").astype(HOST_NUMPY[name])
     if fmt.name in fp8.FORMAT_NAMES:
         return fp8.round(host_values, fmt.name, exponent_bias)
     return fmt.quantize(host_values)
@@ -94,9 +79,9 @@ def to_device(x, host_dtype_name, *, exponent_bias: int | None = None) -> np.nda
 
 def to_host(x, host_dtype_name) -> np.ndarray:
     """Device values ``x`` copied back to host dtype ``host_dtype_name`` (a numpy / ml_dtypes array)."""
-    name = _normalize(host_dtype_name)
+    name = _name_of(host_dtype_name)
     fmt = FORMATS[_host_format(name)]
-    target = _HOST_NUMPY[name]
+    target = HOST_NUMPY[name]
     if fmt.kind == "bool":
         return np.asarray(x) != 0
     if fmt.kind == "int":
@@ -139,8 +124,12 @@ def _ints_to_device(x, name: str, fmt_name: str) -> np.ndarray:
 
 
 def _check_int_range(arr: np.ndarray, name: str, fmt_name: str) -> np.ndarray:
-    """Host int32 / int8 / int4 data must already fit its dtype; anything else is a caller error, not narrowing."""
+    """Host int32 / int16 / uint8 / int8 / int4 data must already fit its dtype (and the format: int4 is held in int8,
+    uint8 in uint32); anything else is a caller error, not narrowing."""
     lo, hi, _ = ints.RANGES[fmt_name]
+    if name != fmt_name:  # a wider device format (uint8 -> uint32): the host dtype's range decides
+        info = np.iinfo(HOST_NUMPY[name])
+        lo, hi = max(lo, int(info.min)), min(hi, int(info.max))
     outside = (arr < lo) | (arr > hi)
     if outside.any():
         raise UnsupportedInputError(
@@ -150,19 +139,11 @@ def _check_int_range(arr: np.ndarray, name: str, fmt_name: str) -> np.ndarray:
     return arr
 
 
-def _normalize(host_dtype_name) -> str:
-    """'torch.float16' / 'float16' / np.dtype('float16') -> 'float16'."""
-    if isinstance(host_dtype_name, np.dtype):
-        return host_dtype_name.name
-    name = str(host_dtype_name)
-    return name.removeprefix("torch.")
-
-
 def _host_format(name: str) -> str:
-    if name not in _HOST_TO_FORMAT:
+    if name not in HOST_FORMAT:
         hint = " (the device has no float64: cast to float32 or float16 first)" if name == "float64" else ""
         raise UnknownFormatError(
             f"host dtype {name!r} has no Spyre device format{hint}; supported host dtypes: "
-            f"{', '.join(_HOST_TO_FORMAT)}"
+            f"{', '.join(HOST_FORMAT)}"
         )
-    return _HOST_TO_FORMAT[name]
+    return HOST_FORMAT[name]

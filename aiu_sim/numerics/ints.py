@@ -1,4 +1,4 @@
-"""Integer device formats: IEEE_INT32, SENINT8 and SENINT4, and how values are brought into them.
+"""Integer device formats: IEEE_INT32, SENINT16, SENUINT32, SENINT8 and SENINT4, and how values are brought into them.
 
 Ranges are two's complement for the width (int32: public, torch-spyre IEEE_INT32; int8 and int4: an assumption -- the
 SENINT formats are named in torch-spyre's type table, see ../shared/reference/torch_spyre_stack.md §3, but their
@@ -16,8 +16,12 @@ from aiu_sim.numerics._inputs import is_float_dtype
 from aiu_sim.numerics.errors import UnknownFormatError, UnsupportedInputError
 
 # format name -> (min, max, numpy container dtype). int4 has no numpy dtype; it is held in int8.
+# int16 (SENINT16) and uint32 (SENUINT32, torch uint8's device format, torch_spyre_api.md §2): ranges are our
+# assumption too (two's complement / unsigned of the width).
 RANGES = {
     "int32": (-(2**31), 2**31 - 1, np.int32),
+    "int16": (-(2**15), 2**15 - 1, np.int16),
+    "uint32": (0, 2**32 - 1, np.uint32),
     "int8": (-128, 127, np.int8),
     "int4": (-8, 7, np.int8),
 }
@@ -31,10 +35,10 @@ def quantize(x, fmt: str) -> np.ndarray:
     arr = np.asarray(x)
     if arr.dtype.kind == "b":
         return arr.astype(container)
-    if arr.dtype.kind == "u":
-        return np.minimum(arr, hi).astype(container)
-    if arr.dtype.kind == "i":
-        return np.clip(arr, lo, hi).astype(container)
+    if arr.dtype.kind in "iu":
+        # clip within the array dtype's own range too: numpy refuses bounds its dtype cannot hold (uint8 vs 2**32-1)
+        info = np.iinfo(arr.dtype)
+        return np.clip(arr, max(lo, int(info.min)), min(hi, int(info.max))).astype(container)
     if is_float_dtype(arr.dtype):
         x64 = arr.astype(np.float64)
         nan = np.isnan(x64)

@@ -25,8 +25,7 @@ from dataclasses import dataclass
 from aiu_sim.config import HardwareConfig
 from aiu_sim.ir.layout import elems_per_stick
 from aiu_sim.ir.program import TRANSCENDENTAL_FNS, Buffer, Kernel, arg_shape
-
-_PAD_STICK_BYTES = 128
+from aiu_sim.numerics.formats import STICK_BYTES
 
 
 @dataclass(frozen=True)
@@ -63,7 +62,7 @@ def matmul_dims(kernel: Kernel) -> MatmulDims:
 
 
 def elem_bytes(dtype: str) -> float:
-    return _PAD_STICK_BYTES / elems_per_stick(dtype)
+    return STICK_BYTES / elems_per_stick(dtype)
 
 
 def matmul_cost(

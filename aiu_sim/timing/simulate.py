@@ -23,12 +23,10 @@ import numpy as np
 from aiu_sim.config import HardwareConfig, load_config
 from aiu_sim.errors import ProgramError
 from aiu_sim.ir.program import Buffer, DeviceToHost, HostOp, HostToDevice, Kernel, KernelProgram, opens_bundle
+from aiu_sim.numerics.formats import HOST_NUMPY, host_dtype_name
 from aiu_sim.timing.kernels import time_kernel
 from aiu_sim.timing.report import KernelTiming, StepTiming, TimingReport
 from aiu_sim.timing.resources import ResourceMap
-
-# Host element sizes by host dtype name (numpy names plus the torch names numpy lacks).
-_HOST_ITEMSIZE = {"bfloat16": 2, "float8_e4m3fn": 1, "float8_e5m2": 1, "float8_e5m2fnuz": 1, "bool": 1}
 
 
 class KernelCache:
@@ -233,13 +231,13 @@ def _host_step(
 
 
 def _host_itemsize(host_dtype: str, step_name: str) -> int:
-    name = host_dtype.removeprefix("torch.")
-    if name in _HOST_ITEMSIZE:
-        return _HOST_ITEMSIZE[name]
+    name = host_dtype_name(host_dtype)
+    if name in HOST_NUMPY:  # the host dtypes with a device format (int4: its int8 container)
+        return HOST_NUMPY[name].itemsize
     try:
         return np.dtype(name).itemsize
     except TypeError:
         raise ProgramError(
             f"step {step_name!r}: unknown host dtype {host_dtype!r}; use a numpy dtype name or one of "
-            f"{sorted(_HOST_ITEMSIZE)}"
+            f"{sorted(HOST_NUMPY)}"
         ) from None

@@ -6,16 +6,28 @@ import pytest
 
 from aiu_sim.numerics import dl16
 from aiu_sim.numerics.errors import UnknownFormatError, UnsupportedInputError
-from aiu_sim.numerics.formats import FORMATS, STICK_BYTES, get_format
+from aiu_sim.numerics.formats import (
+    DEFAULT_HOST_DTYPE,
+    FORMATS,
+    HOST_FORMAT,
+    HOST_NUMPY,
+    STICK_BYTES,
+    get_format,
+    host_dtype_name,
+)
 
 # name: (device name, bits, max finite, smallest normal, epsilon, elements per stick)
 # Sources: spyre_hardware.md §5 (DL16 layout, FP8 names), torch_spyre_stack.md §2 (sticks) and §3 (device names);
-# 448 is torch-spyre's e4m3 max (qfp8ch); int4's 256 per stick is our assumption (4-bit packing).
+# 448 is torch-spyre's e4m3 max (qfp8ch); int4's 256 per stick is our assumption (4-bit packing). int16 (SENINT16) and
+# uint32 (SENUINT32, torch uint8's device format) are from torch_spyre_api.md §2; their ranges and 64 / 32 per stick
+# are our assumption (the width, packed in 128 bytes).
 EXPECTED = {
     "dl16": ("SEN169_FP16", 16, 2.0**32 * (1 + 510 / 512), 2.0**-31 * (1 + 1 / 512), 2.0**-9, 64),
     "fp32": ("IEEE_FP32", 32, float(np.finfo(np.float32).max), 2.0**-126, 2.0**-23, 32),
     "int32": ("IEEE_INT32", 32, 2.0**31 - 1, 1.0, 1.0, 32),
     "int8": ("SENINT8", 8, 127.0, 1.0, 1.0, 128),
+    "int16": ("SENINT16", 16, 32767.0, 1.0, 1.0, 64),
+    "uint32": ("SENUINT32", 32, 2.0**32 - 1, 1.0, 1.0, 32),
     "int4": ("SENINT4", 4, 7.0, 1.0, 1.0, 256),
     "fp8_e4m3": ("SEN143_FP8", 8, 448.0, 2.0**-6, 2.0**-3, 128),
     "fp8_e5m2": ("SEN152_FP8", 8, 57344.0, 2.0**-14, 2.0**-2, 128),
@@ -52,8 +64,42 @@ def test_torch_dtype_names_follow_the_torch_spyre_table():
         "float16": "dl16", "bfloat16": "dl16", "bool": "bool", "float32": "fp32", "int64": "int32",
         "int32": "int32", "int8": "int8", "int4": "int4", "float8_e4m3fn": "fp8_e4m3",
         "float8_e5m2": "fp8_e5m2", "float8_e5m2fnuz": "fp8_e5m2",
+        "int16": "int16", "uint8": "uint32",  # torch_spyre_api.md §2: i16 -> SENINT16, u8 -> SENUINT32
     }  # fmt: skip
     assert FORMATS["bool"].storage == "dl16"
+    assert owners == HOST_FORMAT
+
+
+def test_every_host_dtype_has_a_numpy_container_and_a_default():
+    assert set(HOST_NUMPY) == set(HOST_FORMAT)
+    # each format's default host dtype is one of its own torch dtypes
+    assert all(DEFAULT_HOST_DTYPE[f.name] in f.torch_dtypes for f in FORMATS.values())
+    assert set(DEFAULT_HOST_DTYPE) == set(FORMATS)
+
+
+@pytest.mark.parametrize(
+    ("name", "container"),
+    [
+        ("dl16", np.float32), ("fp32", np.float32), ("bool", np.float32), ("fp8_e4m3", np.float32),
+        ("fp8_e5m2", np.float32), ("int32", np.int32), ("int16", np.int16), ("uint32", np.uint32),
+        ("int8", np.int8), ("int4", np.int8),
+    ],
+)  # fmt: skip
+def test_container_is_the_dtype_quantize_returns(name, container):
+    fmt = FORMATS[name]
+    assert fmt.container == np.dtype(container)
+    assert fmt.quantize(np.zeros(3, np.float32)).dtype == fmt.container
+
+
+@pytest.mark.parametrize(
+    ("dtype", "name"),
+    [
+        ("float16", "float16"), ("torch.bfloat16", "bfloat16"), (np.dtype(np.int8), "int8"),
+        (np.dtype(ml_dtypes.float8_e5m2), "float8_e5m2"), ("torch.uint8", "uint8"),
+    ],
+)  # fmt: skip
+def test_host_dtype_name_strips_the_torch_prefix_and_names_numpy_dtypes(dtype, name):
+    assert host_dtype_name(dtype) == name
 
 
 def test_get_format_by_name_and_torch_spyre_alias():

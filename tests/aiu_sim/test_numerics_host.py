@@ -21,6 +21,7 @@ from aiu_sim.numerics.errors import (
     [
         ("float16", "dl16"), ("torch.float16", "dl16"), ("bfloat16", "dl16"), ("bool", "dl16"),
         ("float32", "fp32"), ("int64", "int32"), ("int32", "int32"), ("int8", "int8"), ("int4", "int4"),
+        ("int16", "int16"), ("uint8", "uint32"),  # torch_spyre_api.md §2: SENINT16, SENUINT32
         ("float8_e4m3fn", "fp8_e4m3"), ("float8_e5m2", "fp8_e5m2"), ("torch.float8_e5m2fnuz", "fp8_e5m2"),
         (np.dtype(np.float16), "dl16"), (np.dtype(ml_dtypes.bfloat16), "dl16"),
     ],
@@ -29,7 +30,7 @@ def test_device_format_for(host_name, device):
     assert host.device_format_for(host_name) == device
 
 
-@pytest.mark.parametrize("name", ["float64", "torch.float64", "uint8", "complex64", "half"])
+@pytest.mark.parametrize("name", ["float64", "torch.float64", "uint16", "complex64", "half"])
 def test_unknown_host_dtypes_raise_with_the_supported_list(name):
     with pytest.raises(UnknownFormatError, match="supported host dtypes: float16, bfloat16"):
         host.device_format_for(name)

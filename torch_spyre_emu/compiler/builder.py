@@ -8,8 +8,9 @@ import numpy as np
 import torch
 
 from aiu_sim.ir.program import Arg, Buffer, Kernel
-from torch_spyre_emu.compiler.context import TORCH_TO_FORMAT, dtype_name
+from aiu_sim.numerics.formats import host_dtype_name as dtype_name
 from torch_spyre_emu.compiler.views import TRef
+from torch_spyre_emu.device.host_dtypes import TORCH_TO_FORMAT
 from torch_spyre_emu.errors import SpyreCompileError
 
 

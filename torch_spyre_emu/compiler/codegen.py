@@ -14,8 +14,9 @@ import torch
 import torch.fx as fx
 
 from aiu_sim.ir.program import DeviceToHost, HostOp, HostToDevice
+from aiu_sim.numerics.formats import host_dtype_name
 from torch_spyre_emu.compiler.builder import Builder, HostSpec
-from torch_spyre_emu.compiler.context import CompileContext, dtype_name, module_path
+from torch_spyre_emu.compiler.context import CompileContext, module_path
 from torch_spyre_emu.compiler.lowering import Unavailable, find_lowering
 from torch_spyre_emu.compiler.views import TRef
 from torch_spyre_emu.errors import FallbackWarning, SpyreCompileError
@@ -43,10 +44,6 @@ class Lowered:
     output_shapes: list[tuple[int, ...]] = field(
         default_factory=list
     )  # each output's shape (buffer may add 1s)
-
-
-def host_dtype_name(dtype: torch.dtype) -> str:
-    return dtype_name(dtype)
 
 
 def lower_graph(gm: fx.GraphModule, ctx: CompileContext) -> Lowered:

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import torch
-
 from aiu_sim.config import HardwareConfig
 from torch_spyre_emu import config as stack_config
 from torch_spyre_emu.capabilities import Capabilities, capabilities
@@ -57,25 +55,6 @@ class CompileContext:
     collect_only: bool = False  # support check records instead of raising (find_unsupported)
     found: list[UnsupportedOp] = field(default_factory=list)
     name: str = "graph"
-
-
-TORCH_TO_FORMAT = {
-    torch.float16: "dl16",
-    torch.bfloat16: "dl16",
-    torch.bool: "dl16",
-    torch.float32: "fp32",
-    torch.int64: "int32",
-    torch.int32: "int32",
-    torch.int16: "int32",
-    torch.uint8: "int32",
-    torch.int8: "int8",
-    torch.float8_e4m3fn: "fp8_e4m3",
-    torch.float8_e5m2: "fp8_e5m2",
-}
-
-
-def dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).replace("torch.", "")
 
 
 def module_path(node) -> str:

@@ -19,17 +19,15 @@ import contextvars
 import weakref
 from dataclasses import dataclass
 
-import ml_dtypes
 import numpy as np
 import torch
 
 import aiu_sim
-from aiu_sim.numerics import host as host_numerics
 from aiu_sim.timing.trace import write_trace
 from torch_spyre_emu.compiler.builder import HostSpec, host_array
 from torch_spyre_emu.compiler.codegen import Lowered
-from torch_spyre_emu.compiler.context import dtype_name
 from torch_spyre_emu.compiler.pipeline import Compiled
+from torch_spyre_emu.device import host_dtypes
 from torch_spyre_emu.device.host_dtypes import device_format
 from torch_spyre_emu.profiling import timing_stand_in
 
@@ -46,25 +44,9 @@ class UploadRecord:
     prep_us: float = 0.0  # their simulated device time: one-time, like the upload, not part of the call
 
 
-def to_host_numpy(t: torch.Tensor) -> np.ndarray:
-    t = t.detach()
-    if t.device.type != "cpu":
-        t = t.cpu()
-    if t.dtype == torch.bfloat16:
-        return t.contiguous().view(torch.int16).numpy().view(ml_dtypes.bfloat16)
-    return t.contiguous().numpy()
-
-
-def from_host_numpy(a: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
-    a = np.asarray(a)
-    if a.dtype == ml_dtypes.bfloat16:
-        return torch.from_numpy(a.astype(np.float32)).to(dtype)
-    return torch.from_numpy(np.array(a, order="C")).to(dtype)
-
-
 def device_values(t: torch.Tensor) -> np.ndarray:
     """A tensor's values in its device format (float32-held DL16, fp32, int32, ...)."""
-    return host_numerics.to_device(to_host_numpy(t), dtype_name(t.dtype))
+    return host_dtypes.to_device_values(t.detach().cpu())
 
 
 # The generator an eager random op named (torch.randn(..., generator=g)); None: the device's generator.
@@ -117,7 +99,7 @@ def host_function(spec: HostSpec):
 
     def run(*arrays, **attrs):
         tensors = [
-            from_host_numpy(host_numerics.to_host(a, dtype_name(d)), d).reshape(shape)
+            host_dtypes.to_host_tensor(a, d).reshape(shape)
             for a, d, shape in zip(arrays, spec.in_dtypes, spec.in_shapes, strict=True)
         ]
 
@@ -142,7 +124,7 @@ def host_function(spec: HostSpec):
             out = target(*args, **kwargs)
         outs = [o for o in (out if isinstance(out, list | tuple) else [out]) if isinstance(o, torch.Tensor)]
         return [
-            host_numerics.to_device(to_host_numpy(o), dtype_name(o.dtype)).reshape(shape)
+            host_dtypes.to_device_values(o).reshape(shape)
             for o, shape in zip(outs, spec.out_shapes, strict=True)
         ]
 
@@ -260,7 +242,7 @@ def run_compiled(compiled: Compiled, args: list, mode: str = "both", trace_path=
             if _in_format(program, spec.buffer, x):
                 exact.add(spec.buffer)
         else:
-            inputs[spec.name] = to_host_numpy(x)
+            inputs[spec.name] = host_dtypes.to_numpy(x.detach().cpu().contiguous())
     prep = compiled.prep
     # timing mode binds no values, so it needs no prepared weights either (and reports no upload, as above)
     if compute and prep is not None:
@@ -312,7 +294,7 @@ def run_compiled(compiled: Compiled, args: list, mode: str = "both", trace_path=
         elif compiled.ctx.outputs_on_device:
             outs.append(_to_spyre(result.outputs[buf].reshape(shape), dtype))
         else:
-            outs.append(from_host_numpy(result.outputs[name], dtype).reshape(shape))
+            outs.append(host_dtypes.from_numpy(result.outputs[name]).to(dtype).reshape(shape))
     outputs = _rebuild(lowered.output_template, outs)
     mutated = compiled.graph.meta.get("mutated_inputs", ())
     if mutated:  # the graph wrote into inputs (out=, in-place ops): capture.input_mutations_as_outputs
@@ -338,7 +320,6 @@ def _payload(t: torch.Tensor) -> np.ndarray:
 
 
 def _to_spyre(values: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
-    from torch_spyre_emu.device import host_dtypes
     from torch_spyre_emu.device.tensor import from_payload
 
     return from_payload(np.array(values, dtype=host_dtypes.payload_numpy_dtype(dtype), order="C"), dtype)

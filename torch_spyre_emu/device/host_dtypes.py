@@ -1,42 +1,46 @@
-"""Torch dtypes on their way to and from the device: names, numpy views, device formats.
+"""Torch dtypes on their way to and from the device: the torch dtype -> device format table, numpy views.
 
-Why: numpy has no bfloat16/fp8, and the numerics package speaks host dtype names ("float16", "int64", ...), so
-this is the one place that turns a CPU torch tensor into the numpy array the numerics take, and back.
+Why: aiu_sim never imports torch, so its format registry (aiu_sim.numerics.formats) names host dtypes by string
+("float16", "int64", ...). This is the one torch-side table (``TORCH_TO_FORMAT``, derived from the registry's
+torch dtype names) and the one place that turns a CPU torch tensor into the numpy array the numerics take, and back
+(numpy has no bfloat16/fp8: those go through ml_dtypes).
 """
 
 from __future__ import annotations
 
 import functools
 
-import ml_dtypes
 import numpy as np
 import torch
 
+from aiu_sim.numerics import host as numerics_host
+from aiu_sim.numerics.formats import FORMATS, HOST_FORMAT, HOST_NUMPY, host_dtype_name
 from torch_spyre_emu.errors import SpyreDeviceError
 
-# torch dtypes numpy cannot hold natively: bit-reinterpret through an integer of the same width.
-_VIA_BITS = {
-    torch.bfloat16: (torch.int16, ml_dtypes.bfloat16),
-    torch.float8_e4m3fn: (torch.uint8, ml_dtypes.float8_e4m3fn),
-    torch.float8_e5m2: (torch.uint8, ml_dtypes.float8_e5m2),
-    torch.float8_e5m2fnuz: (torch.uint8, ml_dtypes.float8_e5m2fnuz),
+# torch dtype -> the registry format its values are stored in on the device: the real stack's table
+# (../shared/reference/torch_spyre_api.md §2, csrc/types_mapping.h): f16, bf16, bool -> dl16 (SEN169_FP16); f32 -> fp32;
+# i64, i32 -> int32 (IEEE_INT32); i16 -> int16 (SENINT16); u8 -> uint32 (SENUINT32); i8 -> int8 (SENINT8); fp8 ->
+# fp8_e4m3 / fp8_e5m2. Any other torch dtype (float64, complex, ...) has no device format.
+TORCH_TO_FORMAT: dict[torch.dtype, str] = {
+    getattr(torch, name): FORMATS[fmt].storage for name, fmt in HOST_FORMAT.items()
 }
-_BITS_BACK = {np.dtype(np_t): (torch_t, bits) for torch_t, (bits, np_t) in _VIA_BITS.items()}
 
-
-def host_name(dtype: torch.dtype | str) -> str:
-    """The numerics' host dtype name of a torch dtype: str(dtype) without "torch." (e.g. "float16")."""
-    return dtype if isinstance(dtype, str) else str(dtype).removeprefix("torch.")
+# torch dtypes numpy cannot hold natively (bfloat16, fp8: their HOST_NUMPY dtype is an ml_dtypes type, and
+# Tensor.numpy() refuses them): bit-reinterpret through an integer of the same width.
+_BITS = {1: (torch.uint8, np.uint8), 2: (torch.int16, np.int16)}
+_VIA_BITS = {
+    getattr(torch, name): np_t for name, np_t in HOST_NUMPY.items() if np_t.type.__module__ == "ml_dtypes"
+}
+_BITS_BACK = {np_t: torch_t for torch_t, np_t in _VIA_BITS.items()}
 
 
 @functools.cache
 def device_format(dtype: torch.dtype | str) -> str:
-    """The device format a torch dtype is stored in ("dl16", "fp32", "int32", "int8", "fp8_e4m3", "fp8_e5m2")."""
-    from aiu_sim.numerics import host
+    """The device format a torch dtype is stored in ("dl16", "fp32", "int32", "int16", "uint32", "int8", ...)."""
     from aiu_sim.numerics.errors import NumericsError
 
     try:
-        return host.device_format_for(host_name(dtype))
+        return numerics_host.device_format_for(host_dtype_name(dtype))
     except NumericsError as e:
         raise SpyreDeviceError(
             f"{dtype} has no Spyre device format ({e}); convert the tensor first, e.g. .to(torch.float16) or "
@@ -44,20 +48,23 @@ def device_format(dtype: torch.dtype | str) -> str:
         ) from e
 
 
+def elems_per_stick(dtype: torch.dtype | str) -> int:
+    """Elements of a tensor of `dtype` per 128-byte device stick (64 for float16), from its device format."""
+    return FORMATS[device_format(dtype)].elems_per_stick
+
+
 @functools.cache
 def payload_numpy_dtype(dtype: torch.dtype) -> np.dtype:
     """The numpy dtype in which device-format values of `dtype` are held (dl16 and fp8 values live in float32)."""
-    from aiu_sim.numerics.formats import FORMATS
-
-    return FORMATS[device_format(dtype)].quantize(np.zeros(1, np.float32)).dtype
+    return FORMATS[device_format(dtype)].container
 
 
 def to_numpy(t: torch.Tensor) -> np.ndarray:
     """A CPU tensor as a numpy array of the same dtype (bfloat16/fp8 through ml_dtypes)."""
     t = t.detach().resolve_conj().resolve_neg()
     if t.dtype in _VIA_BITS:
-        bits, np_dtype = _VIA_BITS[t.dtype]
-        return t.contiguous().view(bits).numpy().view(np_dtype)
+        np_dtype = _VIA_BITS[t.dtype]
+        return t.contiguous().view(_BITS[np_dtype.itemsize][0]).numpy().view(np_dtype)
     return t.numpy()
 
 
@@ -65,21 +72,16 @@ def from_numpy(a: np.ndarray) -> torch.Tensor:
     """A numpy host array (ml_dtypes included) as a CPU tensor of the matching dtype."""
     a = np.array(a, order="C", copy=True)  # (np.ascontiguousarray would turn 0-d into 1-d)
     if a.dtype in _BITS_BACK:
-        torch_dtype, bits = _BITS_BACK[a.dtype]
-        np_bits = np.int16 if bits == torch.int16 else np.uint8
-        return torch.from_numpy(a.view(np_bits)).view(torch_dtype)
+        _, np_bits = _BITS[a.dtype.itemsize]
+        return torch.from_numpy(a.view(np_bits)).view(_BITS_BACK[a.dtype])
     return torch.from_numpy(a)
 
 
 def to_device_values(host: torch.Tensor) -> np.ndarray:
     """CPU tensor -> device-format values in its logical shape (fp16/bf16/bool rounded to DL16 once here)."""
-    from aiu_sim.numerics import host as numerics_host
-
-    return numerics_host.to_device(to_numpy(host), host_name(host.dtype))
+    return numerics_host.to_device(to_numpy(host), host_dtype_name(host.dtype))
 
 
 def to_host_tensor(values: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
     """Device-format values -> a CPU tensor of the user's torch dtype."""
-    from aiu_sim.numerics import host as numerics_host
-
-    return from_numpy(np.asarray(numerics_host.to_host(np.asarray(values), host_name(dtype)))).to(dtype)
+    return from_numpy(np.asarray(numerics_host.to_host(np.asarray(values), host_dtype_name(dtype)))).to(dtype)

@@ -11,7 +11,7 @@ import torch
 import torch.fx as fx
 
 from aiu_sim.numerics.errors import Int64NarrowingWarning
-from torch_spyre_emu.compiler.context import TORCH_TO_FORMAT
+from torch_spyre_emu.device.host_dtypes import TORCH_TO_FORMAT
 
 _warned = {"int64": False}
 

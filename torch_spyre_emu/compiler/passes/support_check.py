@@ -21,13 +21,13 @@ import torch
 import torch.fx as fx
 
 from aiu_sim.ir.layout import elems_per_stick
+from aiu_sim.numerics.formats import host_dtype_name as dtype_name
 from torch_spyre_emu.compiler.context import (
-    TORCH_TO_FORMAT,
     CompileContext,
     UnsupportedOp,
-    dtype_name,
     module_path,
 )
+from torch_spyre_emu.device.host_dtypes import TORCH_TO_FORMAT
 from torch_spyre_emu.errors import FallbackWarning, SpyreUnsupportedOpError
 
 aten = torch.ops.aten
