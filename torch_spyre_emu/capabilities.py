@@ -157,6 +157,14 @@ _OPS: list[OpEntry] = [
         "_softmax", "native", F16, "fused row softmax; ~2e-5 leaks into -inf positions (hf-adapters findings)"
     ),
     _e("_log_softmax", "decomposed", F16, "-> softmax + log"),
+    _e(
+        "_safe_softmax",
+        "unsupported",
+        (),
+        "softmax zeroing fully masked rows, from torch's own SDPA math path (fp32 upcast); torch-spyre lowers SDPA "
+        "by its math path with plain softmax, so it is not in the table; kept whole by capture so it is reported "
+        "as itself (emulation assumption: no lowering)",
+    ),
     # --- matmul -------------------------------------------------------------------------------------------------
     _e(
         "bmm",
@@ -435,6 +443,10 @@ class _CapabilitiesAccessor:
                 )
             ops[name] = new
         snap = Capabilities(ops, feats)
+    def base(self) -> Capabilities:
+        """The table as shipped, without any override (what registration-time checks compare against)."""
+        return _BASE
+
         self._stack.append(snap)
         try:
             yield snap

@@ -214,6 +214,15 @@ OPS: list[Op] = [
         slow_shapes=MM_SLOW,
     ),
     Op(
+        "baddbmm",
+        lambda *a: torch.baddbmm(*a),
+        "baddbmm",
+        lambda xs, r, d: addmm_bound(*xs, r, d),
+        lambda s: [((2, 3, 70), "normal"), ((2, 3, last(s)), "normal"), ((2, last(s), 70), "normal")],
+        MM_SHAPES,
+        slow_shapes=MM_SLOW,
+    ),
+    Op(
         "linear",
         lambda *a: F.linear(*a),
         "linear",

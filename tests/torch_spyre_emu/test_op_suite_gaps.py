@@ -38,6 +38,7 @@ GAPS = {
         "numerics.rmsnorm_fp32_upcast",
         "fallback",
     ),
+    "pow_scalar_base": (lambda x: 2**x, [(S, "normal")], "aten.pow", "fallback"),
     "sort": (lambda x: torch.sort(x, -1)[0], [(S, "normal")], "aten.sort", "unsupported"),
     "masked_fill": (lambda x: x.masked_fill(x > 0, 0.0), [(S, "normal")], "aten.masked_fill", "unsupported"),
     "gather": (

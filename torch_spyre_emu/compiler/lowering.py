@@ -4,6 +4,10 @@ Each lowering gets the Builder, the node, and the node's arguments with FX nodes
 device tensors, plain Python for everything else), and returns the node's value (a TRef, or a tuple for multi-output
 ops). `LOWERINGS` is the one table; grep it to see what lowers natively. Ops that the capability table sends to the
 host never reach it: codegen turns those into HostOp islands.
+
+Registering a lowering checks it against the capability table (as Inductor asserts when it registers a fallback):
+the op must have an entry, and an op the table does not call native needs a line in NON_NATIVE_LOWERINGS saying
+why it has a lowering. tests/torch_spyre_emu/test_op_tables.py checks the four op tables against each other.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import torch
 import torch.fx as fx
 
 from aiu_sim.ir.program import Arg
+from torch_spyre_emu.capabilities import capabilities
 from torch_spyre_emu.compiler.builder import Builder
 from torch_spyre_emu.compiler.views import TRef
 from torch_spyre_emu.errors import SpyreCompileError
@@ -21,12 +26,53 @@ from torch_spyre_emu.errors import SpyreCompileError
 aten = torch.ops.aten
 LOWERINGS: dict[object, Callable] = {}
 
+# Lowerings of ops whose status in the capability table is not "native", and why each exists.
+NON_NATIVE_LOWERINGS: dict[object, str] = {
+    # "decomposed" (STACK §1.7 decompositions): the lowering emits the kernels the stack's decomposition produces
+    aten.max: "max()/max.dim: a max reduce (+ an argmax reduce for .dim), the stack's max.dim decomposition",
+    aten.min: "min()/min.dim: a min reduce (+ an argmin reduce for .dim), the stack's min.dim decomposition",
+    aten.cat: "cat: one copy kernel per input into its window of the output",
+    aten.constant_pad_nd: "constant_pad_nd: a fill kernel and a copy into the window",
+    aten.ceil: "ceil: one SFP kernel; emulation assumption: the stack's decomposition costs like one op",
+    aten.sign: "sign: one SFP kernel; emulation assumption: the stack's decomposition costs like one op",
+    aten.bitwise_not: "bool only: the logical_not kernel (the table's decomposition)",
+    aten.bitwise_and: "bool only: the logical_and kernel (the table's decomposition)",
+    # "fallback": the device runs them when a capabilities.override makes them native (adapters ask whether their
+    # gap is still one; tests turn RoPE's sin/cos native)
+    aten.sin: "fallback in the table; lowered for capabilities.override({'aten.sin': 'native'})",
+    aten.cos: "fallback in the table; lowered for capabilities.override({'aten.cos': 'native'})",
+    aten.erf: "fallback in the table; lowered for capabilities.override({'aten.erf': 'native'})",
+    aten.slice: "fallback in the table (RFC 1632-v3); lowered as a view for capabilities.override",
+}
+
+# Ops the table calls native that the emulator does not lower yet: codegen runs them as CPU islands with a
+# FallbackWarning (a SpyreCompileError in strict mode), an emulator gap rather than a Spyre one.
+MISSING_LOWERINGS: dict[object, str] = {
+    aten.topk: "no topkvalue/topkindex kernel in aiu_sim yet (PR #3713's custom ops)",
+}
+
+
+def _check_registration(op) -> None:
+    """A lowering must agree with the shipped capability table (overrides only change entries that exist)."""
+    entry = capabilities.base().entry(op)
+    if entry is None:
+        raise SpyreCompileError(
+            f"@lowering({op}): {capabilities.base().op_key(op)} has no entry in the capability table "
+            "(torch_spyre_emu/capabilities.py _OPS); add one with its status and dtypes, or drop the lowering"
+        )
+    if entry.status != "native" and op not in NON_NATIVE_LOWERINGS:
+        raise SpyreCompileError(
+            f"@lowering({op}): the capability table says {entry.name} is {entry.status!r}, not native; say why it "
+            "has a lowering in lowering.NON_NATIVE_LOWERINGS, or correct its status"
+        )
+
 
 def lowering(*ops):
     """Register a lowering for aten ops (OpOverloadPackets cover all their overloads)."""
 
     def deco(fn):
         for op in ops:
+            _check_registration(op)
             LOWERINGS[op] = fn
         return fn
 
@@ -101,7 +147,6 @@ UNARY = {
     aten.sin: "sin",
     aten.cos: "cos",
     aten.erf: "erf",
-    aten.round: "round",
 }
 BINARY = {
     aten.add: "add",
@@ -118,8 +163,6 @@ BINARY = {
     aten.ge: "ge",
     aten.logical_and: "logical_and",
     aten.bitwise_and: "logical_and",
-    aten.logical_or: "logical_or",
-    aten.pow: "pow",
 }
 
 

@@ -1,6 +1,7 @@
-"""Decompositions torch-spyre does itself (STACK §1.7): addmm -> matmul + scale + add; linear (already t + addmm
-after capture); SDPA -> the explicit QK^T.V math path; rms_norm; pow with small exponents; log_softmax.
-layer_norm is captured as native_layer_norm and lowered whole (custom ops exx2/layernormscale/layernormnorm).
+"""Decompositions torch-spyre does itself (STACK §1.7): addmm -> matmul + scale + add (baddbmm alike); linear
+(already t + addmm after capture); SDPA (under each of its kernels' names) -> the explicit QK^T.V math path;
+rms_norm; pow with small exponents; log_softmax. layer_norm is captured as native_layer_norm and lowered whole
+(custom ops exx2/layernormscale/layernormnorm).
 
 Applied by re-tracing the graph with this table (capture.retrace), so every new node gets fake metadata and keeps
 the user's module path.
@@ -18,13 +19,18 @@ from torch_spyre_emu.compiler.capture import retrace
 aten = torch.ops.aten
 
 
-def addmm(bias, a, b, *, beta=1, alpha=1):
-    out = torch.mm(a, b)
+def addmm(bias, a, b, *, beta=1, alpha=1, mm=torch.mm):
+    out = mm(a, b)
     if alpha != 1:
         out = out * alpha
     if beta == 0:
         return out
     return out + (bias if beta == 1 else bias * beta)
+
+
+def baddbmm(bias, a, b, *, beta=1, alpha=1):
+    """bmm + scale + add, as addmm (torch's own baddbmm decomposition upcasts fp16 to fp32, which falls back)."""
+    return addmm(bias, a, b, beta=beta, alpha=alpha, mm=torch.bmm)
 
 
 def _repeat_heads(x: torch.Tensor, heads: int) -> torch.Tensor:
@@ -62,6 +68,20 @@ def sdpa_flash_cpu(q, k, v, dropout_p=0.0, is_causal=False, *, attn_mask=None, s
     out = out.transpose(1, 2).contiguous().transpose(1, 2)
     lse = torch.zeros(q.shape[:-1], dtype=torch.float32)  # logsumexp output; dead in inference graphs
     return out, lse
+
+
+def sdpa_efficient(q, k, v, attn_bias, compute_log_sumexp, dropout_p=0.0, is_causal=False, *, scale=None):
+    """The CUDA memory-efficient SDPA kernel's signature (a graph traced for CUDA) -> the math path."""
+    out = sdpa_math(q, k, v, attn_bias, dropout_p, is_causal, scale)
+    lse = torch.zeros(q.shape[:-1], dtype=torch.float32)  # logsumexp, philox seed/offset: dead in inference
+    return out, lse, torch.zeros((), dtype=torch.int64), torch.zeros((), dtype=torch.int64)
+
+
+def sdpa_flash(q, k, v, dropout_p=0.0, is_causal=False, return_debug_mask=False, *, scale=None):
+    """The CUDA flash SDPA kernel's signature -> the math path, laid out as the CPU flash kernel's output."""
+    out, lse = sdpa_flash_cpu(q, k, v, dropout_p, is_causal, scale=scale)
+    empty = torch.zeros(0, dtype=torch.int64)  # cum_seq_q/k, rng_state, unused, debug mask: dead in inference
+    return out, lse, empty, empty, q.shape[-2], k.shape[-2], empty, empty, torch.zeros(0, dtype=q.dtype)
 
 
 def sdpa_math_op(
@@ -117,12 +137,11 @@ def log_softmax(x, dim, half_to_float=False):
     return torch.log(torch.softmax(x, dim))
 
 
-def rsub(x, other, alpha=1):
-    return torch.sub(other, x, alpha=alpha) if isinstance(other, torch.Tensor) else (x * -alpha) + other
-
-
 SPYRE_DECOMPOSITIONS = {
     aten.addmm.default: addmm,
+    aten.baddbmm.default: baddbmm,
+    aten._scaled_dot_product_efficient_attention.default: sdpa_efficient,
+    aten._scaled_dot_product_flash_attention.default: sdpa_flash,
     aten._scaled_dot_product_flash_attention_for_cpu.default: sdpa_flash_cpu,
     aten._scaled_dot_product_attention_math.default: sdpa_math_op,
     aten.scaled_dot_product_attention.default: sdpa_math,
@@ -135,6 +154,8 @@ SPYRE_DECOMPOSITIONS = {
 
 SDPA_OPS = {
     aten._scaled_dot_product_flash_attention_for_cpu,
+    aten._scaled_dot_product_efficient_attention,
+    aten._scaled_dot_product_flash_attention,
     aten._scaled_dot_product_attention_math,
     aten.scaled_dot_product_attention,
 }

@@ -9,7 +9,8 @@ import torch.fx as fx
 
 aten = torch.ops.aten
 
-# Pointwise ops whose operands may be scalars; every operand position is a tensor on the device.
+# Pointwise ops whose operands may be scalars; every operand position is a tensor on the device. Not pow: what
+# decompose leaves of it runs on the host (support check), with its scalar base or exponent as the number it is.
 POINTWISE = {
     aten.add,
     aten.sub,
@@ -25,7 +26,6 @@ POINTWISE = {
     aten.ge,
     aten.where,
     aten.logical_and,
-    aten.pow,
     aten.remainder,
 }
 TENSOR_OVERLOAD = {
@@ -45,8 +45,6 @@ def scalars_to_tensors(gm: fx.GraphModule, ctx=None) -> fx.GraphModule:
             continue
         if not any(isinstance(a, int | float | bool) for a in node.args):
             continue
-        if node.target.overloadpacket is aten.pow and node.target._overloadname == "Tensor_Scalar":
-            continue  # left to decompose / support check (exponent is an attribute)
         ref = next((a for a in node.args if isinstance(a, fx.Node)), None)
         if ref is None:
             continue

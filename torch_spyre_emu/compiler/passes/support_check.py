@@ -96,7 +96,8 @@ def classify(node: fx.Node, ctx: CompileContext) -> tuple[str, str, str]:
         if TORCH_TO_FORMAT.get(dst) is None or TORCH_TO_FORMAT.get(src) is None:
             return "fallback", key, f"no device format for {dtype_name(src)} -> {dtype_name(dst)}"
         return status, key, ""
-    if target is aten.pow.Tensor_Scalar or target is aten.pow.Tensor_Tensor:
+    if getattr(target, "overloadpacket", None) is aten.pow:
+        # what decompose left: another exponent, a tensor exponent or a scalar base (2 ** x); no pow lowering
         return "fallback", key, "pow is only lowered for exponents 2, 3, 0.5, -0.5, -1"
     if target is aten.bmm.default:
         a, b = node.args[0], node.args[1]
