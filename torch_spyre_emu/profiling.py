@@ -29,6 +29,7 @@ import torch
 
 import aiu_sim
 from aiu_sim.config import HardwareConfig
+from aiu_sim.ir.ops import unit_of
 from torch_spyre_emu import config as stack_config
 from torch_spyre_emu import debug
 
@@ -163,7 +164,7 @@ def last_profile() -> ProfileReport | None:
 
 def _util(step) -> tuple[float, dict[str, float]]:
     units = dict(step.unit_utilization or {})
-    main = units.get("pt" if step.op == "matmul" else "sfp", max(units.values(), default=0.0))
+    main = units.get(unit_of(step.op), max(units.values(), default=0.0))
     return float(main), units
 
 

@@ -11,7 +11,8 @@ from collections.abc import Sequence
 from aiu_sim.builders.program_builder import ProgramBuilder, SplitPolicy
 from aiu_sim.config import HardwareConfig
 from aiu_sim.errors import ProgramError
-from aiu_sim.ir.program import BINARY_FNS, TERNARY_FNS, UNARY_FNS, KernelProgram
+from aiu_sim.ir.ops import BINARY_FNS, TERNARY_FNS, UNARY_FNS
+from aiu_sim.ir.program import KernelProgram
 
 
 def matmul_program(

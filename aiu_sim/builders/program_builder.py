@@ -17,6 +17,7 @@ import numpy as np
 
 from aiu_sim.config import HardwareConfig, load_config
 from aiu_sim.errors import ProgramError
+from aiu_sim.ir.ops import OpGroup
 from aiu_sim.ir.program import (
     Arg,
     Buffer,
@@ -42,7 +43,7 @@ def equal_split(kernel: Kernel, buffers: dict[str, Buffer], num_cores: int) -> d
     units = {d: (math.ceil(n / sticky[d]) if d in sticky else n) for d, n in kernel.space.items()}
     out_dims = sorted((d for d in kernel.space if d not in kernel.reduce_dims), key=lambda d: -units[d])
     k_dims = []
-    if kernel.op in ("matmul", "reduce") and kernel.reduce_dims:
+    if kernel.op in OpGroup.ACCUMULATING and kernel.reduce_dims:
         k_dims = [max(kernel.reduce_dims, key=lambda d: units[d])]  # at most one reduce dim may be split
     best: tuple = ()
     best_split: dict[str, int] = {}

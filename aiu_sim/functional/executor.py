@@ -17,6 +17,7 @@ from aiu_sim.errors import ExecutionError
 from aiu_sim.functional import reduce as exec_reduce
 from aiu_sim.functional import sfp_math
 from aiu_sim.functional.access import GatherPlan, ScatterPlan
+from aiu_sim.ir.ops import EXTREME_REDUCE_FNS
 from aiu_sim.ir.program import Buffer, DeviceToHost, HostOp, HostToDevice, Kernel, KernelProgram
 from aiu_sim.numerics import host
 from aiu_sim.numerics.accumulate import DEFAULT_MODEL, AccumulationModel
@@ -270,39 +271,32 @@ class _State:
                 write(rounded, self.target(name), k.op)
 
     def compute(self, k: Kernel, xs: list[np.ndarray], where: str) -> np.ndarray:
-        op = k.op
-        if op in ("copy", "restickify"):
-            return xs[0]
-        if op == "fill":
-            if "value" not in k.attrs:
-                raise ExecutionError(f"{where}: fill needs attrs['value']")
-            return np.full([1] * len(k.space), k.attrs["value"], dtype=np.float64)
-        if op in ("unary", "binary", "ternary"):
-            table = {"unary": sfp_math.UNARY, "binary": sfp_math.BINARY, "ternary": sfp_math.TERNARY}[op]
-            for attr in sfp_math.REQUIRED_ATTRS.get(k.fn, ()):
-                if attr not in k.attrs:
-                    raise ExecutionError(f"{where}: fn {k.fn!r} needs attrs[{attr!r}]")
-            return table[k.fn](*xs, k.attrs)
-        if op == "matmul":
-            return exec_reduce.matmul(k, self.buffers, _f32(xs[0]), _f32(xs[1]), self._model(k, where))
-        if op == "reduce":
-            return self.reduce(k, xs[0], where)
-        axes = tuple(i for i, d in enumerate(k.space) if d in k.reduce_dims)
-        if not axes:
-            raise ExecutionError(f"{where}: a fused row op needs reduce_dims (the row)")
-        x = np.broadcast_to(xs[0], _full_rows(k, xs[0]))
-        if op == "softmax":
-            return sfp_math.softmax(x, axes)
-        if op == "layernorm":
-            weight, bias = (xs[1:] + [None, None])[:2]
-            return sfp_math.layernorm(x, axes, weight, bias, eps=float(k.attrs.get("eps", 1e-5)))
-        if op == "rmsnorm":
-            weight = xs[1] if len(xs) > 1 else None
-            return sfp_math.rmsnorm(x, axes, weight, eps=float(k.attrs.get("eps", 1e-6)))
-        raise ExecutionError(f"{where}: the executor has no semantics for op {op!r}")
+        run = COMPUTE.get(k.op)
+        if run is None:
+            raise ExecutionError(f"{where}: the executor has no semantics for op {k.op!r}")
+        return run(self, k, xs, where)
 
-    def reduce(self, k: Kernel, x: np.ndarray, where: str) -> np.ndarray:
-        if k.fn in ("max", "min", "argmax", "argmin"):
+    def _copy(self, k: Kernel, xs: list[np.ndarray], where: str) -> np.ndarray:
+        return xs[0]
+
+    def _fill(self, k: Kernel, xs: list[np.ndarray], where: str) -> np.ndarray:
+        if "value" not in k.attrs:
+            raise ExecutionError(f"{where}: fill needs attrs['value']")
+        return np.full([1] * len(k.space), k.attrs["value"], dtype=np.float64)
+
+    def _elementwise(self, k: Kernel, xs: list[np.ndarray], where: str) -> np.ndarray:
+        table = {"unary": sfp_math.UNARY, "binary": sfp_math.BINARY, "ternary": sfp_math.TERNARY}[k.op]
+        for attr in sfp_math.REQUIRED_ATTRS.get(k.fn, ()):
+            if attr not in k.attrs:
+                raise ExecutionError(f"{where}: fn {k.fn!r} needs attrs[{attr!r}]")
+        return table[k.fn](*xs, k.attrs)
+
+    def _matmul(self, k: Kernel, xs: list[np.ndarray], where: str) -> np.ndarray:
+        return exec_reduce.matmul(k, self.buffers, _f32(xs[0]), _f32(xs[1]), self._model(k, where))
+
+    def _reduce(self, k: Kernel, xs: list[np.ndarray], where: str) -> np.ndarray:
+        x = xs[0]
+        if k.fn in EXTREME_REDUCE_FNS:
             return exec_reduce.reduce_extreme(k, x, k.fn)
         model = self._model(k, where)
         if k.fn == "sumsq":
@@ -312,9 +306,47 @@ class _State:
             return total / np.float32(exec_reduce.reduce_count(k))
         return total
 
+    def _softmax(self, k: Kernel, xs: list[np.ndarray], where: str) -> np.ndarray:
+        x, axes = _rows(k, xs, where)
+        return sfp_math.softmax(x, axes)
+
+    def _layernorm(self, k: Kernel, xs: list[np.ndarray], where: str) -> np.ndarray:
+        x, axes = _rows(k, xs, where)
+        weight, bias = (xs[1:] + [None, None])[:2]
+        return sfp_math.layernorm(x, axes, weight, bias, eps=float(k.attrs.get("eps", 1e-5)))
+
+    def _rmsnorm(self, k: Kernel, xs: list[np.ndarray], where: str) -> np.ndarray:
+        x, axes = _rows(k, xs, where)
+        weight = xs[1] if len(xs) > 1 else None
+        return sfp_math.rmsnorm(x, axes, weight, eps=float(k.attrs.get("eps", 1e-6)))
+
     def _model(self, k: Kernel, where: str) -> AccumulationModel:
         spec = k.attrs.get("accumulation")
         return self.model if spec is None else as_model(spec, where)
+
+
+# The executor's semantics of each kernel op (aiu_sim.ir.ops.OPS; tests/aiu_sim/test_ops.py checks they agree).
+COMPUTE: dict[str, Callable[[_State, Kernel, list[np.ndarray], str], np.ndarray]] = {
+    "copy": _State._copy,
+    "restickify": _State._copy,
+    "fill": _State._fill,
+    "unary": _State._elementwise,
+    "binary": _State._elementwise,
+    "ternary": _State._elementwise,
+    "matmul": _State._matmul,
+    "reduce": _State._reduce,
+    "softmax": _State._softmax,
+    "layernorm": _State._layernorm,
+    "rmsnorm": _State._rmsnorm,
+}
+
+
+def _rows(k: Kernel, xs: list[np.ndarray], where: str) -> tuple[np.ndarray, tuple[int, ...]]:
+    """A fused row op's input broadcast to whole rows, and the axes of the row (the reduce dims)."""
+    axes = tuple(i for i, d in enumerate(k.space) if d in k.reduce_dims)
+    if not axes:
+        raise ExecutionError(f"{where}: a fused row op needs reduce_dims (the row)")
+    return np.broadcast_to(xs[0], _full_rows(k, xs[0])), axes
 
 
 def _read_only(values: np.ndarray) -> np.ndarray:

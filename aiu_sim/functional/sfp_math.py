@@ -1,8 +1,8 @@
 """The math of the SFP vector unit: elementwise functions and fused row ops, in fp32.
 
 Inputs are fp32 arrays holding device-format values (exact); results are fp32 and the executor rounds them once
-to the output buffer's format. Every function name in program.UNARY_FNS / BINARY_FNS / TERNARY_FNS has an entry
-here; tests/aiu_sim/test_executor.py checks that the tables cover those sets.
+to the output buffer's format. Every function name in aiu_sim.ir.ops.UNARY_FNS / BINARY_FNS / TERNARY_FNS has an
+entry here; tests/aiu_sim/test_executor.py and test_ops.py check that the tables cover those sets.
 """
 
 from __future__ import annotations

@@ -16,89 +16,7 @@ from dataclasses import dataclass, field
 from aiu_sim.config import STICK_BYTES, HardwareConfig
 from aiu_sim.errors import ProgramError
 from aiu_sim.ir.layout import StickLayout, default_layout, elems_per_stick
-
-# Kernel ops and the unit that runs them (STACK §1.6: exUnit "pt" for matmul, "sfp" for everything else).
-KERNEL_OPS = {
-    "matmul": "pt",  # C[...] = sum over reduce_dims of A[...] * B[...]; batched by any extra dims
-    "unary": "sfp",  # out = fn(x)
-    "binary": "sfp",  # out = fn(x, y), broadcasting by dims
-    "ternary": "sfp",  # out = fn(x, y, z), e.g. where(cond, a, b)
-    "reduce": "sfp",  # out = fn over reduce_dims (sum, mean, max, min, sumsq, argmax, argmin)
-    "softmax": "sfp",  # fused row op over reduce_dims[0]
-    "layernorm": "sfp",  # fused row op: inputs x[, weight[, bias]]; attrs eps
-    "rmsnorm": "sfp",  # fused row op: inputs x[, weight]; attrs eps
-    "copy": "sfp",  # out = x, with permutation / broadcast / window / format conversion by dims
-    "restickify": "sfp",  # like copy, but the point is a change of stick layout (ReStickifyOpHBM)
-    "fill": "sfp",  # out = attrs["value"]
-}
-
-UNARY_FNS = {
-    "identity",
-    "neg",
-    "abs",
-    "relu",
-    "exp",
-    "log",
-    "sqrt",
-    "rsqrt",
-    "reciprocal",
-    "tanh",
-    "sigmoid",
-    "gelu",
-    "gelu_tanh",
-    "silu",
-    "softplus",
-    "floor",
-    "ceil",
-    "sign",
-    "square",
-    "logical_not",
-    "clamp",
-    "sin",
-    "cos",
-    "erf",
-    "pow_scalar",
-    "round",
-}
-# SFP functions charged the transcendental cost factor (HW §8).
-TRANSCENDENTAL_FNS = {
-    "exp",
-    "log",
-    "tanh",
-    "sigmoid",
-    "gelu",
-    "gelu_tanh",
-    "silu",
-    "softplus",
-    "sqrt",
-    "rsqrt",
-    "reciprocal",
-    "sin",
-    "cos",
-    "erf",
-    "pow_scalar",
-}
-BINARY_FNS = {
-    "add",
-    "sub",
-    "mul",
-    "div",
-    "maximum",
-    "minimum",
-    "eq",
-    "ne",
-    "lt",
-    "le",
-    "gt",
-    "ge",
-    "logical_and",
-    "logical_or",
-    "pow",
-}
-TERNARY_FNS = {"where", "addcmul", "lerp"}
-REDUCE_FNS = {"sum", "mean", "max", "min", "sumsq", "argmax", "argmin"}
-FNS_BY_OP = {"unary": UNARY_FNS, "binary": BINARY_FNS, "ternary": TERNARY_FNS, "reduce": REDUCE_FNS}
-ARITY = {"unary": 1, "binary": 2, "ternary": 3, "copy": 1, "restickify": 1, "fill": 0, "softmax": 1}
+from aiu_sim.ir.ops import unit_of
 
 
 @dataclass
@@ -176,11 +94,11 @@ class Arg:
 @dataclass
 class Kernel:
     name: str
-    op: str
+    op: str  # a kernel op of aiu_sim.ir.ops.OPS
     inputs: list[Arg]
     outputs: list[Arg]
     space: dict[str, int]  # the iteration space, ordered: dim name -> extent in elements
-    fn: str | None = None  # for unary/binary/ternary/reduce
+    fn: str | None = None  # for the ops that take one (OpSpec.fns)
     reduce_dims: tuple[str, ...] = ()  # dims summed away (matmul K, reduction axes, the softmax row)
     split: dict[str, int] = field(default_factory=dict)  # dim -> pieces; whole sticks on stick dims
     cores: tuple[int, ...] | None = None  # core of slice i (slices in row-major order over `split`)
@@ -202,7 +120,7 @@ class Kernel:
 
     @property
     def unit(self) -> str:
-        return KERNEL_OPS.get(self.op, "sfp")
+        return unit_of(self.op)
 
     @property
     def num_slices(self) -> int:

@@ -7,10 +7,8 @@ import math
 from aiu_sim.config import HardwareConfig, preset
 from aiu_sim.errors import BundleError, ProgramError
 from aiu_sim.ir.layout import ELEMS_PER_STICK
+from aiu_sim.ir.ops import OPS, OpGroup
 from aiu_sim.ir.program import (
-    ARITY,
-    FNS_BY_OP,
-    KERNEL_OPS,
     Buffer,
     DeviceToHost,
     HostOp,
@@ -107,12 +105,13 @@ def _check_buffer(buf: Buffer, config: HardwareConfig) -> None:
 
 def _check_kernel(k: Kernel, buffers: dict[str, Buffer], config: HardwareConfig) -> None:
     where = f"kernel {k.name!r} ({k.op})"
-    if k.op not in KERNEL_OPS:
-        raise ProgramError(f"{where}: unknown op {k.op!r}; known ops: {sorted(KERNEL_OPS)}")
-    if k.op in FNS_BY_OP and k.fn not in FNS_BY_OP[k.op]:
-        raise ProgramError(f"{where}: unknown fn {k.fn!r}; known: {sorted(FNS_BY_OP[k.op])}")
-    if k.op in ARITY and len(k.inputs) != ARITY[k.op]:
-        raise ProgramError(f"{where}: takes {ARITY[k.op]} input(s), got {len(k.inputs)}")
+    spec = OPS.get(k.op)
+    if spec is None:
+        raise ProgramError(f"{where}: unknown op {k.op!r}; known ops: {sorted(OPS)}")
+    if spec.fns and k.fn not in spec.fns:
+        raise ProgramError(f"{where}: unknown fn {k.fn!r}; known: {sorted(spec.fns)}")
+    if spec.arity is not None and len(k.inputs) != spec.arity:
+        raise ProgramError(f"{where}: takes {spec.arity} input(s), got {len(k.inputs)}")
     if k.op == "matmul" and (len(k.inputs) != 2 or len(k.reduce_dims) != 1):
         raise ProgramError(f"{where}: matmul takes 2 inputs and exactly one reduce dim (K)")
     if not k.outputs:
@@ -127,7 +126,7 @@ def _check_kernel(k: Kernel, buffers: dict[str, Buffer], config: HardwareConfig)
         for i, arg in enumerate(args):
             _check_arg(k, f"{where} {role} {i} ({arg.buffer!r})", arg, buffers)
     for arg in k.outputs:
-        if any(d in k.reduce_dims for d in arg.dims) and k.op not in ("softmax", "layernorm", "rmsnorm"):
+        if any(d in k.reduce_dims for d in arg.dims) and k.op not in OpGroup.ROW:
             raise ProgramError(f"{where}: output {arg.buffer!r} is indexed by a reduce dim")
     _check_split(k, where, buffers, config)
 
@@ -180,7 +179,7 @@ def _check_split(k: Kernel, where: str, buffers: dict[str, Buffer], config: Hard
     split_reductions = [d for d in k.reduce_dims if k.split.get(d, 1) > 1]
     if len(split_reductions) > 1:
         raise ProgramError(f"{where}: at most one reduction dim may be split, got {split_reductions}")
-    if split_reductions and k.op not in ("matmul", "reduce"):
+    if split_reductions and k.op not in OpGroup.ACCUMULATING:
         raise ProgramError(f"{where}: only matmul and reductions may split a reduction dim")
     if len(k.cores) != k.num_slices:
         raise ProgramError(f"{where}: {len(k.cores)} core ids for {k.num_slices} slices")

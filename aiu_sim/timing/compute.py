@@ -24,7 +24,8 @@ from dataclasses import dataclass
 
 from aiu_sim.config import HardwareConfig
 from aiu_sim.ir.layout import elems_per_stick
-from aiu_sim.ir.program import TRANSCENDENTAL_FNS, Buffer, Kernel, arg_shape
+from aiu_sim.ir.ops import TRANSCENDENTAL_FNS, OpGroup
+from aiu_sim.ir.program import Buffer, Kernel, arg_shape
 from aiu_sim.numerics.formats import STICK_BYTES
 
 
@@ -122,7 +123,8 @@ def _arg_axis_with_stride(shape: tuple[int, ...], stride: int, size: int) -> int
     return None
 
 
-# Passes over the elements per fused op (assumptions, see module doc). "T" marks a transcendental pass.
+# Passes over the elements per fused row op (OpGroup.ROW; assumptions, see module doc): (plain passes,
+# transcendental passes).
 _ROW_OP_PASSES = {
     "softmax": (3, 1),  # max, sum, scale (+ exp)
     "layernorm": (5, 1),  # mean, subtract, square-sum, normalize, (+ rsqrt per row, charged as one pass)
@@ -136,11 +138,11 @@ def sfp_cost(
     """SFP cycles of one core whose slice has `padded_extents` (stick dims rounded up to whole sticks)."""
     elements = math.prod(padded_extents.values()) if padded_extents else 1
     t = config.sfp_transcendental_cost
-    if kernel.op in _ROW_OP_PASSES:
+    if kernel.op in OpGroup.ROW:
         plain, transcendental = _ROW_OP_PASSES[kernel.op]
         affine = len(kernel.inputs) - 1  # weight and bias: one more pass each
         passes = plain + affine + transcendental * t
-    elif kernel.op in ("unary", "binary", "ternary"):
+    elif kernel.op in OpGroup.ELEMENTWISE:
         passes = t if kernel.fn in TRANSCENDENTAL_FNS else 1.0
     else:  # reduce, copy, restickify, fill: one pass
         passes = 1.0

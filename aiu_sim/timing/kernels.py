@@ -16,6 +16,7 @@ from collections import defaultdict
 import numpy as np
 
 from aiu_sim.config import HardwareConfig
+from aiu_sim.ir.ops import OpGroup
 from aiu_sim.ir.program import Buffer, Kernel, arg_bytes, core_slices, stick_dims
 from aiu_sim.timing import engine
 from aiu_sim.timing.compute import ComputeCost, elem_bytes, matmul_cost, matmul_dims, sfp_cost
@@ -24,9 +25,6 @@ from aiu_sim.timing.report import Intervals, KernelTiming
 from aiu_sim.timing.resources import DMA, LX, PSUM, PT, RING, SFP, ResourceMap
 from aiu_sim.timing.tasks import PSUM_BYTES, TaskBuilder
 from aiu_sim.timing.tiling import ArgAccess, Rates, TilePlan, plan_tiles
-
-_ROW_OPS = ("softmax", "layernorm", "rmsnorm")
-_ACCUMULATING = ("matmul", "reduce")
 
 
 def time_kernel(
@@ -52,7 +50,8 @@ def time_kernel(
     dram = kernel_dram_model(config, dram_cores, turnaround=kernel.op != "restickify")
     rates = _planner_rates(cost, dram_cores)
     plan = _plan(kernel, buffers, config, extents, sticky, accesses, rates)
-    two_pass = kernel.op in _ROW_OPS and not plan.fits  # a row does not fit LX: statistics pass + output pass
+    # a row op whose row does not fit LX: a statistics pass, then an output pass
+    two_pass = kernel.op in OpGroup.ROW and not plan.fits
 
     graph = TaskBuilder(kernel, buffers, config, res, plan, cost, groups, scale, two_pass).build()
     arrays = graph.arrays()
@@ -95,7 +94,7 @@ def _accesses(
         is_input = i < n_in
         sharing = max((len(g) for g in groups.get(i, [])), default=1) if is_input else 1
         psum_scale = (
-            PSUM_BYTES / elem_bytes(buf.dtype) if kernel.op in _ACCUMULATING and not is_input else 1.0
+            PSUM_BYTES / elem_bytes(buf.dtype) if kernel.op in OpGroup.ACCUMULATING and not is_input else 1.0
         )
         accesses.append(
             ArgAccess(
@@ -136,7 +135,8 @@ def _plan(
         reduce = [d for d in kernel.space if d in kernel.reduce_dims]
         rows = [d for d in kernel.space if d not in kernel.reduce_dims]
         order = rows + reduce
-        cuttable = rows + (reduce if kernel.op == "reduce" else [])
+        # a reduction may tile its reduce dims (it accumulates partial sums); a row op needs whole rows
+        cuttable = rows + (reduce if kernel.op in OpGroup.ACCUMULATING else [])
     order = [d for d in order if d in extents]
     cuttable = [d for d in cuttable if d in extents]
     return plan_tiles(extents, sticky, order, cuttable, accesses, budget, rates)

@@ -19,7 +19,7 @@ from aiu_sim import Arg, ExecutionError
 from aiu_sim.builders.program_builder import ProgramBuilder
 from aiu_sim.functional import sfp_math
 from aiu_sim.functional.executor import execute
-from aiu_sim.ir.program import BINARY_FNS, REDUCE_FNS, TERNARY_FNS, UNARY_FNS
+from aiu_sim.ir.ops import BINARY_FNS, REDUCE_FNS, TERNARY_FNS, UNARY_FNS
 from aiu_sim.numerics import dl16
 from aiu_sim.numerics._accumulate_kernels import accumulate_fp32_exact_products
 from aiu_sim.numerics.accumulate import AccumulationModel, ReductionOrder, reduce_mean, reduce_sum

@@ -6,16 +6,15 @@ running these copies on every call is work a deployment does once at load time. 
 `ctx.prep_steps`, which the pipeline builds into a separate "weight preparation" program; the runtime runs it when
 the weights are first uploaded (or changed) and binds its results as resident buffers of the per-call program.
 
-A buffer is prepared when every kernel that writes it is a pure layout op (restickify, copy, fill) whose inputs are
+A buffer is prepared when every kernel that writes it is a pure layout op (OpGroup.LAYOUT) whose inputs are
 all weights or prepared buffers, at least one of them reads such a buffer (so the K-padding of an activation stays),
 and it is not a graph result. Values are unchanged: the same kernels run on the same values, only earlier.
 """
 
 from __future__ import annotations
 
+from aiu_sim.ir.ops import OpGroup
 from aiu_sim.ir.program import Buffer, HostOp, HostToDevice, Kernel, step_reads
-
-LAYOUT_OPS = ("restickify", "copy", "fill")
 
 
 def split_weight_prep(steps: list, buffers: dict[str, Buffer], ctx) -> list:
@@ -35,7 +34,7 @@ def split_weight_prep(steps: list, buffers: dict[str, Buffer], ctx) -> list:
     sources = set(prepared)
 
     def preparable(k: Kernel) -> bool:
-        return k.op in LAYOUT_OPS and len(k.outputs) == 1 and all(a.buffer in prepared for a in k.inputs)
+        return k.op in OpGroup.LAYOUT and len(k.outputs) == 1 and all(a.buffer in prepared for a in k.inputs)
 
     changed = True
     while changed:  # chains (a restickify, then the K-padding copy of its result) need a fixed point
