@@ -16,10 +16,8 @@ import warnings
 
 import torch
 
-from torch_spyre_emu import config as stack_config
-from torch_spyre_emu.capabilities import capabilities
 from torch_spyre_emu.compiler.capture import on_host_device
-from torch_spyre_emu.compiler.context import CompileContext
+from torch_spyre_emu.compiler.context import CompileOptions
 from torch_spyre_emu.compiler.pipeline import Compiled, compile_fn
 from torch_spyre_emu.errors import FallbackWarning, SpyreDeviceError
 
@@ -58,8 +56,7 @@ def _traced_op(func, args, kwargs):
 
 def run_op(func, args, kwargs):
     """Run one aten op on spyre tensors through the compiler; returns spyre tensors (same structure as the op)."""
-    from torch_spyre_emu.compiler.runtime import call_generator, run_compiled
-    from torch_spyre_emu.profiling import current_run_options, record
+    from torch_spyre_emu.compiler.runtime import call_generator, run_and_record
 
     kwargs = dict(kwargs or {})
     if func in (aten._local_scalar_dense.default, aten.item.default):
@@ -69,45 +66,33 @@ def run_op(func, args, kwargs):
     if generator is not None:
         kwargs["generator"] = None
     tensors = _flatten(args, kwargs)
-    caps = capabilities()
-    hw = stack_config.hardware_config()
-    fuse = stack_config.fuse
-    key = (func, _key_of(args), _key_of(kwargs), stack_config.strict, fuse, caps.content_key, hash(hw))
+    options = CompileOptions(
+        name=f"eager_{func.__name__.replace('.', '_')}",
+        device_inputs=frozenset(i for i, t in enumerate(tensors) if t.device.type == "spyre"),
+        outputs_on_device=True,
+        # input-independent pieces of a decomposition (SDPA's causal mask) fold as in compiled code; an op with
+        # no tensor inputs (arange, a factory) is not folded away, so its capability still shows
+        fold_constants=bool(tensors),
+    )
+    key = (func, _key_of(args), _key_of(kwargs), options.key)
     hit = _CACHE.get(key)
     if hit is None:
-        spyre = frozenset(i for i, t in enumerate(tensors) if t.device.type == "spyre")
-        ctx = CompileContext(
-            strict=stack_config.strict,
-            caps=caps,
-            hardware=hw,
-            device_inputs=spyre,
-            outputs_on_device=True,
-            fuse=fuse,
-            # input-independent pieces of a decomposition (SDPA's causal mask) fold as in compiled code; an op with
-            # no tensor inputs (arange, a factory) is not folded away, so its capability still shows
-            fold_constants=bool(tensors),
-            name=f"eager_{func.__name__.replace('.', '_')}",
-        )
-        compiled, fallbacks = _compile_keeping_fallback_warnings(func, args, kwargs, tensors, ctx)
-        _CACHE[key] = hit = (compiled, fallbacks)
+        hit = _CACHE[key] = _compile_keeping_fallback_warnings(func, args, kwargs, tensors, options)
     compiled, fallbacks = hit
     for message in fallbacks:
         warnings.warn(message, FallbackWarning, stacklevel=2)
-    mode, trace_path = current_run_options(compiled.program.name)
     with call_generator(generator):
-        outputs, result, uploads = run_compiled(compiled, tensors, mode=mode, trace_path=trace_path)
-    record(compiled, result, uploads, trace_path)
-    return outputs
+        return run_and_record(compiled, tensors)
 
 
-def _compile_keeping_fallback_warnings(func, args, kwargs, tensors, ctx) -> tuple[Compiled, list[str]]:
+def _compile_keeping_fallback_warnings(func, args, kwargs, tensors, options) -> tuple[Compiled, list[str]]:
     """compile_fn, with the FallbackWarnings it raises held back (run_op gives them on every call) and any other
     warning passed on once, as raised."""
     caught: list = []
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", FallbackWarning)
-            compiled = compile_fn(_traced_op(func, args, kwargs), tensors, ctx)
+            compiled = compile_fn(_traced_op(func, args, kwargs), tensors, options)
     finally:  # also when compilation raises (strict mode)
         for w in caught:
             if not issubclass(w.category, FallbackWarning):

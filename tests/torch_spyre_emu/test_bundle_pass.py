@@ -3,7 +3,6 @@
 Rules on hand-built kernel lists first, then compiled graphs, then a tiny Llama whose values must not change."""
 
 import warnings
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -13,12 +12,13 @@ import torch_spyre_emu
 from aiu_sim.ir.program import Arg, HostOp, Kernel
 from models.tiny import tiny_llama
 from torch_spyre_emu import config
-from torch_spyre_emu.compiler.context import CompileContext
+from torch_spyre_emu.compiler.context import CompileOptions, NotBundled, ProgramParts
 from torch_spyre_emu.compiler.passes.bundle import MAX_BUNDLE, bundle_kernels, sink_to_consumers
 from torch_spyre_emu.compiler.pipeline import compile_fn
 
 F16 = torch.float16
-ON = SimpleNamespace(fuse=True)
+ON = CompileOptions(fuse=True)
+OFF = CompileOptions(fuse=False)
 
 
 def pointwise(name, src, dst, rows=64, cols=256, fn="relu"):
@@ -32,7 +32,7 @@ def row_sum(name, src, dst, rows=64, cols=256):
 
 
 def bundles(steps):
-    bundle_kernels(steps, {}, ON)
+    bundle_kernels(ProgramParts(steps, {}), ON)
     return [s.bundle if isinstance(s, Kernel) else "|" for s in steps]
 
 
@@ -73,10 +73,10 @@ def test_reduction_takes_pointwise_prologue_and_epilogues_of_both_sizes():
     assert bundles(steps) == ["fused_0"] * 4
 
 
-def test_size_mismatch_independent_kernels_matmul_and_host_steps_end_a_bundle():
+def mixed_steps():
     mm = Kernel("mm", "matmul", [Arg("y", ("m", "k")), Arg("w", ("k", "n"))], [Arg("p", ("m", "n"))],
                 {"m": 64, "n": 256, "k": 256}, reduce_dims=("k",))  # fmt: skip
-    steps = [
+    return [
         pointwise("a", "x", "y"),
         pointwise("b", "y", "z"),
         pointwise("small", "z", "t", rows=32),  # another size
@@ -89,9 +89,41 @@ def test_size_mismatch_independent_kernels_matmul_and_host_steps_end_a_bundle():
         pointwise("g", "q3", "q4"),
         pointwise("h", "q4", "q5"),
     ]
+
+
+def test_size_mismatch_independent_kernels_matmul_and_host_steps_end_a_bundle():
+    steps = mixed_steps()
     assert bundles(steps) == [
         "fused_0", "fused_0", None, "fused_1", "fused_1", None, "fused_2", "fused_2", "|", "fused_3", "fused_3"
     ]  # fmt: skip
+
+
+def test_the_pass_records_why_adjacent_kernels_were_not_bundled():
+    why = {
+        (n.before, n.after): n.reason for n in bundle_kernels(ProgramParts(mixed_steps(), {}), ON).not_bundled
+    }
+    assert set(why) == {("b", "small"), ("small", "c"), ("d", "mm"), ("mm", "e"), ("f", "g")}
+    assert why["b", "small"] == "sizes do not fit: (numel, rnumel) (16384, 1) then (8192, 1)"
+    assert why["small", "c"].startswith("no producer -> consumer edge: c reads nothing")
+    assert (
+        why["d", "mm"]
+        == why["mm", "e"]
+        == "mm: matmul is not a fusable op (pointwise or reduction), a bundle of its own"
+    )
+    assert why["f", "g"] == "host step cpu between them"
+    chain = [pointwise(f"k{i}", f"x{i}", f"x{i + 1}") for i in range(MAX_BUNDLE + 1)]
+    assert bundle_kernels(ProgramParts(chain, {}), ON).not_bundled == [
+        NotBundled(
+            f"k{MAX_BUNDLE - 1}", f"k{MAX_BUNDLE}", f"the bundle would pass MAX_BUNDLE ({MAX_BUNDLE} kernels)"
+        )
+    ]
+    pair = [pointwise("a", "x", "y"), pointwise("b", "y", "z")]
+    assert bundle_kernels(ProgramParts(pair, {}), OFF).not_bundled == [
+        NotBundled("a", "b", "fusion is off (torch_spyre_emu.config.fuse)")
+    ]
+    # b's bundle was refused by a's first (b reads nothing a writes); c reads both and merges them
+    merged = [pointwise("a", "x", "y"), pointwise("b", "z", "w"), add("c", "y", "w", "v")]
+    assert bundle_kernels(ProgramParts(merged, {}), ON).not_bundled == []
 
 
 def test_a_reduction_of_another_shape_starts_a_new_bundle():
@@ -107,7 +139,7 @@ def test_bundles_stop_at_the_size_limit():
 
 def test_the_pass_is_off_when_fusion_is_off():
     steps = [pointwise("a", "x", "y"), pointwise("b", "y", "z")]
-    bundle_kernels(steps, {}, SimpleNamespace(fuse=False))
+    bundle_kernels(ProgramParts(steps, {}), OFF)
     assert [s.bundle for s in steps] == [None, None]
 
 
@@ -124,7 +156,7 @@ def test_a_producer_moves_past_independent_kernels_to_its_consumer():
     # silu(gate) * up: the up projection runs between silu and the multiply; silu joins the multiply
     steps = [matmul("gate", "x", "wg", "g"), pointwise("silu", "g", "s"), matmul("up", "x", "wu", "u"),
              add("mul", "s", "u", "h")]  # fmt: skip
-    moved = sink_to_consumers(steps, {}, ON)
+    moved = sink_to_consumers(ProgramParts(steps, {}), ON).steps
     assert names(moved) == ["gate", "up", "silu", "mul"]
     assert bundles(moved) == [None, None, "fused_0", "fused_0"]
     # a chain far from its consumer moves as a whole
@@ -134,7 +166,7 @@ def test_a_producer_moves_past_independent_kernels_to_its_consumer():
         matmul("mm", "p", "q", "r"),
         add("c", "z", "r", "o"),
     ]
-    assert names(sink_to_consumers(chain, {}, ON)) == ["mm", "a", "b", "c"]
+    assert names(sink_to_consumers(ProgramParts(chain, {}), ON).steps) == ["mm", "a", "b", "c"]
 
 
 def test_a_producer_keeps_its_place_when_moving_would_change_values_or_gain_nothing():
@@ -146,9 +178,9 @@ def test_a_producer_keeps_its_place_when_moving_would_change_values_or_gain_noth
     to_matmul = [pointwise("p", "x", "y"), pointwise("i", "a", "b"), matmul("mm", "y", "w", "o")]
     unread = [pointwise("p", "x", "y"), pointwise("i", "a", "b")]
     for steps in (war, waw, host, to_matmul, unread):
-        assert names(sink_to_consumers(steps, {}, ON)) == names(steps)
-    assert names(sink_to_consumers([pointwise("p", "x", "y"), matmul("mm", "a", "b", "c"), add("c", "y", "c", "o")],
-                                   {}, SimpleNamespace(fuse=False))) == ["p", "mm", "c"]  # fmt: skip
+        assert names(sink_to_consumers(ProgramParts(steps, {}), ON).steps) == names(steps)
+    assert names(sink_to_consumers(ProgramParts([pointwise("p", "x", "y"), matmul("mm", "a", "b", "c"),
+                                                 add("c", "y", "c", "o")], {}), OFF).steps) == ["p", "mm", "c"]  # fmt: skip
 
 
 # ---- compiled graphs --------------------------------------------------------------------------------------------
@@ -159,7 +191,7 @@ def meta(*shape):
 
 
 def compile_kernels(fn, *inputs, fuse=True):
-    return compile_fn(fn, list(inputs), CompileContext(fuse=fuse)).program.kernels
+    return compile_fn(fn, list(inputs), CompileOptions(fuse=fuse)).program.kernels
 
 
 def test_compiled_pointwise_chain_is_one_bundle():

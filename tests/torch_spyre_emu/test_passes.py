@@ -9,7 +9,7 @@ import torch
 
 import aiu_sim
 from aiu_sim.ir.program import Kernel, arg_bytes, core_slices, stick_dims
-from torch_spyre_emu.compiler.context import CompileContext
+from torch_spyre_emu.compiler.context import CompileOptions
 from torch_spyre_emu.compiler.passes.work_division import matmul_cost_us
 from torch_spyre_emu.compiler.pipeline import compile_fn
 from torch_spyre_emu.errors import SpyreCompileError
@@ -23,7 +23,7 @@ def meta(*shape, dtype=F16):
 
 
 def build(fn, *inputs, **ctx_kw):
-    return compile_fn(fn, list(inputs), CompileContext(**ctx_kw))
+    return compile_fn(fn, list(inputs), CompileOptions(**ctx_kw))
 
 
 def kernels(c, op=None):

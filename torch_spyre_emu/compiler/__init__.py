@@ -15,9 +15,9 @@ import itertools
 import torch
 import torch.fx as fx
 
-from torch_spyre_emu import config as stack_config
 from torch_spyre_emu.compiler.capture import capture, makes_spyre_tensors
-from torch_spyre_emu.compiler.context import CompileContext, UnsupportedOp
+from torch_spyre_emu.compiler.context import CompileOptions, UnsupportedOp
+from torch_spyre_emu.compiler.passes.support_check import UNSUPPORTED_META
 from torch_spyre_emu.compiler.pipeline import Compiled, compile_fn, run_graph_passes
 
 _graph_ids = itertools.count()
@@ -42,18 +42,15 @@ class GraphRunner:
         self.makes_spyre_tensors = makes_spyre_tensors(gm)
 
     def compiled_for(self, args: list) -> Compiled:
-        caps = stack_config_caps()
-        hw = stack_config.hardware_config()
-        key = (
-            tuple(_signature(a) for a in args),
-            stack_config.strict,
-            caps.content_key,
-            hash(hw),
-            stack_config.fuse,
-        )
+        options = self.options_for(args)
+        key = (tuple(_signature(a) for a in args), options.key)
         hit = self.cache.get(key)
-        if hit is not None:
-            return hit
+        if hit is None:
+            hit = self.cache[key] = compile_fn(self.gm, args, options)
+        return hit
+
+    def options_for(self, args: list) -> CompileOptions:
+        """The call's options: the stack switches now, and which inputs are weights and spyre tensors."""
         spyre = frozenset(
             i for i, a in enumerate(args) if isinstance(a, torch.Tensor) and a.device.type == "spyre"
         )
@@ -62,36 +59,18 @@ class GraphRunner:
             isinstance(a, torch.Tensor) and a.device.type == "cpu" and i not in weights
             for i, a in enumerate(args)
         )
-        ctx = CompileContext(
-            strict=stack_config.strict,
-            caps=caps,
-            hardware=hw,
+        return CompileOptions(
+            name=self.name,
             weight_inputs=weights,
             device_inputs=spyre - weights,
             outputs_on_device=bool(spyre - weights) or (self.makes_spyre_tensors and not host_inputs),
-            fuse=stack_config.fuse,
-            name=self.name,
         )
-        compiled = compile_fn(self.gm, args, ctx)
-        self.cache[key] = compiled
-        return compiled
 
     def __call__(self, *args):
-        from torch_spyre_emu import profiling
-        from torch_spyre_emu.compiler.runtime import run_compiled
+        from torch_spyre_emu.compiler.runtime import run_and_record
 
         args = list(args)
-        compiled = self.compiled_for(args)
-        mode, trace_path = profiling.current_run_options(compiled.program.name)
-        outputs, result, uploads = run_compiled(compiled, args, mode=mode, trace_path=trace_path)
-        profiling.record(compiled, result, uploads, trace_path)
-        return outputs
-
-
-def stack_config_caps():
-    from torch_spyre_emu.capabilities import capabilities
-
-    return capabilities()
+        return run_and_record(self.compiled_for(args), args)
 
 
 def spyre_backend(gm: fx.GraphModule, example_inputs, **kwargs):
@@ -120,9 +99,8 @@ def find_unsupported(model, example_inputs, **kwargs) -> list[UnsupportedOp]:
     found: list[UnsupportedOp] = []
     for i, (gm, inputs) in enumerate(graphs):
         weights = frozenset(j for j, a in enumerate(inputs) if isinstance(a, torch.nn.Parameter))
-        ctx = CompileContext(strict=True, collect_only=True, weight_inputs=weights, name=f"graph_{i}")
-        run_graph_passes(capture(gm, inputs), ctx)
-        found.extend(ctx.found)
+        options = CompileOptions(name=f"graph_{i}", strict=True, collect_only=True, weight_inputs=weights)
+        found.extend(run_graph_passes(capture(gm, inputs), options).meta[UNSUPPORTED_META])
     return found
 
 

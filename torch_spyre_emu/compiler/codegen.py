@@ -2,7 +2,8 @@
 
 Placeholders become host inputs copied in (HostToDevice), get_attr constants become constant buffers, device nodes
 go through the lowering table, host nodes (CPU fallbacks) become HostOp islands over materialized buffers, and the
-graph outputs are copied out (DeviceToHost). `Lowered` also records how to rebuild the user's output structure.
+graph outputs are copied out (DeviceToHost). `Lowered` also records how to rebuild the user's output structure;
+`program_parts` hands the steps and buffers to the kernel passes.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import torch.fx as fx
 from aiu_sim.ir.program import DeviceToHost, HostOp, HostToDevice
 from aiu_sim.numerics.formats import host_dtype_name
 from torch_spyre_emu.compiler.builder import Builder, HostSpec
-from torch_spyre_emu.compiler.context import CompileContext, module_path
+from torch_spyre_emu.compiler.context import CompileOptions, ProgramParts, module_path
 from torch_spyre_emu.compiler.lowering import Unavailable, find_lowering
 from torch_spyre_emu.compiler.views import TRef
 from torch_spyre_emu.errors import FallbackWarning, SpyreCompileError
@@ -46,8 +47,18 @@ class Lowered:
     )  # each output's shape (buffer may add 1s)
 
 
-def lower_graph(gm: fx.GraphModule, ctx: CompileContext) -> Lowered:
-    b = Builder(ctx.name)
+def program_parts(lowered: Lowered) -> ProgramParts:
+    """What the kernel passes start from: the lowered steps and buffers; graph results stay in DRAM."""
+    return ProgramParts(
+        steps=list(lowered.builder.steps),
+        buffers=lowered.builder.buffers,
+        dram_buffers=frozenset(lowered.output_buffers),
+        weight_buffers=frozenset(i.buffer for i in lowered.inputs if i.weight),
+    )
+
+
+def lower_graph(gm: fx.GraphModule, options: CompileOptions) -> Lowered:
+    b = Builder(options.name)
     env: dict[fx.Node, object] = {}
     inputs: list[InputSpec] = []
     placeholder_i = 0
@@ -56,8 +67,8 @@ def lower_graph(gm: fx.GraphModule, ctx: CompileContext) -> Lowered:
         if node.op == "placeholder":
             val = node.meta.get("val")
             if isinstance(val, torch.Tensor):
-                weight = placeholder_i in ctx.weight_inputs
-                resident = weight or placeholder_i in ctx.device_inputs
+                weight = placeholder_i in options.weight_inputs
+                resident = weight or placeholder_i in options.device_inputs
                 buf = b.new_buffer(tuple(val.shape), val.dtype, "w_" if weight else "in_")
                 name = f"in{placeholder_i}"
                 if not resident:
@@ -72,16 +83,16 @@ def lower_graph(gm: fx.GraphModule, ctx: CompileContext) -> Lowered:
         elif node.op == "get_attr":
             env[node] = b.constant(getattr(gm, node.target), "const")
         elif node.op == "call_function":
-            env[node] = _lower_node(b, node, env, ctx)
+            env[node] = _lower_node(b, node, env, options)
         elif node.op == "output":
             names, template, dtypes, bufs, shapes = _lower_outputs(
-                b, node.args[0], env, ctx.outputs_on_device
+                b, node.args[0], env, options.outputs_on_device
             )
             return Lowered(b, inputs, names, template, dtypes, bufs, shapes)
-    raise SpyreCompileError(f"graph {ctx.name!r} has no output node")
+    raise SpyreCompileError(f"graph {options.name!r} has no output node")
 
 
-def _lower_node(b: Builder, node: fx.Node, env: dict, ctx: CompileContext):
+def _lower_node(b: Builder, node: fx.Node, env: dict, options: CompileOptions):
     if node.target is operator.getitem:
         src = env[node.args[0]]
         return src[node.args[1]]
@@ -91,9 +102,9 @@ def _lower_node(b: Builder, node: fx.Node, env: dict, ctx: CompileContext):
     fn = find_lowering(node.target)
     if fn is None:
         # The capability table says the op runs on the device but the emulator has no lowering for it yet.
-        if ctx.strict:
+        if options.strict:
             raise SpyreCompileError(
-                f"{node.target} in {module_path(node) or ctx.name}: the emulator has no device lowering for this op "
+                f"{node.target} in {module_path(node) or options.name}: the emulator has no device lowering for this op "
                 "yet (an emulator gap, not a Spyre one); run without strict mode to execute it on the CPU"
             )
         import warnings
@@ -111,7 +122,7 @@ def _lower_node(b: Builder, node: fx.Node, env: dict, ctx: CompileContext):
     except (ValueError, IndexError, KeyError, TypeError) as e:
         shapes = [list(getattr(a.meta.get("val"), "shape", ())) for a in node.all_input_nodes]
         raise SpyreCompileError(
-            f"lowering {node.target} (node {node.name}, input shapes {shapes}, in {module_path(node) or ctx.name}) "
+            f"lowering {node.target} (node {node.name}, input shapes {shapes}, in {module_path(node) or options.name}) "
             f"failed: {e}"
         ) from e
 

@@ -1,10 +1,20 @@
-"""Shared compile state: the mode, the capability snapshot, the hardware config, and what the support check found."""
+"""What a compilation is asked to do, and what its kernel passes build.
+
+The pipeline (compiler/pipeline.py) runs in this order, and the types say so:
+
+    CompileOptions (frozen, fixed before capture)
+      -> graph passes: fx.GraphModule -> fx.GraphModule (their findings live in node.meta / gm.meta)
+      -> codegen: Lowered (the program's inputs and outputs) and ProgramParts (its steps and buffers)
+      -> kernel passes: ProgramParts -> ProgramParts
+      -> Compiled (pipeline.py): the KernelProgram, and the weight preparation program if any
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 from aiu_sim.config import HardwareConfig
+from aiu_sim.ir.program import Buffer
 from torch_spyre_emu import config as stack_config
 from torch_spyre_emu.capabilities import Capabilities, capabilities
 
@@ -30,31 +40,66 @@ class UnsupportedOp:
         )
 
 
-@dataclass
-class CompileContext:
+@dataclass(frozen=True)
+class CompileOptions:
+    """What one compilation is asked to do. No pass changes it; equal `key`s (with equal inputs) give equal
+    programs, so the compile caches key on it. The stack switches (strict, capabilities, hardware, fuse) are
+    read from torch_spyre_emu.config when not given."""
+
+    name: str = "graph"
     strict: bool = field(default_factory=lambda: stack_config.strict)
     caps: Capabilities = field(default_factory=capabilities)
     hardware: HardwareConfig = field(default_factory=stack_config.hardware_config)
-    weight_inputs: frozenset[int] = frozenset()  # placeholder indices that are parameters (device-resident)
-    device_inputs: frozenset[int] = (
-        frozenset()
-    )  # placeholder indices that are spyre tensors (device-resident)
-    outputs_on_device: bool = False  # results stay on the device as spyre tensors (no DeviceToHost)
-    dram_buffers: set[str] = field(
-        default_factory=set
-    )  # graph results: must end in DRAM (LX planning skips them)
-    weight_buffers: frozenset[str] = (
-        frozenset()
-    )  # the weight inputs' buffers (set by the pipeline after codegen)
-    # weight_prep: layout kernels of weights moved out of the per-call program, and the buffers it reads from them
-    prep_steps: list = field(default_factory=list)
-    prep_outputs: list[str] = field(default_factory=list)
-    fold_constants: bool = True  # fold input-independent subgraphs (off for single eager ops)
     # group kernels into bundles launched once (passes/bundle.py; torch_spyre_emu.config.fuse)
     fuse: bool = field(default_factory=lambda: stack_config.fuse)
+    # placeholder indices of the parameters and of the spyre tensors (both device-resident)
+    weight_inputs: frozenset[int] = frozenset()
+    device_inputs: frozenset[int] = frozenset()
+    outputs_on_device: bool = False  # results stay on the device as spyre tensors (no DeviceToHost)
+    # fold input-independent subgraphs (off for an eager op with no tensor inputs)
+    fold_constants: bool = True
     collect_only: bool = False  # support check records instead of raising (find_unsupported)
-    found: list[UnsupportedOp] = field(default_factory=list)
-    name: str = "graph"
+
+    @property
+    def key(self) -> tuple:
+        """Every option by value: the capability snapshot by its content_key, the hardware config by its token."""
+        return tuple(_by_value(getattr(self, f.name)) for f in fields(self))
+
+
+def _by_value(option: object) -> object:
+    if isinstance(option, Capabilities):
+        return option.content_key
+    if isinstance(option, HardwareConfig):
+        return option.token
+    return option
+
+
+@dataclass(frozen=True)
+class NotBundled:
+    """Two adjacent kernels the bundle pass launches separately, and the rule that kept them apart."""
+
+    before: str  # kernel names, in program order
+    after: str
+    reason: str
+
+
+@dataclass
+class ProgramParts:
+    """What codegen builds and each kernel pass takes and returns: the per-call program's steps and buffers, and
+    what the passes decided on the way. Passes may change kernels and buffers in place (layouts, splits, LX
+    placement) and return new parts when they change a list or set."""
+
+    steps: list
+    buffers: dict[str, Buffer]
+    # must end in DRAM (LX planning skips them): the graph results, then the prepared weights the program reads
+    dram_buffers: frozenset[str] = frozenset()
+    weight_buffers: frozenset[str] = frozenset()  # the weight inputs' buffers
+    # split_weight_prep: the layout kernels of weights moved out of the per-call program, and the buffers the
+    # per-call program reads from them (the pipeline builds them into the weight preparation program)
+    prep_steps: list = field(default_factory=list)
+    prep_outputs: list[str] = field(default_factory=list)
+    # bundle_kernels: why adjacent kernels were not bundled
+    not_bundled: list[NotBundled] = field(default_factory=list)
 
 
 def module_path(node) -> str:

@@ -1,7 +1,8 @@
 """The pass pipeline: capture -> graph passes -> codegen -> kernel passes -> KernelProgram.
 
-Graph passes work on the FX graph; kernel passes on the program's steps and buffers before the KernelProgram is
-built (and validated). Each pass is a small function in passes/; SPYRE_EMU_DEBUG=2 prints the graph after each.
+Every pass reads the frozen CompileOptions. Graph passes take and return the FX graph; codegen turns it into
+ProgramParts (context.py); kernel passes take and return those before the KernelProgram is built (and validated).
+Each pass is a small function in passes/; SPYRE_EMU_DEBUG=2 prints the graph after each graph pass.
 """
 
 from __future__ import annotations
@@ -14,8 +15,8 @@ import torch.fx as fx
 from aiu_sim.ir.program import KernelProgram, step_reads, step_writes
 from torch_spyre_emu import debug
 from torch_spyre_emu.compiler.capture import capture
-from torch_spyre_emu.compiler.codegen import Lowered, lower_graph
-from torch_spyre_emu.compiler.context import CompileContext
+from torch_spyre_emu.compiler.codegen import Lowered, lower_graph, program_parts
+from torch_spyre_emu.compiler.context import CompileOptions, ProgramParts
 from torch_spyre_emu.compiler.passes.bundle import bundle_kernels, sink_to_consumers
 from torch_spyre_emu.compiler.passes.constant_fold import constant_fold
 from torch_spyre_emu.compiler.passes.decompose import decompose
@@ -67,7 +68,7 @@ class Compiled:
     program: KernelProgram
     lowered: Lowered
     graph: fx.GraphModule
-    ctx: CompileContext
+    options: CompileOptions
     prep: WeightPrep | None = None  # None: no weight layout work in this graph
     main_reads: frozenset[str] = frozenset()  # buffers the per-call program's steps read
     # (config token, run mode) -> the program's TimingReport: time depends only on the program and the chip, and a
@@ -75,70 +76,76 @@ class Compiled:
     timings: dict = field(default_factory=dict, repr=False, compare=False)
 
 
-def run_graph_passes(gm: fx.GraphModule, ctx: CompileContext) -> fx.GraphModule:
+def run_graph_passes(gm: fx.GraphModule, options: CompileOptions) -> fx.GraphModule:
     for p in GRAPH_PASSES:
-        gm = p(gm, ctx)
+        gm = p(gm, options)
         debug.after_pass(p.__name__, gm)
     return gm
 
 
-def compile_fn(fn, inputs: Sequence[object], ctx: CompileContext) -> Compiled:
+def run_kernel_passes(parts: ProgramParts, options: CompileOptions) -> ProgramParts:
+    for p in KERNEL_PASSES:
+        parts = p(parts, options)
+    return parts
+
+
+def compile_fn(fn, inputs: Sequence[object], options: CompileOptions) -> Compiled:
     """Capture `fn` (a dynamo GraphModule or any callable) on `inputs` and compile it to a KernelProgram."""
     gm = capture(fn, inputs)
     debug.after_pass("capture", gm)
-    return compile_graph(gm, ctx)
+    return compile_graph(gm, options)
 
 
-def compile_graph(gm: fx.GraphModule, ctx: CompileContext) -> Compiled:
-    gm = run_graph_passes(gm, ctx)
-    lowered = lower_graph(gm, ctx)
-    b = lowered.builder
-    steps = b.steps
-    ctx.dram_buffers.update(lowered.output_buffers)
-    ctx.weight_buffers = frozenset(i.buffer for i in lowered.inputs if i.weight)
-    for p in KERNEL_PASSES:
-        steps = p(steps, b.buffers, ctx)
-    b.steps = steps
-    prep = None
-    buffers = b.buffers
-    if ctx.prep_steps:
-        prep_bufs = {a.buffer for k in ctx.prep_steps for a in k.args}
-        main_bufs = _touched(steps)
+def compile_graph(gm: fx.GraphModule, options: CompileOptions) -> Compiled:
+    gm = run_graph_passes(gm, options)
+    lowered = lower_graph(gm, options)
+    parts = run_kernel_passes(program_parts(lowered), options)
+    prep = _weight_prep(parts, lowered, options)
+    buffers = parts.buffers
+    if prep is not None:
+        main_bufs = _touched(parts.steps)
         # intermediates of the preparation (e.g. W^T before its K-padding) do not exist in the per-call program
         buffers = {
             n: buf
-            for n, buf in b.buffers.items()
-            if n not in prep_bufs or n in main_bufs or n in ctx.weight_buffers
+            for n, buf in parts.buffers.items()
+            if n not in prep.program.buffers or n in main_bufs or n in parts.weight_buffers
         }
-        try:
-            prep_program = KernelProgram(
-                name=f"{ctx.name}_weight_prep",
-                buffers={n: b.buffers[n] for n in sorted(prep_bufs)},
-                steps=list(ctx.prep_steps),
-                inputs=[],
-                outputs=[],
-                constants={},
-                config=ctx.hardware,
-            )
-        except ValueError as e:
-            raise SpyreCompileError(f"graph {ctx.name!r}: invalid weight preparation program: {e}") from e
-        weights = [i for i in lowered.inputs if i.weight and i.buffer in prep_bufs]
-        prep = WeightPrep(prep_program, list(ctx.prep_outputs), weights)
-        debug.program(prep_program)
     try:
         program = KernelProgram(
-            name=ctx.name,
+            name=options.name,
             buffers=buffers,
-            steps=steps,
+            steps=parts.steps,
             inputs=[i.name for i in lowered.inputs if not i.resident],
-            outputs=[] if ctx.outputs_on_device else list(lowered.output_names),
-            constants=dict(b.constants),
-            config=ctx.hardware,
+            outputs=[] if options.outputs_on_device else list(lowered.output_names),
+            constants=dict(lowered.builder.constants),
+            config=options.hardware,
         )
     except ValueError as e:  # aiu_sim ProgramError: a compiler bug, reported with the program name
-        raise SpyreCompileError(f"graph {ctx.name!r} lowered to an invalid KernelProgram: {e}") from e
+        raise SpyreCompileError(f"graph {options.name!r} lowered to an invalid KernelProgram: {e}") from e
     debug.program(program)
-    return Compiled(program, lowered, gm, ctx, prep, frozenset(_reads(steps)))
+    return Compiled(program, lowered, gm, options, prep, frozenset(_reads(parts.steps)))
+
+
+def _weight_prep(parts: ProgramParts, lowered: Lowered, options: CompileOptions) -> WeightPrep | None:
+    """The weight preparation program of the kernels split_weight_prep moved out, or None when it moved none."""
+    if not parts.prep_steps:
+        return None
+    prep_bufs = {a.buffer for k in parts.prep_steps for a in k.args}
+    try:
+        prep_program = KernelProgram(
+            name=f"{options.name}_weight_prep",
+            buffers={n: parts.buffers[n] for n in sorted(prep_bufs)},
+            steps=list(parts.prep_steps),
+            inputs=[],
+            outputs=[],
+            constants={},
+            config=options.hardware,
+        )
+    except ValueError as e:
+        raise SpyreCompileError(f"graph {options.name!r}: invalid weight preparation program: {e}") from e
+    weights = [i for i in lowered.inputs if i.weight and i.buffer in prep_bufs]
+    debug.program(prep_program)
+    return WeightPrep(prep_program, list(parts.prep_outputs), weights)
 
 
 def _touched(steps: list) -> set[str]:

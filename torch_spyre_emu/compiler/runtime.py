@@ -29,7 +29,7 @@ from torch_spyre_emu.compiler.codegen import Lowered
 from torch_spyre_emu.compiler.pipeline import Compiled
 from torch_spyre_emu.device import host_dtypes
 from torch_spyre_emu.device.host_dtypes import device_format
-from torch_spyre_emu.profiling import timing_stand_in
+from torch_spyre_emu.profiling import current_run_options, record, timing_stand_in
 
 
 @dataclass
@@ -209,11 +209,21 @@ def _rebuild(template, outs: list):
     return template
 
 
+def run_and_record(compiled: Compiled, args: list):
+    """Run `compiled` in the mode (and with the trace file) of the active profile(), else config.mode, and record
+    the run for last_profile() and profile(): what every compiled call and every eager op does. Returns the user
+    outputs."""
+    mode, trace_path = current_run_options(compiled.program.name)
+    outputs, result, uploads = run_compiled(compiled, args, mode=mode, trace_path=trace_path)
+    record(compiled, result, uploads, trace_path)
+    return outputs
+
+
 def run_compiled(compiled: Compiled, args: list, mode: str = "both", trace_path=None):
     """Run `compiled` on the call's flat args. Returns (user outputs, RunResult, UploadRecord)."""
     lowered: Lowered = compiled.lowered
     program = compiled.program
-    hw = compiled.ctx.hardware
+    hw = compiled.options.hardware
     inputs: dict[str, np.ndarray] = {}
     resident: dict[str, np.ndarray] = {}
     exact: set[str] = set()  # resident buffers bound without re-rounding (their values are in its format)
@@ -271,7 +281,7 @@ def run_compiled(compiled: Compiled, args: list, mode: str = "both", trace_path=
             resident=resident or None,
             # one fetch per buffer: outputs may share one (a result also written into an input, or returned twice)
             fetch=list(dict.fromkeys(lowered.output_buffers))
-            if compiled.ctx.outputs_on_device and compute
+            if compiled.options.outputs_on_device and compute
             else None,
             resident_exact=exact,
         )
@@ -290,8 +300,8 @@ def run_compiled(compiled: Compiled, args: list, mode: str = "both", trace_path=
         strict=True,
     ):
         if not compute:
-            outs.append(timing_stand_in(shape, dtype, args, compiled.ctx.outputs_on_device))
-        elif compiled.ctx.outputs_on_device:
+            outs.append(timing_stand_in(shape, dtype, args, compiled.options.outputs_on_device))
+        elif compiled.options.outputs_on_device:
             outs.append(_to_spyre(result.outputs[buf].reshape(shape), dtype))
         else:
             outs.append(host_dtypes.from_numpy(result.outputs[name]).to(dtype).reshape(shape))
@@ -325,4 +335,12 @@ def _to_spyre(values: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
     return from_payload(np.array(values, dtype=host_dtypes.payload_numpy_dtype(dtype), order="C"), dtype)
 
 
-__all__ = ["run_compiled", "host_function", "host_array", "prepared_weights", "UploadRecord", "WEIGHTS"]
+__all__ = [
+    "run_and_record",
+    "run_compiled",
+    "host_function",
+    "host_array",
+    "prepared_weights",
+    "UploadRecord",
+    "WEIGHTS",
+]

@@ -12,8 +12,8 @@ assumption: upstream Inductor's groups, applied conservatively. A kernel's group
 its non-reduce dims and of its reduce dims (pointwise kernels have rnumel 1). A kernel joins the bundle of the
 kernel just before it when
 
-- both are fusable (`OpGroup.FUSABLE`, aiu_sim/ir/ops.py): pointwise (unary, binary, ternary, copy, fill) or
-  reductions / row ops (reduce, softmax, layernorm, rmsnorm);
+- both are pointwise (unary, binary, ternary, copy, fill) or reductions / row ops (reduce, softmax, layernorm,
+  rmsnorm);
 - it reads a buffer some member of the bundle writes (vertical, producer -> consumer fusion). A kernel that also
   reads the results of the bundles just before that one (with nothing between them) merges them too, as Inductor
   fuses every producer into their consumer: `a = x * cos; b = rot(x) * sin; a + b` is one bundle. Independent
@@ -34,22 +34,27 @@ multiply run as one kernel). `sink_to_consumers` does the same before LX plannin
 past kernels it has no data hazard with, to just before the first kernel that reads its result, when that kernel is
 fusable too. Host steps are never passed. Values cannot change (every step still sees the same buffer contents);
 only the launch count does.
+
+Like Inductor's fusion log, `bundle_kernels` records why each pair of adjacent kernels was not bundled
+(`ProgramParts.not_bundled`: the rule above that refused it).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from aiu_sim.ir.ops import OpGroup
-from aiu_sim.ir.program import Buffer, Kernel, step_reads, step_writes
+from aiu_sim.ir.program import Kernel, step_reads, step_writes
+from torch_spyre_emu.compiler.context import CompileOptions, NotBundled, ProgramParts
 
+POINTWISE_OPS = frozenset({"unary", "binary", "ternary", "copy", "fill"})
+REDUCTION_OPS = frozenset({"reduce", "softmax", "layernorm", "rmsnorm"})
 # Inductor's config.max_fusion_size default (upstream torch/_inductor/config.py); assumed kept by torch-spyre.
 MAX_BUNDLE = 64
 
 
 def _fusable(step) -> bool:
-    return isinstance(step, Kernel) and step.op in OpGroup.FUSABLE
+    return isinstance(step, Kernel) and step.op in POINTWISE_OPS | REDUCTION_OPS
 
 
 def group_of(k: Kernel) -> tuple[int, int]:
@@ -82,24 +87,43 @@ class _Bundle:
     writes: set[str]
 
 
-def bundle_kernels(steps: list, buffers: dict[str, Buffer], ctx) -> list:
-    """Set `bundle` on every kernel of a group of two or more (a kernel alone stays None: a bundle of its own)."""
-    if not ctx.fuse:
-        return steps
+def _join(prev: _Bundle, new: _Bundle, step: Kernel) -> tuple[int, int] | str:
+    """The group of `new` (whose last kernel is `step`) fused into `prev`, the bundle just before it, or the rule
+    that refuses it: the one place that decides."""
+    if not {a.buffer for a in step.inputs} & prev.writes:
+        return f"no producer -> consumer edge: {step.name} reads nothing the bundle before writes (no horizontal fusion)"
+    group = merged_group(prev.group, new.group)
+    if group is None:
+        return f"sizes do not fit: (numel, rnumel) {prev.group} then {new.group}"
+    if len(prev.members) + len(new.members) > MAX_BUNDLE:
+        return f"the bundle would pass MAX_BUNDLE ({MAX_BUNDLE} kernels)"
+    return group
+
+
+def bundle_kernels(parts: ProgramParts, options: CompileOptions) -> ProgramParts:
+    """Set `bundle` on every kernel of a group of two or more (a kernel alone stays None: a bundle of its own), and
+    record why each pair of adjacent kernels in different bundles was kept apart (`not_bundled`)."""
+    steps = parts.steps
+    if not options.fuse:
+        return replace(parts, not_bundled=_not_bundled(steps, None))
     done: list[_Bundle] = []
+    # the step index of a bundle's first kernel -> why it did not join the bundle before: the first refusal, the one
+    # about that kernel itself (later members retry the join; one that succeeds removes the entry)
+    refused: dict[int, str] = {}
     for i, step in enumerate(steps):
         if not _fusable(step):
             continue  # host steps, matmuls and restickifies are not fused: the index gap ends the bundle
-        reads = {a.buffer for a in step.inputs}
         new = _Bundle([step], group_of(step), i, i, {a.buffer for a in step.outputs})
         # fuse into the bundle just before, then into each adjacent bundle before that whose results it also reads
-        while done and done[-1].last + 1 == new.first and reads & done[-1].writes:
+        while done and done[-1].last + 1 == new.first:
             prev = done[-1]
-            group = merged_group(prev.group, new.group)
-            if group is None or len(prev.members) + len(new.members) > MAX_BUNDLE:
+            joined = _join(prev, new, step)
+            if isinstance(joined, str):
+                refused.setdefault(new.first, joined)
                 break
             done.pop()
-            new = _Bundle(prev.members + new.members, group, prev.first, new.last, prev.writes | new.writes)
+            refused.pop(new.first, None)
+            new = _Bundle(prev.members + new.members, joined, prev.first, new.last, prev.writes | new.writes)
         done.append(new)
     index = 0
     for b in done:
@@ -107,16 +131,37 @@ def bundle_kernels(steps: list, buffers: dict[str, Buffer], ctx) -> list:
             for k in b.members:
                 k.bundle = f"fused_{index}"
             index += 1
-    return steps
+    return replace(parts, not_bundled=_not_bundled(steps, refused))
 
 
-def sink_to_consumers(steps: list, buffers: dict[str, Buffer], ctx) -> list:
+def _not_bundled(steps: list, refused: dict[int, str] | None) -> list[NotBundled]:
+    """Each pair of adjacent kernels in different bundles, with what kept them apart: fusion off (`refused` None),
+    a host step between them, an op that is never fused, or the rule `_join` gave (`refused`, by the later index)."""
+    out: list[NotBundled] = []
+    kernels = [(i, s) for i, s in enumerate(steps) if isinstance(s, Kernel)]
+    for (i, a), (j, b) in zip(kernels, kernels[1:], strict=False):
+        if a.bundle is not None and a.bundle == b.bundle:
+            continue
+        if refused is None:
+            why = "fusion is off (torch_spyre_emu.config.fuse)"
+        elif j > i + 1:
+            why = f"host step {steps[i + 1].name} between them"
+        elif not (_fusable(a) and _fusable(b)):
+            k = a if not _fusable(a) else b
+            why = f"{k.name}: {k.op} is not a fusable op (pointwise or reduction), a bundle of its own"
+        else:
+            why = refused[j]
+        out.append(NotBundled(a.name, b.name, why))
+    return out
+
+
+def sink_to_consumers(parts: ProgramParts, options: CompileOptions) -> ProgramParts:
     """Move each fusable kernel down to just before its first consumer, when that consumer is fusable and only
     kernels the mover has no hazard with (they neither read what it writes nor write what it reads or writes) lie
     between. Walks from the end, so a chain a -> b -> c far from c's producer lands in front of c as a whole."""
-    if not ctx.fuse:
-        return steps
-    steps = list(steps)
+    if not options.fuse:
+        return parts
+    steps = list(parts.steps)
     for i in reversed(range(len(steps))):
         mover = steps[i]
         if not _fusable(mover):
@@ -130,4 +175,4 @@ def sink_to_consumers(steps: list, buffers: dict[str, Buffer], ctx) -> list:
         consumer = steps[j] if j < len(steps) else None
         if j > i + 1 and _fusable(consumer) and writes & set(step_reads(consumer)):
             steps.insert(j - 1, steps.pop(i))
-    return steps
+    return replace(parts, steps=steps)

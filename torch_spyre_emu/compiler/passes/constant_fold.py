@@ -22,8 +22,8 @@ NONDETERMINISTIC = {"normal", "rand", "randn", "randint", "random", "bernoulli",
 MAX_FOLD_ELEMENTS = 1 << 24
 
 
-def constant_fold(gm: fx.GraphModule, ctx=None) -> fx.GraphModule:
-    if ctx is not None and not getattr(ctx, "fold_constants", True):
+def constant_fold(gm: fx.GraphModule, options=None) -> fx.GraphModule:
+    if options is not None and not getattr(options, "fold_constants", True):
         return gm
     g = gm.graph
     const: dict[fx.Node, object] = {}
@@ -46,7 +46,7 @@ def constant_fold(gm: fx.GraphModule, ctx=None) -> fx.GraphModule:
         users_outside = [u for u in node.users if u not in const]
         if not users_outside:
             continue
-        if node.target in NATIVE_CONSTANTS or _is_host_factory(node, getattr(ctx, "caps", None)):
+        if node.target in NATIVE_CONSTANTS or _is_host_factory(node, getattr(options, "caps", None)):
             continue
         name = f"_folded_{counter}"
         counter += 1

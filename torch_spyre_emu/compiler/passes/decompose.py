@@ -161,7 +161,7 @@ SDPA_OPS = {
 }
 
 
-def decompose(gm: fx.GraphModule, ctx=None) -> fx.GraphModule:
+def decompose(gm: fx.GraphModule, options=None) -> fx.GraphModule:
     targets = {n.target for n in gm.graph.nodes if n.op == "call_function"}
     if not targets & set(SPYRE_DECOMPOSITIONS):
         return gm

@@ -16,7 +16,7 @@ from torch_spyre_emu.device.host_dtypes import TORCH_TO_FORMAT
 _warned = {"int64": False}
 
 
-def legalize_dtypes(gm: fx.GraphModule, ctx=None) -> fx.GraphModule:
+def legalize_dtypes(gm: fx.GraphModule, options=None) -> fx.GraphModule:
     for node in gm.graph.nodes:
         val = node.meta.get("val")
         vals = val if isinstance(val, list | tuple) else [val]

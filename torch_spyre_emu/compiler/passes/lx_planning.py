@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 
 from aiu_sim.ir.program import Buffer, DeviceToHost, HostOp, HostToDevice, Kernel, arg_bytes, core_slices
+from torch_spyre_emu.compiler.context import CompileOptions, ProgramParts
 
 ALIGN = 128
 
@@ -33,9 +34,10 @@ def _regions(k: Kernel, buffers: dict[str, Buffer]) -> dict[str, list]:
     return out
 
 
-def lx_planning(steps: list, buffers: dict[str, Buffer], ctx) -> list:
-    capacity = ctx.hardware.lx_allocatable_bytes
-    pinned: set[str] = set(getattr(ctx, "dram_buffers", ()))
+def lx_planning(parts: ProgramParts, options: CompileOptions) -> ProgramParts:
+    steps, buffers = parts.steps, parts.buffers
+    capacity = options.hardware.lx_allocatable_bytes
+    pinned: set[str] = set(parts.dram_buffers)
     written = {a.buffer for k in steps if isinstance(k, Kernel) for a in k.outputs}
     pinned |= {name for name in buffers if name not in written}  # inputs, weights, constants: loaded in DRAM
     first: dict[str, int] = {}
@@ -72,4 +74,4 @@ def lx_planning(steps: list, buffers: dict[str, Buffer], ctx) -> list:
             continue  # does not fit: stays in DRAM
         buf.placement, buf.lx_offset, buf.lx_bytes_per_core = "lx", offset, size
         live.append((offset, offset + size, last[name]))
-    return steps
+    return parts

@@ -9,7 +9,7 @@ import torch.fx as fx
 aten = torch.ops.aten
 
 
-def mm_to_bmm(gm: fx.GraphModule, ctx=None) -> fx.GraphModule:
+def mm_to_bmm(gm: fx.GraphModule, options=None) -> fx.GraphModule:
     g = gm.graph
     for node in list(g.nodes):
         if node.op != "call_function" or node.target is not aten.mm.default:

@@ -7,14 +7,17 @@ all K_pad rows because the padding is zero."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 from aiu_sim.ir.layout import elems_per_stick
 from aiu_sim.ir.program import Arg, Buffer, Kernel
+from torch_spyre_emu.compiler.context import CompileOptions, ProgramParts
 
 
-def pad_k(steps: list, buffers: dict[str, Buffer], ctx=None) -> list:
+def pad_k(parts: ProgramParts, options: CompileOptions) -> ProgramParts:
+    buffers = parts.buffers
     out: list = []
-    for step in steps:
+    for step in parts.steps:
         if isinstance(step, Kernel) and step.op == "matmul":
             kdim = step.reduce_dims[0]
             K = step.space[kdim]
@@ -51,4 +54,4 @@ def pad_k(steps: list, buffers: dict[str, Buffer], ctx=None) -> list:
                 step.inputs[1] = Arg(name, tuple(dims))
                 step.attrs["k_padded"] = k_pad
         out.append(step)
-    return out
+    return replace(parts, steps=out)

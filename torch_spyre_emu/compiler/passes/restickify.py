@@ -9,15 +9,19 @@ required dim; the kernel then reads that buffer.
 
 from __future__ import annotations
 
-from aiu_sim.ir.ops import OpGroup
+from dataclasses import replace
+
 from aiu_sim.ir.program import Arg, Buffer, Kernel, arg_shape
+from torch_spyre_emu.compiler.context import CompileOptions, ProgramParts
 from torch_spyre_emu.compiler.passes.stickify import stick_dim
+
+POINTWISE = ("unary", "binary", "ternary")
 
 
 def required_stick(k: Kernel, i: int, buffers: dict[str, Buffer]) -> str | None:
     if k.op == "matmul":
         return k.reduce_dims[0] if i == 0 else _matmul_n(k)
-    if k.op in OpGroup.ELEMENTWISE:
+    if k.op in POINTWISE:
         return stick_dim(k.outputs[0], buffers)
     return None
 
@@ -27,10 +31,11 @@ def _matmul_n(k: Kernel) -> str | None:
     return out_dims[-1] if out_dims else None
 
 
-def restickify(steps: list, buffers: dict[str, Buffer], ctx=None) -> list:
+def restickify(parts: ProgramParts, options: CompileOptions) -> ProgramParts:
+    buffers = parts.buffers
     out: list = []
     count = 0
-    for step in steps:
+    for step in parts.steps:
         if isinstance(step, Kernel):
             for i, arg in enumerate(step.inputs):
                 want = required_stick(step, i, buffers)
@@ -42,7 +47,7 @@ def restickify(steps: list, buffers: dict[str, Buffer], ctx=None) -> list:
                 out.append(kernel)
                 step.inputs[i] = new_arg
         out.append(step)
-    return out
+    return replace(parts, steps=out)
 
 
 def _restick(k: Kernel, arg: Arg, want: str, buffers: dict[str, Buffer], name: str) -> tuple[Arg, Kernel]:

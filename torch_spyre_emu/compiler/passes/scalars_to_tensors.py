@@ -36,7 +36,7 @@ TENSOR_OVERLOAD = {
 }
 
 
-def scalars_to_tensors(gm: fx.GraphModule, ctx=None) -> fx.GraphModule:
+def scalars_to_tensors(gm: fx.GraphModule, options=None) -> fx.GraphModule:
     g = gm.graph
     mode = gm.meta["fake_mode"]
     count = 0

@@ -11,15 +11,16 @@ from __future__ import annotations
 
 from aiu_sim.ir.layout import default_layout
 from aiu_sim.ir.program import Buffer, Kernel, arg_shape
+from torch_spyre_emu.compiler.context import CompileOptions, ProgramParts
 
 
-def stickify(steps: list, buffers: dict[str, Buffer], ctx=None) -> list:
-    for buf in buffers.values():
+def stickify(parts: ProgramParts, options: CompileOptions) -> ProgramParts:
+    for buf in parts.buffers.values():
         buf.layout = default_layout(buf.shape, buf.dtype)
-    for k in steps:
+    for k in parts.steps:
         if isinstance(k, Kernel):
-            k.attrs["stick_dim"] = stick_dim(k.outputs[0], buffers) if k.outputs else None
-    return steps
+            k.attrs["stick_dim"] = stick_dim(k.outputs[0], parts.buffers) if k.outputs else None
+    return parts
 
 
 def stick_dim(arg, buffers: dict[str, Buffer]) -> str | None:

@@ -23,7 +23,7 @@ import torch.fx as fx
 from aiu_sim.ir.layout import elems_per_stick
 from aiu_sim.numerics.formats import host_dtype_name as dtype_name
 from torch_spyre_emu.compiler.context import (
-    CompileContext,
+    CompileOptions,
     UnsupportedOp,
     module_path,
 )
@@ -31,6 +31,7 @@ from torch_spyre_emu.device.host_dtypes import TORCH_TO_FORMAT
 from torch_spyre_emu.errors import FallbackWarning, SpyreUnsupportedOpError
 
 aten = torch.ops.aten
+UNSUPPORTED_META = "spyre_unsupported"  # gm.meta key: every op that does not run on the device
 FLOAT16 = (torch.float16, torch.bfloat16)
 VOCAB_MIN_N = (
     1000  # emulation assumption: "vocab-sized" weight matmul outputs (see capabilities feature note)
@@ -42,7 +43,7 @@ def _tensors(node: fx.Node) -> list[torch.Tensor]:
     return [v for v in vals if isinstance(v, torch.Tensor)]
 
 
-def _is_weight(node: fx.Node, ctx: CompileContext) -> bool:
+def _is_weight(node: fx.Node, options: CompileOptions) -> bool:
     """A parameter placeholder (or a view of one), or a constant."""
     seen = 0
     while node.op == "call_function" and seen < 8 and node.all_input_nodes:
@@ -59,12 +60,12 @@ def _is_weight(node: fx.Node, ctx: CompileContext) -> bool:
         seen += 1
     if node.op == "get_attr":
         return True
-    return node.op == "placeholder" and node.meta.get("placeholder_index") in ctx.weight_inputs
+    return node.op == "placeholder" and node.meta.get("placeholder_index") in options.weight_inputs
 
 
-def classify(node: fx.Node, ctx: CompileContext) -> tuple[str, str, str]:
+def classify(node: fx.Node, options: CompileOptions) -> tuple[str, str, str]:
     """(status, capability key, reason) for one call_function node."""
-    caps = ctx.caps
+    caps = options.caps
     key = caps.op_key(node.target)
     status = caps.status(node.target)
     entry = caps.entry(node.target)
@@ -103,7 +104,7 @@ def classify(node: fx.Node, ctx: CompileContext) -> tuple[str, str, str]:
         a, b = node.args[0], node.args[1]
         k, n = a.meta["val"].shape[-1], b.meta["val"].shape[-1]
         eps = elems_per_stick(TORCH_TO_FORMAT.get(a.meta["val"].dtype) or "dl16")
-        weight = _is_weight(a, ctx) or _is_weight(b, ctx)
+        weight = _is_weight(a, options) or _is_weight(b, options)
         custom = node.meta.get("custom") or {}
         head_dim = custom.get("head_dim") if custom.get("spyre_origin") == "sdpa" else None
         if head_dim and head_dim % eps and not caps.supports("layout.head_dim_not_stick_multiple"):
@@ -128,7 +129,7 @@ def classify(node: fx.Node, ctx: CompileContext) -> tuple[str, str, str]:
     return status, key, ""
 
 
-def support_check(gm: fx.GraphModule, ctx: CompileContext) -> fx.GraphModule:
+def support_check(gm: fx.GraphModule, options: CompileOptions) -> fx.GraphModule:
     for i, node in enumerate(n for n in gm.graph.nodes if n.op == "placeholder"):
         node.meta["placeholder_index"] = i
     found: list[UnsupportedOp] = []
@@ -138,14 +139,14 @@ def support_check(gm: fx.GraphModule, ctx: CompileContext) -> fx.GraphModule:
         if node.target is operator.getitem:
             node.meta["spyre_placement"] = node.args[0].meta.get("spyre_placement", "device")
             continue
-        status, key, reason = classify(node, ctx)
+        status, key, reason = classify(node, options)
         node.meta["spyre_status"] = status
         node.meta["spyre_placement"] = "host" if status in ("fallback", "unsupported") else "device"
         if status in ("fallback", "unsupported"):
             ins = _tensors(node)
             found.append(
                 UnsupportedOp(
-                    op=ctx.caps.op_key(node.target),
+                    op=options.caps.op_key(node.target),
                     dtypes=tuple(dtype_name(t.dtype) for t in ins),
                     shapes=tuple(tuple(t.shape) for t in ins),
                     where=module_path(node),
@@ -154,27 +155,27 @@ def support_check(gm: fx.GraphModule, ctx: CompileContext) -> fx.GraphModule:
                     reason=reason,
                 )
             )
-    ctx.found.extend(found)
-    if ctx.collect_only:
+    gm.meta[UNSUPPORTED_META] = found  # find_unsupported reads them (options.collect_only)
+    if options.collect_only:
         return gm
-    errors = [u for u in found if u.status == "unsupported" or ctx.strict]
+    errors = [u for u in found if u.status == "unsupported" or options.strict]
     if errors:
-        mode = "strict mode" if ctx.strict else "any mode"
+        mode = "strict mode" if options.strict else "any mode"
         lines = "\n  ".join(u.describe() for u in _dedup(errors))
         hint = (
             "Run without strict mode to use CPU fallbacks, or patch the model (adapters)."
-            if ctx.strict and all(u.status == "fallback" for u in errors)
+            if options.strict and all(u.status == "fallback" for u in errors)
             else "Patch the model to avoid these ops (see torch_spyre_emu.capabilities())."
         )
         raise SpyreUnsupportedOpError(
-            f"graph {ctx.name!r} has {len(errors)} op(s) that do not run on Spyre in {mode}:\n  {lines}\n{hint}",
+            f"graph {options.name!r} has {len(errors)} op(s) that do not run on Spyre in {mode}:\n  {lines}\n{hint}",
             errors,
         )
     fallbacks = [u for u in found if u.status == "fallback"]
     if fallbacks:
         lines = "\n  ".join(u.describe() for u in _dedup(fallbacks))
         warnings.warn(
-            f"graph {ctx.name!r}: {len(fallbacks)} op(s) run as CPU islands:\n  {lines}",
+            f"graph {options.name!r}: {len(fallbacks)} op(s) run as CPU islands:\n  {lines}",
             FallbackWarning,
             stacklevel=2,
         )

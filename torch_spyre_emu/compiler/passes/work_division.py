@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import math
 
-from aiu_sim.ir.ops import OpGroup
 from aiu_sim.ir.program import Buffer, Kernel, arg_bytes, core_slices, stick_dims
+from torch_spyre_emu.compiler.context import CompileOptions, ProgramParts
 from torch_spyre_emu.errors import SpyreCompileError
 
 PEAK_FLOPS_DL16 = 98.304e12  # work_division.py "DL16 peak"
@@ -26,6 +26,7 @@ HBM_BYTES_PER_S = 204.8e9
 PT_ROWS = 8
 TARGET_PASSES = 8
 PSUM_US_PER_ELEM = 1.4e-4
+SPLITTABLE_REDUCTIONS = ("matmul", "reduce")
 
 
 def units(k: Kernel, dim: str, buffers: dict[str, Buffer]) -> int:
@@ -57,7 +58,7 @@ def span_reduction(k: Kernel, buffers: dict[str, Buffer], span_bytes: int, max_c
 
     while worst() > span_bytes:
         # split the largest outer (non-reduce) dim further, to the next divisor of its units
-        cands = [d for d in k.space if d not in k.reduce_dims or k.op in OpGroup.ACCUMULATING]
+        cands = [d for d in k.space if d not in k.reduce_dims or k.op in SPLITTABLE_REDUCTIONS]
         best = None
         for d in sorted(cands, key=lambda d: -units(k, d, buffers)):
             u = units(k, d, buffers)
@@ -140,7 +141,7 @@ def distribute(
         if p > 1:
             split[d] = split.get(d, 1) * p
             left //= p
-    if left > 1 and k.op in OpGroup.ACCUMULATING and not any(split.get(d, 1) > 1 for d in k.reduce_dims):
+    if left > 1 and k.op in SPLITTABLE_REDUCTIONS and not any(split.get(d, 1) > 1 for d in k.reduce_dims):
         for d in sorted(k.reduce_dims, key=lambda d: -units(k, d, buffers))[:1]:
             p = max(q for q in divisors(units(k, d, buffers)) if q <= left)
             if p > 1:
@@ -148,10 +149,11 @@ def distribute(
     return split
 
 
-def work_division(steps: list, buffers: dict[str, Buffer], ctx) -> list:
-    hw = ctx.hardware
+def work_division(parts: ProgramParts, options: CompileOptions) -> ProgramParts:
+    buffers = parts.buffers
+    hw = options.hardware
     max_cores = hw.num_cores
-    for k in steps:
+    for k in parts.steps:
         if not isinstance(k, Kernel):
             continue
         committed = span_reduction(k, buffers, hw.core_span_bytes, max_cores)
@@ -170,4 +172,4 @@ def work_division(steps: list, buffers: dict[str, Buffer], ctx) -> list:
         k.split = {d: p for d, p in split.items() if p > 1}
         k.cores = tuple(range(k.num_slices))
         k.attrs["work_division"] = decided
-    return steps
+    return parts
