@@ -10,8 +10,9 @@
 - `torch_spyre_emu.config.fuse` (bool; env SPYRE_EMU_FUSE, default on): group consecutive kernels into bundles
   launched once, as torch-spyre's scheduler fusion does (compiler/passes/bundle.py); off gives every kernel its
   own launch. Values are the same either way. `with torch_spyre_emu.config.fusion(False): ...` for a block.
-- `torch_spyre_emu.config.debug` (int; env SPYRE_EMU_DEBUG): 1 prints each lowered KernelProgram, 2 also prints
-  the graph after each pass and per-kernel timings.
+- `torch_spyre_emu.config.debug` (int; env SPYRE_EMU_DEBUG): 1 prints what the kernel passes decided (layouts,
+  splits, bundles, and why adjacent kernels were not bundled) and each lowered KernelProgram, 2 also prints the
+  graph after each graph pass and per-kernel timings.
 """
 
 from __future__ import annotations

@@ -225,6 +225,22 @@ def test_debug_listing_shows_bundles(monkeypatch, capsys):
     assert "3 kernels in 1 launch)" in err and "bundle fused_0 3/3" in err
 
 
+def test_debug_prints_layouts_splits_bundles_and_why_a_matmul_is_not_bundled(monkeypatch, capsys):
+    monkeypatch.setattr(config, "debug", 1)
+    ks = compile_kernels(lambda x, w: torch.relu(x @ w) * 2, meta(64, 256), meta(256, 128))
+    mm, relu, mul = ks
+    err = capsys.readouterr().err
+    assert "after the kernel passes of graph:" in err
+    assert (
+        "-> device [" in err and f"{mm.name:<24} matmul" in err and "on cores 0-" in err
+    )  # a layout, a split
+    assert f"bundle fused_0: {relu.name}, {mul.name}" in err
+    assert (
+        f"not bundled: {mm.name} | {relu.name}: {mm.name}: matmul is not a fusable op (pointwise or reduction), "
+        "a bundle of its own"
+    ) in err
+
+
 def test_eager_ops_follow_the_fusion_switch_after_being_cached():
     """An eager op is compiled once per signature; toggling fusion must not reuse the program of the other setting."""
     x = torch.randn(64, 128, dtype=F16).to("spyre")

@@ -98,7 +98,7 @@ class ProgramParts:
     # per-call program reads from them (the pipeline builds them into the weight preparation program)
     prep_steps: list = field(default_factory=list)
     prep_outputs: list[str] = field(default_factory=list)
-    # bundle_kernels: why adjacent kernels were not bundled
+    # bundle_kernels: why adjacent kernels were not bundled (SPYRE_EMU_DEBUG prints it)
     not_bundled: list[NotBundled] = field(default_factory=list)
 
 

@@ -2,7 +2,8 @@
 
 Every pass reads the frozen CompileOptions. Graph passes take and return the FX graph; codegen turns it into
 ProgramParts (context.py); kernel passes take and return those before the KernelProgram is built (and validated).
-Each pass is a small function in passes/; SPYRE_EMU_DEBUG=2 prints the graph after each graph pass.
+Each pass is a small function in passes/; SPYRE_EMU_DEBUG=2 prints the graph after each graph pass, and
+SPYRE_EMU_DEBUG=1 the layouts, splits and bundles after the kernel passes (debug.kernel_passes).
 """
 
 from __future__ import annotations
@@ -86,6 +87,7 @@ def run_graph_passes(gm: fx.GraphModule, options: CompileOptions) -> fx.GraphMod
 def run_kernel_passes(parts: ProgramParts, options: CompileOptions) -> ProgramParts:
     for p in KERNEL_PASSES:
         parts = p(parts, options)
+    debug.kernel_passes(options.name, parts)
     return parts
 
 

@@ -36,7 +36,7 @@ fusable too. Host steps are never passed. Values cannot change (every step still
 only the launch count does.
 
 Like Inductor's fusion log, `bundle_kernels` records why each pair of adjacent kernels was not bundled
-(`ProgramParts.not_bundled`: the rule above that refused it).
+(`ProgramParts.not_bundled`: the rule above that refused it); SPYRE_EMU_DEBUG prints it.
 """
 
 from __future__ import annotations
