@@ -12,8 +12,8 @@ assumption: upstream Inductor's groups, applied conservatively. A kernel's group
 its non-reduce dims and of its reduce dims (pointwise kernels have rnumel 1). A kernel joins the bundle of the
 kernel just before it when
 
-- both are pointwise (unary, binary, ternary, copy, fill) or reductions / row ops (reduce, softmax, layernorm,
-  rmsnorm);
+- both are fusable (`OpGroup.FUSABLE`, aiu_sim/ir/ops.py): pointwise (unary, binary, ternary, copy, fill) or
+  reductions / row ops (reduce, softmax, layernorm, rmsnorm);
 - it reads a buffer some member of the bundle writes (vertical, producer -> consumer fusion). A kernel that also
   reads the results of the bundles just before that one (with nothing between them) merges them too, as Inductor
   fuses every producer into their consumer: `a = x * cos; b = rot(x) * sin; a + b` is one bundle. Independent
@@ -44,17 +44,16 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
+from aiu_sim.ir.ops import OpGroup
 from aiu_sim.ir.program import Kernel, step_reads, step_writes
 from torch_spyre_emu.compiler.context import CompileOptions, NotBundled, ProgramParts
 
-POINTWISE_OPS = frozenset({"unary", "binary", "ternary", "copy", "fill"})
-REDUCTION_OPS = frozenset({"reduce", "softmax", "layernorm", "rmsnorm"})
 # Inductor's config.max_fusion_size default (upstream torch/_inductor/config.py); assumed kept by torch-spyre.
 MAX_BUNDLE = 64
 
 
 def _fusable(step) -> bool:
-    return isinstance(step, Kernel) and step.op in POINTWISE_OPS | REDUCTION_OPS
+    return isinstance(step, Kernel) and step.op in OpGroup.FUSABLE
 
 
 def group_of(k: Kernel) -> tuple[int, int]:

@@ -11,17 +11,16 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from aiu_sim.ir.ops import OpGroup
 from aiu_sim.ir.program import Arg, Buffer, Kernel, arg_shape
 from torch_spyre_emu.compiler.context import CompileOptions, ProgramParts
 from torch_spyre_emu.compiler.passes.stickify import stick_dim
-
-POINTWISE = ("unary", "binary", "ternary")
 
 
 def required_stick(k: Kernel, i: int, buffers: dict[str, Buffer]) -> str | None:
     if k.op == "matmul":
         return k.reduce_dims[0] if i == 0 else _matmul_n(k)
-    if k.op in POINTWISE:
+    if k.op in OpGroup.ELEMENTWISE:
         return stick_dim(k.outputs[0], buffers)
     return None
 

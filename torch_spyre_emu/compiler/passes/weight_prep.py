@@ -6,7 +6,7 @@ running these copies on every call is work a deployment does once at load time. 
 `ProgramParts.prep_steps`, which the pipeline builds into a separate "weight preparation" program; the runtime runs it when
 the weights are first uploaded (or changed) and binds its results as resident buffers of the per-call program.
 
-A buffer is prepared when every kernel that writes it is a pure layout op (restickify, copy, fill) whose inputs are
+A buffer is prepared when every kernel that writes it is a pure layout op (OpGroup.LAYOUT) whose inputs are
 all weights or prepared buffers, at least one of them reads such a buffer (so the K-padding of an activation stays),
 and it is not a graph result. Values are unchanged: the same kernels run on the same values, only earlier.
 """
@@ -15,10 +15,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from aiu_sim.ir.ops import OpGroup
 from aiu_sim.ir.program import HostOp, HostToDevice, Kernel, step_reads
 from torch_spyre_emu.compiler.context import CompileOptions, ProgramParts
-
-LAYOUT_OPS = ("restickify", "copy", "fill")
 
 
 def split_weight_prep(parts: ProgramParts, options: CompileOptions) -> ProgramParts:
@@ -38,7 +37,7 @@ def split_weight_prep(parts: ProgramParts, options: CompileOptions) -> ProgramPa
     sources = set(prepared)
 
     def preparable(k: Kernel) -> bool:
-        return k.op in LAYOUT_OPS and len(k.outputs) == 1 and all(a.buffer in prepared for a in k.inputs)
+        return k.op in OpGroup.LAYOUT and len(k.outputs) == 1 and all(a.buffer in prepared for a in k.inputs)
 
     changed = True
     while changed:  # chains (a restickify, then the K-padding copy of its result) need a fixed point

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 
+from aiu_sim.ir.ops import OpGroup
 from aiu_sim.ir.program import Buffer, Kernel, arg_bytes, core_slices, stick_dims
 from torch_spyre_emu.compiler.context import CompileOptions, ProgramParts
 from torch_spyre_emu.errors import SpyreCompileError
@@ -26,7 +27,6 @@ HBM_BYTES_PER_S = 204.8e9
 PT_ROWS = 8
 TARGET_PASSES = 8
 PSUM_US_PER_ELEM = 1.4e-4
-SPLITTABLE_REDUCTIONS = ("matmul", "reduce")
 
 
 def units(k: Kernel, dim: str, buffers: dict[str, Buffer]) -> int:
@@ -58,7 +58,7 @@ def span_reduction(k: Kernel, buffers: dict[str, Buffer], span_bytes: int, max_c
 
     while worst() > span_bytes:
         # split the largest outer (non-reduce) dim further, to the next divisor of its units
-        cands = [d for d in k.space if d not in k.reduce_dims or k.op in SPLITTABLE_REDUCTIONS]
+        cands = [d for d in k.space if d not in k.reduce_dims or k.op in OpGroup.ACCUMULATING]
         best = None
         for d in sorted(cands, key=lambda d: -units(k, d, buffers)):
             u = units(k, d, buffers)
@@ -141,7 +141,7 @@ def distribute(
         if p > 1:
             split[d] = split.get(d, 1) * p
             left //= p
-    if left > 1 and k.op in SPLITTABLE_REDUCTIONS and not any(split.get(d, 1) > 1 for d in k.reduce_dims):
+    if left > 1 and k.op in OpGroup.ACCUMULATING and not any(split.get(d, 1) > 1 for d in k.reduce_dims):
         for d in sorted(k.reduce_dims, key=lambda d: -units(k, d, buffers))[:1]:
             p = max(q for q in divisors(units(k, d, buffers)) if q <= left)
             if p > 1:
