@@ -1,0 +1,439 @@
+"""`run_one(model_type, variant)`: one model type through the whole flow, classified into exactly one of CLASSES.
+
+Flow (issue 10 §2): build the tiny model (recipes.build; failure: not_buildable) -> CPU fp32 reference -> CPU fp16
+forward (failing or non-finite there is not the stack's fault: not_buildable, reason "not fp16-clean on CPU") ->
+adapters.plan for the gaps -> with the adapters applied (fallback mode) compile with backend "spyre" on the fp16
+weights, run, compare with the fp32 reference under the tolerance (tolerance.py) -> the same in strict mode ->
+classify. run_one never raises for a model's failure: it records it. `timeout` and `out_of_memory` are normally the
+sweep runner's (a killed subprocess); run_one gives out_of_memory only for a MemoryError it catches itself.
+
+Where an exception comes from decides its class: our typed errors (torch_spyre_emu.errors, aiu_sim's, the numerics
+errors) are `unsupported` (a gap, named); adapter errors are `adapter_error`; anything else raised in our code
+(aiu_sim, torch_spyre_emu, adapters) is `emulator_error` (a bug) with its traceback.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import sys
+import time
+import traceback
+import warnings
+
+import torch
+
+CLASSES = (
+    "pass_device",
+    "pass_fallback",
+    "numeric_mismatch",
+    "unsupported",
+    "adapter_error",
+    "emulator_error",
+    "not_buildable",
+    "timeout",
+    "out_of_memory",
+)
+FP16_UNCLEAN = "not fp16-clean on CPU"
+TOP_SPOTS = 8  # entries of sim.top
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+_OURS = {pkg: os.path.join(_ROOT, pkg) + os.sep for pkg in ("aiu_sim", "torch_spyre_emu", "adapters")}
+# frames of ours that only pass a call through (the model under test runs below them)
+_PASS_THROUGH = (os.path.join(_ROOT, "torch_spyre_emu", "profiling.py"),)
+
+
+def _tensor_out(out) -> torch.Tensor:
+    """The tensor judged: logits, else last_hidden_state, else the largest floating tensor anywhere in the output."""
+    if isinstance(out, torch.Tensor):
+        return out
+    for key in ("logits", "last_hidden_state"):
+        v = getattr(out, key, None) if not isinstance(out, dict) else out.get(key)
+        if isinstance(v, torch.Tensor):
+            return v
+    found: list[torch.Tensor] = []
+
+    def walk(x, depth=0):
+        if depth > 4:
+            return
+        if isinstance(x, torch.Tensor):
+            if x.is_floating_point():
+                found.append(x)
+        elif isinstance(x, dict):
+            for v in x.values():
+                walk(v, depth + 1)
+        elif isinstance(x, list | tuple):
+            for v in x:
+                walk(v, depth + 1)
+        elif hasattr(x, "to_tuple"):
+            walk(x.to_tuple(), depth + 1)
+
+    walk(out)
+    if not found:
+        raise TypeError(f"the model's output {type(out).__name__} holds no floating-point tensor to compare")
+    return max(found, key=lambda t: t.numel())
+
+
+def _real(t: torch.Tensor, pad_mask) -> torch.Tensor:
+    """The values at real (not padding) positions: padded query rows are free to differ (nothing reads them)."""
+    t = t.detach().float()
+    if pad_mask is not None and t.dim() >= 2 and tuple(t.shape[:2]) == tuple(pad_mask.shape):
+        return t[pad_mask]
+    return t
+
+
+def _half_inputs(inputs: dict) -> dict:
+    return {
+        k: (v.half() if isinstance(v, torch.Tensor) and v.is_floating_point() else v)
+        for k, v in inputs.items()
+    }
+
+
+def _unwrap(e: BaseException) -> BaseException:
+    """The exception our code or the model raised, out of dynamo's wrappers (BackendCompilerFailed & co.)."""
+    seen = set()
+    while id(e) not in seen:
+        seen.add(id(e))
+        inner = getattr(e, "inner_exception", None)
+        if isinstance(inner, BaseException):
+            e = inner
+            continue
+        if type(e).__module__.startswith("torch._dynamo") and isinstance(e.__cause__, BaseException):
+            e = e.__cause__
+            continue
+        break
+    return e
+
+
+def _origin(e: BaseException) -> str | None:
+    """The package of ours ('aiu_sim', 'torch_spyre_emu', 'adapters') nearest to where `e` was raised, walking
+    outward from the raise and skipping library frames; None when no frame of ours is met before the caller's."""
+    frames = traceback.extract_tb(e.__traceback__)
+    for fr in reversed(frames):
+        fn = os.path.abspath(fr.filename)
+        if fn in _PASS_THROUGH:
+            continue
+        for pkg, prefix in _OURS.items():
+            if fn.startswith(prefix):
+                return pkg
+    return None
+
+
+def _error(e: BaseException) -> dict:
+    return {
+        "type": f"{type(e).__module__}.{type(e).__qualname__}",
+        "message": str(e)[:4000],
+        "traceback": "".join(traceback.format_exception(type(e), e, e.__traceback__))[-12000:],
+    }
+
+
+def _op_record(op) -> dict:
+    return {
+        "op": getattr(op, "op", str(op)),
+        "dtypes": list(getattr(op, "dtypes", ()) or ()),
+        "shapes": [list(s) for s in (getattr(op, "shapes", ()) or ())],
+        "capability": getattr(op, "capability", "") or getattr(op, "op", ""),
+        "module_path": getattr(op, "where", "") or "",
+        "status": getattr(op, "status", ""),
+        "message": op.describe() if hasattr(op, "describe") else str(op),
+    }
+
+
+def _dedup(records: list[dict]) -> list[dict]:
+    seen, out = set(), []
+    for r in records:
+        key = (r["op"], tuple(r["dtypes"]), str(r["shapes"]), r["capability"], r["module_path"])
+        if key not in seen:
+            seen.add(key)
+            out.append(r)
+    return out
+
+
+def _typed(e: BaseException) -> bool:
+    from aiu_sim.errors import AiuSimError
+    from aiu_sim.numerics.errors import NumericsError
+    from torch_spyre_emu.errors import SpyreError
+
+    return isinstance(e, SpyreError | AiuSimError | NumericsError)
+
+
+def classify_error(e: BaseException) -> tuple[str, list[dict]]:
+    """(class, blocking) for an exception of a compiled run."""
+    from adapters.errors import AdapterError
+    from torch_spyre_emu.errors import SpyreUnsupportedOpError
+
+    e = _unwrap(e)
+    if isinstance(e, MemoryError):
+        return "out_of_memory", []
+    if isinstance(e, AdapterError):
+        return "adapter_error", [_op_record(op) for op in getattr(e, "ops", [])]
+    if isinstance(e, SpyreUnsupportedOpError) and e.ops:
+        return "unsupported", _dedup([_op_record(op) for op in e.ops])
+    if _typed(e):
+        first = str(e).splitlines()[0] if str(e) else type(e).__name__
+        cap = f"{type(e).__module__.split('.')[0]}.{type(e).__name__}"
+        return "unsupported", [
+            {
+                "op": "",
+                "dtypes": [],
+                "shapes": [],
+                "capability": cap,
+                "module_path": "",
+                "status": "",
+                "message": first,
+            }
+        ]
+    origin = _origin(e)
+    if origin == "adapters":
+        return "adapter_error", []
+    if origin is not None:
+        return "emulator_error", []
+    # Raised by torch.compile's front end (dynamo/aot) on the model's code, with no frame of ours: the real stack
+    # compiles through the same front end, so this is a gap of the stack, not an emulator bug.
+    first = str(e).splitlines()[0][:300] if str(e) else ""
+    return "unsupported", [
+        {
+            "op": "",
+            "dtypes": [],
+            "shapes": [],
+            "capability": f"torch.compile:{type(e).__name__}",
+            "module_path": "",
+            "status": "",
+            "message": first,
+        }
+    ]
+
+
+def _sim(report) -> dict:
+    by: dict[str, float] = {}
+    for s in report.steps:
+        name = s.op if s.op.startswith("host") or s.op in ("h2d", "d2h") else (s.fn or s.op)
+        by[name] = by.get(name, 0.0) + s.duration_us
+    top = sorted(by.items(), key=lambda kv: -kv[1])[:TOP_SPOTS]
+    return {
+        "latency_us": float(report.total_us),
+        "kernels": len(report.kernels),
+        "bundles": int(report.launches),
+        "host_us": float(report.host_us),
+        "top": [[k, round(v, 3)] for k, v in top],
+    }
+
+
+def _profiled(compiled, inputs: dict):
+    """torch_spyre_emu.profile() without the Perfetto trace, whose writing cost more than the run itself (about 9 s
+    of a 16 s tiny-Llama run here): the same session and report, with no trace directory."""
+    from torch_spyre_emu import profiling
+
+    session = profiling._Session("both", None)
+    profiling._SESSIONS.append(session)
+    try:
+        outputs = compiled(**inputs)
+    finally:
+        profiling._SESSIONS.remove(session)
+    return profiling._report(session.records, outputs, "both")
+
+
+def _host_ops(report) -> list[str]:
+    return sorted({s.op[len("host:") :] for s in report.steps if s.op.startswith("host:")})
+
+
+def _record(model_type: str, variant: str) -> dict:
+    return {
+        "model_type": model_type,
+        "variant": variant,
+        "class": None,
+        "reason": None,
+        "model_class": None,
+        "task": None,
+        "modality": None,
+        "family": None,
+        "n_params": None,
+        "recipe_level": None,
+        "dims": {},
+        "is_decoder_lm": None,
+        "blocking": [],
+        "fallback_ops": [],
+        "adapters_applied": [],
+        "adapters_retired": [],
+        "plan": None,
+        "metrics": None,
+        "tolerance": None,
+        "sim": None,
+        "error": None,
+        "wall_s": None,
+        "stages_s": {},
+    }
+
+
+def run_one(model_type: str, variant: str = "default", seed: int = 0) -> dict:
+    """Run one model type through the flow and classify it. Never raises for the model's failure."""
+    rec = _record(model_type, variant)
+    t0 = time.perf_counter()
+    try:
+        # Past dynamo's per-code-object recompile limit a frame runs eagerly on the CPU, not on emulated Spyre, and
+        # the model would pass for the wrong reason: reaching it is an error (as in the test suite's conftest).
+        with torch._dynamo.config.patch(fail_on_recompile_limit_hit=True):
+            _flow(rec, model_type, variant, seed)
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException as e:  # noqa: BLE001 - a failure anywhere is the model's record, never the caller's crash
+        cls, blocking = classify_error(e)
+        rec["class"], rec["error"] = cls, _error(e)
+        rec["blocking"] = rec["blocking"] or blocking
+        rec["reason"] = rec["reason"] or f"unexpected error in run_one: {type(e).__name__}"
+    finally:
+        torch._dynamo.reset()
+    rec["wall_s"] = round(time.perf_counter() - t0, 3)
+    assert rec["class"] in CLASSES, rec["class"]
+    return rec
+
+
+def _static_shapes():
+    # Spyre binaries are static-shape: a dim that changed since an earlier compile must recompile, not go symbolic
+    return torch._dynamo.config.patch(automatic_dynamic_shapes=False)
+
+
+class _Stage:
+    def __init__(self, rec: dict, name: str):
+        self.rec, self.name = rec, name
+
+    def __enter__(self):
+        self.t = time.perf_counter()
+
+    def __exit__(self, *exc):
+        self.rec["stages_s"][self.name] = round(time.perf_counter() - self.t, 3)
+
+
+def _flow(rec: dict, model_type: str, variant: str, seed: int) -> None:
+    import adapters
+    import torch_spyre_emu
+    from models.zoo import tolerance
+    from models.zoo.recipes import ZooBuildError, build
+    from torch_spyre_emu.errors import FallbackWarning, SpyreUnsupportedOpError
+
+    torch._dynamo.reset()
+    with _Stage(rec, "build"):
+        try:
+            zm = build(model_type, variant, seed)
+        except ZooBuildError as e:
+            rec.update({"class": "not_buildable", "reason": e.reason[:2000], "error": _error(e)})
+            return
+    rec.update(zm.metadata())
+    with _Stage(rec, "cpu"), torch.no_grad():
+        ref = _real(_tensor_out(zm.model(**zm.inputs)), zm.pad_mask)
+        model16 = copy.deepcopy(zm.model).half().eval()
+        inputs16 = _half_inputs(zm.inputs)
+        try:
+            out16 = _real(_tensor_out(model16(**inputs16)), zm.pad_mask)
+        except Exception as e:  # noqa: BLE001
+            rec.update(
+                {
+                    "class": "not_buildable",
+                    "reason": f"{FP16_UNCLEAN}: {type(e).__name__}",
+                    "error": _error(e),
+                }
+            )
+            return
+        if out16.shape != ref.shape or not torch.isfinite(out16).all():
+            rec.update(
+                {"class": "not_buildable", "reason": f"{FP16_UNCLEAN}: non-finite or mis-shaped output"}
+            )
+            return
+        e16 = tolerance.rel_err(out16, ref)
+
+    with _Stage(rec, "plan"):
+        try:
+            p = adapters.plan(model16, inputs16)
+            rec["plan"] = {
+                "unsupported": _dedup([_op_record(op) for op in p.unsupported]),
+                "bridges": {k: list(v) for k, v in p.bridges.items()},
+                "remaining": _dedup([_op_record(op) for op in p.remaining]),
+                "applied": list(p.applied),
+            }
+            plan_error = None
+        except Exception as e:  # noqa: BLE001 - recorded; the runs below still say what happens
+            plan_error = e
+            rec["plan"] = {"error": _error(e)}
+        torch._dynamo.reset()
+
+    # One adapters.apply and one compiled module for both runs: the strict run reuses dynamo's graphs and only
+    # recompiles the programs (the compile cache keys on strict mode), so the model is traced once.
+    with adapters.apply(model16) as handle, _static_shapes(), torch.no_grad():
+        rec["adapters_applied"] = list(handle.report.applied)
+        rec["adapters_retired"] = [name for name, _ in handle.report.retired]
+        compiled = torch.compile(model16, backend="spyre", dynamic=False)
+        with _Stage(rec, "fallback"):
+            try:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore", FallbackWarning)
+                    report = _profiled(compiled, inputs16)
+                out = _real(_tensor_out(report.outputs), zm.pad_mask)
+            except Exception as e:  # noqa: BLE001
+                cls, blocking = classify_error(e)
+                rec.update(
+                    {
+                        "class": cls,
+                        "blocking": blocking,
+                        "error": _error(e),
+                        "reason": "fallback-mode run failed",
+                    }
+                )
+                return
+        rec["sim"] = _sim(report)
+        rec["fallback_ops"] = _host_ops(report)
+        m = tolerance.metrics(out, ref, zm.is_decoder_lm)
+        tol = tolerance.derive(len(report.kernels), e16, ref.numel())
+        rec["metrics"], rec["tolerance"] = tolerance.public(m), tol.as_dict()
+        ok, why = (
+            tolerance.within(m, tol)
+            if out.shape == ref.shape
+            else (False, [f"shape {out.shape} != {ref.shape}"])
+        )
+        if not ok:
+            rec.update({"class": "numeric_mismatch", "reason": "; ".join(why)})
+            return
+        with _Stage(rec, "strict"):
+            try:
+                with torch_spyre_emu.strict():
+                    out_strict = _real(_tensor_out(compiled(**inputs16)), zm.pad_mask)
+            except SpyreUnsupportedOpError as e:
+                cls, blocking = classify_error(e)
+                rec.update(
+                    {
+                        "class": "pass_fallback",
+                        "blocking": blocking,
+                        "reason": "strict mode refuses CPU islands",
+                    }
+                )
+                return
+            except Exception as e:  # noqa: BLE001
+                cls, blocking = classify_error(e)
+                rec.update(
+                    {
+                        "class": cls,
+                        "blocking": blocking,
+                        "error": _error(e),
+                        "reason": "strict-mode run failed",
+                    }
+                )
+                return
+    m2 = tolerance.metrics(out_strict, ref, zm.is_decoder_lm)
+    ok, why = tolerance.within(m2, tol)
+    if not ok:
+        rec.update({"class": "numeric_mismatch", "reason": "strict mode: " + "; ".join(why)})
+        return
+    if plan_error is not None:  # the runs pass but the plan crashed: a bug of ours, as the plan is a product
+        cls, blocking = classify_error(plan_error)
+        rec.update({"class": cls, "error": _error(plan_error), "reason": "adapters.plan failed"})
+        if cls == "unsupported":
+            rec["class"] = (
+                "emulator_error"  # the same model runs: a typed plan failure is still our inconsistency
+            )
+        return
+    rec["class"] = "pass_device"
+
+
+if __name__ == "__main__":  # python -m models.zoo.classify TYPE [VARIANT]: one record as JSON
+    import json
+
+    print(json.dumps(run_one(sys.argv[1], *(sys.argv[2:3] or ["default"])), indent=1, default=str))

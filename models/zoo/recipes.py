@@ -1,0 +1,583 @@
+"""Tiny random-weight builds of every model type: the generic shrinking recipe and its retry ladder.
+
+The recipe is the one measured in ../shared/reference/hf_op_census.md §3 (rebuild the default config through its
+constructor, 2 layers keeping every layer kind, widths / heads / experts / vocab shrunk, no downloads, a ladder of
+weaker levels, a parameter cap checked on the meta device), with one change the issue asks for (issue 10 §1):
+
+- variant "default" keeps the shapes real checkpoints have: every width is a whole number of 64-element sticks
+  (`_width_default`), and head_dim is the family's own when it is >= 64, else 64;
+- variant "ragged" is the census's plain /8 shrink (`_width_ragged`), which gives widths and head dims that are not
+  whole sticks, so the padding adapters are exercised too.
+
+`build(model_type, variant, seed)` returns a ZooModel (an fp32 eval() model, its inputs and its metadata) or raises
+ZooBuildError. Per-family overrides live in OVERRIDES, each with the reason it is needed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from dataclasses import dataclass, field
+
+import torch
+
+from models.zoo import catalog
+from models.zoo.inputs import make_inputs
+
+LEVELS = ("tiny", "tiny_keep_vocab", "no_width", "width_no_layers", "layers_experts_only", "default")
+# What each level shrinks (census §3 step 8): layers, widths (and heads with them), experts, vocab.
+_LEVEL_PARTS = {
+    "tiny": {"layers", "width", "experts", "vocab"},
+    "tiny_keep_vocab": {"layers", "width", "experts"},
+    "no_width": {"layers", "experts", "vocab"},
+    "width_no_layers": {"width", "experts", "vocab"},
+    "layers_experts_only": {"layers", "experts"},
+    "default": set(),
+}
+PARAM_CAP = 300_000_000  # census §3 step 8: a level whose model has more parameters is skipped
+STICK = 64  # fp16 elements per 128-byte stick (../shared/reference/torch_spyre_stack.md §2)
+LAYERS = 2  # layers kept (more only to keep every layer kind, up to MAX_LAYERS)
+MAX_LAYERS = 4
+EXPERTS, TOP_K = 4, 2
+VOCAB = {"default": 1024, "ragged": 1000}  # ragged: a vocab that is not whole sticks, as GPT-2's 50257 is not
+MIN_WIDTH = 2 * STICK  # default variant: no width below two sticks (bloom's default hidden_size is 64)
+
+
+class ZooBuildError(RuntimeError):
+    """No recipe level builds and runs this model type on the CPU (not the stack's fault)."""
+
+    def __init__(self, model_type: str, reason: str):
+        self.model_type, self.reason = model_type, reason
+        super().__init__(f"{model_type}: no tiny model builds and runs on the CPU: {reason}")
+
+
+@dataclass
+class ZooModel:
+    model_type: str
+    variant: str
+    model: torch.nn.Module  # fp32, eval(), seeded random weights
+    inputs: dict  # what model(**inputs) takes
+    model_class: str
+    task: str
+    modality: str
+    family: str
+    n_params: int
+    recipe_level: str
+    dims: dict = field(default_factory=dict)
+    is_decoder_lm: bool = False
+    pad_mask: torch.Tensor | None = (
+        None  # [batch, seq] bool, True at real (not padding) positions of the inputs
+    )
+
+    def metadata(self) -> dict:
+        return {
+            "model_class": self.model_class,
+            "task": self.task,
+            "modality": self.modality,
+            "family": self.family,
+            "n_params": self.n_params,
+            "recipe_level": self.recipe_level,
+            "dims": dict(self.dims),
+            "is_decoder_lm": self.is_decoder_lm,
+        }
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# field-name rules (census §3 steps 2-6)
+
+_LAYER_RE = re.compile(
+    r"^(num_hidden_layers|num_layers|n_layer|n_layers|encoder_layers|decoder_layers|num_decoder_layers|"
+    r"num_encoder_layers|depth|num_blocks|.*_num_layers|num_.*_layers|.*_layers)$"
+)
+_WIDTH_RE = re.compile(
+    r"^(hidden_size|d_model|n_embd|dim|hidden_dim|intermediate_size|ffn_dim|d_ff|n_inner|ffn_hidden_size|"
+    r"embed_dim|embedding_size|embedding_dim|hidden_sizes|d_inner|inner_dim|mlp_dim|projection_dim|proj_size|"
+    r".*_hidden_size|.*_intermediate_size|.*_ffn_dim|.*_embed_dim|.*_lora_rank|.*_dim|.*_dims)$"
+)
+_NOT_WIDTH = (
+    "head_dim",
+    "vocab",
+    "image",
+    "patch",
+    "window",
+    "kernel",
+    "stride",
+    "position",
+    "token",
+    "input",
+    "mel",
+    "channel",
+    "feature",
+    "bucket",
+    "conv_dim",  # wav2vec2-style feature-extractor conv widths feed from the waveform
+    "rope",
+    "rotary",
+    "time_step",
+    "state",
+    "num_",
+    "max_",
+    "label",
+    "d_kv",
+)
+_HIDDEN_KEYS = ("hidden_size", "d_model", "n_embd", "dim", "embed_dim", "hidden_dim")
+_HEADS_KEYS = (
+    "num_attention_heads",
+    "n_head",
+    "num_heads",
+    "n_heads",
+    "encoder_attention_heads",
+    "decoder_attention_heads",
+    "num_decoder_attention_heads",
+)
+_KV_KEYS = ("num_key_value_heads", "num_kv_heads", "n_kv_heads", "multi_query_group_num", "n_head_kv")
+_HEAD_DIM_KEYS = ("head_dim", "d_kv", "attention_head_dim", "kv_channels", "attention_head_size")
+_EXPERT_KEYS = (
+    "num_experts",
+    "num_local_experts",
+    "n_routed_experts",
+    "moe_num_experts",
+    "num_routed_experts",
+)
+_TOPK_KEYS = (
+    "num_experts_per_tok",
+    "top_k",
+    "moe_topk",
+    "num_experts_per_token",
+    "moe_top_k",
+    "router_top_k",
+)
+_GROUP_KEYS = ("n_group", "topk_group")
+_SHARED_KEYS = ("n_shared_experts", "num_shared_experts", "shared_experts", "moe_num_shared_experts")
+_VOCAB_KEYS = ("vocab_size",)
+_TOKEN_ID_RE = re.compile(
+    r"^(.*_token_ids?|.*_token_index|.*_token_id_list|begin_suppress_tokens|suppress_tokens)$"
+)
+_SKIP_FIELDS = {"transformers_version", "architectures", "id2label", "label2id", "dtype", "torch_dtype"}
+
+
+def _is_width(name: str) -> bool:
+    return bool(_WIDTH_RE.match(name)) and not any(s in name for s in _NOT_WIDTH)
+
+
+def _round_to(v: float, m: int) -> int:
+    return int(math.floor(v / m + 0.5)) * m
+
+
+def _width_default(v: int) -> int:
+    """Whole sticks: v/8 rounded to a multiple of 64, at least two sticks. Deterministic in v alone, so fields that
+    must be equal (a vision tower's output and the text hidden size) stay equal."""
+    if v < STICK:
+        return v
+    return max(MIN_WIDTH, _round_to(v / 8, STICK))
+
+
+def _width_ragged(v: int) -> int:
+    """The census's rule (§3 step 3): >=128 divided by 8 when a multiple of 32, else rounded to a multiple of 16."""
+    if v < 128:
+        return v
+    return v // 8 if v % 32 == 0 else max(16, _round_to(v, 16))
+
+
+WIDTH_RULES = {"default": _width_default, "ragged": _width_ragged}
+
+
+def _map_width(v, rule):
+    if isinstance(v, bool):
+        return v
+    if isinstance(v, int):
+        return rule(v)
+    if isinstance(v, list | tuple) and v and all(isinstance(x, int) and not isinstance(x, bool) for x in v):
+        return type(v)(rule(x) for x in v)
+    return v
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# one config level (sub-configs are handled by _shrink_config)
+
+
+def _first_key(d: dict, keys) -> str | None:
+    for k in keys:
+        if isinstance(d.get(k), int) and not isinstance(d.get(k), bool):
+            return k
+    return None
+
+
+def _shrink_layers(d: dict) -> None:
+    main = _first_key(d, ("num_hidden_layers", "num_layers", "n_layer", "n_layers"))
+    n0 = d[main] if main else None
+    keep: list[int] | None = None
+    if n0 and n0 > LAYERS:
+        per_layer = [
+            k for k, v in d.items() if isinstance(v, list | tuple) and len(v) == n0 and k not in ("depths",)
+        ]
+        index_lists = [
+            k
+            for k, v in d.items()
+            if isinstance(v, list | tuple)
+            and k not in per_layer
+            and v
+            and all(isinstance(x, int) and not isinstance(x, bool) and 0 <= x < n0 for x in v)
+            and re.search(r"idx|indices|index|layers|layer_ids", k)
+        ]
+        fkdr = d.get("first_k_dense_replace") if isinstance(d.get("first_k_dense_replace"), int) else 0
+        mwl = d.get("max_window_layers") if isinstance(d.get("max_window_layers"), int) else None
+
+        def kind(i):
+            return (
+                tuple(d[k][i] for k in per_layer)
+                + tuple(i in d[k] for k in index_lists)
+                + (i < fkdr, mwl is not None and i < mwl)
+            )
+
+        seen: dict = {}
+        for i in range(n0):
+            seen.setdefault(kind(i), i)
+        keep = sorted(seen.values())[:MAX_LAYERS]
+        for i in range(n0):
+            if len(keep) >= LAYERS:
+                break
+            if i not in keep:
+                keep = sorted(keep + [i])
+        d[main] = len(keep)
+        for k in per_layer:
+            d[k] = type(d[k])(d[k][i] for i in keep)
+        for k in index_lists:
+            d[k] = type(d[k])(keep.index(i) for i in d[k] if i in keep)
+        if fkdr:
+            d["first_k_dense_replace"] = sum(1 for i in keep if i < fkdr)
+        if mwl is not None:
+            d["max_window_layers"] = sum(1 for i in keep if i < mwl)
+    n = len(keep) if keep else (n0 or LAYERS)
+    for k, v in list(d.items()):
+        if k == main or isinstance(v, bool) or not _LAYER_RE.match(k) or k.startswith("max_"):
+            continue
+        if isinstance(v, int) and v > LAYERS:
+            d[k] = LAYERS
+    if isinstance(d.get("depths"), list | tuple):
+        d["depths"] = type(d["depths"])(1 for _ in d["depths"])
+    # Jamba-style periodic layer kinds: keep period and offset inside the kept layers
+    for k, v in list(d.items()):
+        if k.endswith("_period") and isinstance(v, int) and v > n:
+            d[k] = n
+            off = k[: -len("_period")] + "_offset"
+            if isinstance(d.get(off), int):
+                d[off] = d[off] % n
+
+
+def _shrink_widths_and_heads(d: dict, variant: str) -> None:
+    rule = WIDTH_RULES[variant]
+    hidden_key = _first_key(d, _HIDDEN_KEYS)
+    h0 = d.get(hidden_key) if hidden_key else None
+    heads_keys = [k for k in _HEADS_KEYS if isinstance(d.get(k), int) and not isinstance(d.get(k), bool)]
+    hd_key = next((k for k in _HEAD_DIM_KEYS if k in d), None)
+    hd_val = d.get(hd_key) if hd_key else None
+    heads0 = d[heads_keys[0]] if heads_keys else None
+    derived_hd = (h0 // heads0) if (h0 and heads0 and h0 % heads0 == 0) else None
+    explicit = (
+        isinstance(hd_val, int) and hd_val != derived_hd
+    )  # an explicit head_dim (gemma's 256) is the family's
+    for k, v in list(d.items()):
+        if _is_width(k):
+            d[k] = _map_width(v, rule)
+    if not (h0 and heads_keys):
+        return
+    h = d[hidden_key]
+    family_hd = hd_val if isinstance(hd_val, int) else derived_hd
+    kv_key = _first_key(d, _KV_KEYS)
+    kv0 = d.get(kv_key) if kv_key else None
+    if variant == "default":
+        hd = family_hd if (family_hd and family_hd >= STICK) else STICK
+        if explicit or (hd_key and hd_val is None and h % hd):
+            heads = max(1, _round_to(heads0 / 8, 1))
+            if hd_key:
+                d[hd_key] = hd
+        elif h % hd == 0:
+            heads = max(1, h // hd)
+            if hd_key:
+                d[hd_key] = hd
+        else:  # no head_dim field: hidden / heads must come out whole sticks
+            heads = max(1, h // STICK)
+            if hd_key:
+                d[hd_key] = h // heads
+    else:  # census §3 step 4: heads/8, lowered to a divisor of the width that leaves an even head_dim
+        heads = max(1, heads0 // 8)
+        if not explicit:
+            while heads > 1 and (h % heads or (h // heads) % 2):
+                heads -= 1
+            if hd_key and isinstance(hd_val, int):
+                d[hd_key] = h // heads
+    for k in heads_keys:
+        d[k] = heads if d[k] == heads0 else max(1, min(heads, d[k]))
+    if kv_key and isinstance(kv0, int) and kv0 > 0:
+        ratio = max(1, heads0 // kv0) if heads0 % kv0 == 0 else 1
+        kv = max(1, heads // ratio)
+        if heads % kv:
+            kv = 1
+        d[kv_key] = kv
+
+
+def _shrink_experts(d: dict) -> None:
+    has_experts = False
+    for k in _EXPERT_KEYS:
+        v = d.get(k)
+        if isinstance(v, int) and not isinstance(v, bool) and v > 1:
+            d[k] = min(v, EXPERTS)
+            has_experts = True
+    if not has_experts:
+        return
+    for k in _TOPK_KEYS:
+        if isinstance(d.get(k), int) and not isinstance(d.get(k), bool):
+            d[k] = min(d[k], TOP_K)
+    for k in _GROUP_KEYS:
+        if isinstance(d.get(k), int) and d[k] > 1:
+            d[k] = 1
+    for k in _SHARED_KEYS:
+        if isinstance(d.get(k), int) and not isinstance(d.get(k), bool) and d[k] > 1:
+            d[k] = 1
+
+
+class _TokenMap:
+    """Special-token ids >= the new vocab get distinct ids at its top, one map for all sub-configs (§3 step 6)."""
+
+    def __init__(self, vocab: int):
+        self.vocab, self.map = vocab, {}
+
+    def __call__(self, tid: int) -> int:
+        if tid < self.vocab:
+            return tid
+        if tid not in self.map:
+            self.map[tid] = self.vocab - 1 - len(self.map)
+        return self.map[tid]
+
+
+def _remap_tokens(d: dict, tokens: _TokenMap) -> None:
+    for k, v in list(d.items()):
+        if not _TOKEN_ID_RE.match(k):
+            continue
+        if isinstance(v, int) and not isinstance(v, bool):
+            d[k] = tokens(v)
+        elif isinstance(v, list | tuple) and all(isinstance(x, int) for x in v):
+            d[k] = type(v)(tokens(x) for x in v)
+
+
+def _fields(cfg) -> dict:
+    if dataclasses.is_dataclass(cfg):
+        names = [f.name for f in dataclasses.fields(cfg)]
+    else:
+        names = list(cfg.to_dict())
+    return {n: getattr(cfg, n) for n in names if n not in _SKIP_FIELDS and hasattr(cfg, n)}
+
+
+def _shrink_config(cfg, parts: set[str], variant: str, tokens: _TokenMap | None):
+    """A dict of constructor kwargs for type(cfg), sub-configs as dicts with their model_type."""
+    from transformers import PreTrainedConfig
+
+    d = _fields(cfg)
+    for k, v in list(d.items()):
+        if isinstance(v, PreTrainedConfig):
+            sub = _shrink_config(v, parts, variant, tokens)
+            sub["model_type"] = v.model_type
+            d[k] = sub
+    if "layers" in parts:
+        _shrink_layers(d)
+    if "width" in parts:
+        _shrink_widths_and_heads(d, variant)
+    if "experts" in parts:
+        _shrink_experts(d)
+    if "vocab" in parts:
+        for k in _VOCAB_KEYS:
+            if isinstance(d.get(k), int) and d[k] > VOCAB[variant]:
+                d[k] = VOCAB[variant]
+    if tokens is not None:
+        _remap_tokens(d, tokens)
+    for k in ("use_pretrained_backbone", "use_timm_backbone"):  # census §3 step 7: no downloads
+        if d.get(k):
+            d[k] = False
+    if "prediction_length" in d and isinstance(d.get("prediction_length"), int):
+        d["prediction_length"] = min(d["prediction_length"], 4)
+    return d
+
+
+def tiny_config(model_type: str, level: str = "tiny", variant: str = "default"):
+    """The config of one recipe level (raises what the config's validators raise)."""
+    from transformers import AutoConfig
+
+    if variant not in catalog.VARIANTS:
+        raise ValueError(f"unknown zoo variant {variant!r}; the variants are {catalog.VARIANTS}")
+    if level not in LEVELS:
+        raise ValueError(f"unknown recipe level {level!r}; the levels are {LEVELS}")
+    base = AutoConfig.for_model(model_type)
+    parts = _LEVEL_PARTS[level]
+    tokens = _TokenMap(VOCAB[variant]) if "vocab" in parts else None
+    kwargs = _shrink_config(base, parts, variant, tokens)
+    for fix in OVERRIDES.get(model_type, ()):
+        fix(kwargs, variant)
+    cfg = type(base)(**kwargs)
+    return cfg
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# per-family overrides: (kwargs, variant) -> None, each with why
+
+
+def _whisper_short_audio(d: dict, variant: str) -> None:
+    # Whisper's encoder wants exactly 2 * max_source_positions mel frames (3000 by default): the emulator computes
+    # every value bit-exactly, so 1500 encoder positions would dominate the CI time. 64 positions = one stick.
+    d["max_source_positions"] = 64
+
+
+OVERRIDES: dict[str, tuple] = {
+    "whisper": (_whisper_short_audio,),
+}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# model class, modality, family, dims
+
+
+def _model_class(model_type: str, config):
+    """(class, task, is_decoder_lm): decoder LMs are built with their causal-LM head (so top-1 agreement of the
+    logits is measured), everything else as the base AutoModel."""
+    import transformers
+
+    name = catalog.base_class_name(model_type)
+    lm = catalog.causal_lm_class_name(model_type)
+    text_only = config.get_text_config() is config
+    if (
+        lm
+        and text_only
+        and not getattr(config, "is_encoder_decoder", False)
+        and not catalog.is_encoder_like(model_type)
+        and hasattr(transformers, lm)
+    ):
+        return getattr(transformers, lm), "text-generation", True
+    if name is None or not hasattr(transformers, name):
+        raise ZooBuildError(model_type, f"model class {name!r} is mapped but not exported by transformers")
+    return getattr(transformers, name), "feature-extraction", False
+
+
+_SSM = ("mamba", "rwkv", "xlstm", "falcon_mamba", "s4", "hyena")
+
+
+def _family(model_type: str, config, is_decoder_lm: bool) -> str:
+    """Architecture shape, orthogonal to modality: decoder | moe_decoder | ssm | hybrid | encoder |
+    encoder_decoder | other."""
+    text = config.get_text_config()
+    kinds = {str(x) for x in (getattr(text, "layer_types", None) or [])}
+    has_experts = any(isinstance(getattr(text, k, None), int) and getattr(text, k) > 1 for k in _EXPERT_KEYS)
+    if getattr(config, "is_encoder_decoder", False):
+        return "encoder_decoder"
+    attention = {k for k in kinds if "attention" in k and "linear" not in k}
+    if (kinds and not attention) or (not kinds and any(s in model_type for s in _SSM)):
+        return "ssm"
+    if (attention and kinds - attention) or hasattr(text, "attn_layer_period"):
+        return "hybrid"
+    if is_decoder_lm:
+        return "moe_decoder" if has_experts else "decoder"
+    if catalog.is_encoder_like(model_type) or hasattr(text, "type_vocab_size"):
+        return "encoder"
+    return "other"
+
+
+def _dims(config) -> dict:
+    text = config.get_text_config()
+    d = _fields(text)
+    out = {}
+    for name, keys in (
+        ("hidden", _HIDDEN_KEYS),
+        (
+            "intermediate",
+            ("intermediate_size", "ffn_dim", "d_ff", "n_inner", "encoder_ffn_dim", "hidden_dim"),
+        ),
+        ("heads", _HEADS_KEYS),
+        ("kv_heads", _KV_KEYS),
+        ("head_dim", _HEAD_DIM_KEYS),
+        ("vocab", _VOCAB_KEYS),
+        ("layers", ("num_hidden_layers", "num_layers", "n_layer", "n_layers", "encoder_layers")),
+    ):
+        k = _first_key(d, keys)
+        if k is not None:
+            out[name] = d[k]
+    if "head_dim" not in out and out.get("hidden") and out.get("heads"):
+        out["head_dim"] = out["hidden"] // out["heads"]
+    if out.get("hidden") and "intermediate" not in out and "n_inner" in d and d["n_inner"] is None:
+        out["intermediate"] = 4 * out["hidden"]  # GPT-2 style: n_inner None means 4 * hidden
+    experts = _first_key(d, _EXPERT_KEYS)
+    if experts:
+        out["experts"] = d[experts]
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the ladder
+
+
+def _n_params_meta(cls, config) -> int:
+    with torch.device("meta"):
+        model = cls(config)
+    return sum(p.numel() for p in model.parameters())
+
+
+def _seeded(cls, config, seed: int):
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        return cls(config).eval()
+
+
+def _try_level(model_type: str, level: str, variant: str, seed: int) -> ZooModel:
+    config = tiny_config(model_type, level, variant)
+    cls, task, is_lm = _model_class(model_type, config)
+    n_meta = _n_params_meta(cls, config)
+    if n_meta > PARAM_CAP:
+        raise ZooBuildError(
+            model_type, f"level {level}: {n_meta / 1e6:.0f} M parameters > cap {PARAM_CAP / 1e6:.0f} M"
+        )
+    model = _seeded(cls, config, seed)
+    family = _family(model_type, config, is_lm)
+    inputs, modality, pad_mask = make_inputs(
+        model,
+        config,
+        variant=variant,
+        seed=seed,
+        causal=is_lm or family in ("decoder", "moe_decoder", "ssm", "hybrid"),
+    )
+    with torch.no_grad():
+        model(**inputs)  # the level must run forward on the CPU (census §3 step 8)
+    return ZooModel(
+        model_type=model_type,
+        variant=variant,
+        model=model,
+        inputs=inputs,
+        model_class=cls.__name__,
+        task=task,
+        modality=modality,
+        family=family,
+        n_params=sum(p.numel() for p in model.parameters()),
+        recipe_level=level,
+        dims=_dims(config),
+        is_decoder_lm=is_lm,
+        pad_mask=pad_mask,
+    )
+
+
+def build(model_type: str, variant: str = "default", seed: int = 0, levels=LEVELS) -> ZooModel:
+    """A tiny random-weight model of `model_type`: the first recipe level that validates, stays under PARAM_CAP and
+    runs forward on the CPU. Raises ZooBuildError with every level's reason when none does."""
+    if variant not in catalog.VARIANTS:
+        raise ValueError(f"unknown zoo variant {variant!r}; the variants are {catalog.VARIANTS}")
+    if model_type not in catalog.model_types():
+        raise ZooBuildError(
+            model_type, "not a model type of the installed transformers (see zoo.model_types())"
+        )
+    reasons = []
+    for level in levels:
+        try:
+            return _try_level(model_type, level, variant, seed)
+        except ZooBuildError as e:
+            reasons.append(f"{level}: {e.reason}")
+            if "not exported" in e.reason:
+                break
+        except Exception as e:  # noqa: BLE001 - every failure of a level is a reason to try the next
+            reasons.append(f"{level}: {type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}")
+    raise ZooBuildError(model_type, "; ".join(reasons))
