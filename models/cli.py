@@ -94,6 +94,93 @@ def demo(
         raise typer.Exit(2) from None
 
 
+@app.command()
+def sweep(
+    results: Path = typer.Option(None, help="The JSONL results file (default: spyre_emu_out/zoo/results.jsonl)."),
+    resume: bool = typer.Option(False, "--resume", help="Skip the models already in --results and append."),
+    workers: int = typer.Option(1, help="Models run at once, each in its own process."),
+    ray: bool = typer.Option(False, "--ray", help="Run the models as Ray tasks (a local Ray instance)."),
+    ray_address: str = typer.Option(None, help="Run on this Ray cluster (implies --ray)."),
+    only: str = typer.Option(None, help="Comma list of model types (default: all of them)."),
+    family: str = typer.Option(None, help="Only model types of this family."),
+    modality: str = typer.Option(None, help="Only this modality (text, vision, audio, multimodal, ...)."),
+    task: str = typer.Option(None, help="Only this task."),
+    variant: str = typer.Option("default", help="default (whole-stick widths), ragged, or both."),
+    timeout: float = typer.Option(
+        None, help="Wall limit per model in seconds (default: DEFAULT_TIMEOUT_S of models/zoo/sweep.py)."
+    ),
+    mem_gb: float = typer.Option(
+        None, help="Resident memory cap per model in GiB (default: DEFAULT_MEM_GB of models/zoo/sweep.py)."
+    ),
+    report: bool = typer.Option(False, "--report", help="Write the coverage report from --results; run nothing."),
+    out: Path = typer.Option(
+        None, help="Where --report writes the report and plots (default: the folder of --results)."
+    ),
+    list_types: bool = typer.Option(False, "--list", help="Print the model types the zoo knows and exit."),
+) -> None:
+    """Run every HuggingFace model type (tiny, random weights) on emulated Spyre and classify it; --report writes
+    the coverage matrix, class counts and plots."""
+    from models.zoo import sweep as sw
+
+    results = sw.DEFAULT_RESULTS if results is None else results
+    try:
+        if list_types:
+            from models.zoo.catalog import model_types
+
+            console.print("\n".join(model_types()))
+            return
+        if report:
+            _sweep_report(results, results.parent if out is None else out)
+            return
+        timeout = sw.DEFAULT_TIMEOUT_S if timeout is None else timeout
+        mem_gb = sw.DEFAULT_MEM_GB if mem_gb is None else mem_gb
+        result = sw.sweep(
+            sw.select_tasks(only, variant),
+            results,
+            workers=workers,
+            resume=resume,
+            timeout_s=timeout,
+            mem_gb=mem_gb,
+            family=family,
+            modality=modality,
+            task=task,
+            ray=ray,
+            ray_address=ray_address,
+            console=console,
+        )
+    except sw.SweepError as e:
+        console.print(f"[red]error:[/red] {escape(str(e))}")
+        raise typer.Exit(2) from None
+    except KeyboardInterrupt:
+        console.print(f"interrupted: every finished model is in {escape(str(results))}; --resume continues")
+        raise typer.Exit(130) from None
+    counts = ", ".join(f"{c} {n}" for c, n in sw.ordered_counts(result.counts)) or "nothing new"
+    filtered = f", {result.filtered} filtered out by --family/--modality/--task" if result.filtered else ""
+    console.print(
+        f"{result.ran} models in {result.wall_s:.0f} s ({result.skipped} already done{filtered}): {counts}\n"
+        + escape(f"results: {results}; the report: spyre-emu sweep --report --results {results}")
+    )
+    if result.lost:
+        console.print(
+            f"[yellow]{len(result.lost)} tasks were lost by the runner (not recorded; --resume reruns them):[/yellow] "
+            + escape("; ".join(f"{t.model_type}: {why}" for t, why in result.lost[:5]))
+        )
+
+
+def _sweep_report(results: Path, out: Path) -> None:
+    from models.zoo.report import write_report
+    from models.zoo.sweep import SweepError, read_results
+
+    if not results.exists():
+        raise SweepError(f"no results file {results}: run `spyre-emu sweep` first, or pass --results")
+    records = read_results(results)
+    if not records:
+        raise SweepError(f"{results} holds no finished model yet")
+    files = write_report(records, out, source=str(results))
+    plots = ", ".join(str(p) for p in files.plots.values())
+    console.print(escape(f"report: {files.markdown}, {files.html}; plots: {plots}"))
+
+
 def _load_config_or_exit(spec: str):
     from aiu_sim.config import load_config
     from aiu_sim.errors import ConfigError

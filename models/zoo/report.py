@@ -1,0 +1,428 @@
+"""The sweep's report: a coverage matrix in Markdown and HTML, class counts, and plots (the stack's to-do list).
+
+`write_report(records, out)` writes into `out`:
+  coverage.md, coverage.html        summary counts per class (overall, per modality, decoder-only LMs), the gaps
+                                    ranked by how many model types each blocks, errors of ours, and the matrix
+  coverage_by_modality.png          records per class, per modality
+  gaps.png                          the gaps that block the most model types
+  latency.png                       simulated latency per model that ran
+"""
+
+from __future__ import annotations
+
+import html
+import time
+from collections import Counter, defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only, no display
+import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.patches import Patch  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
+
+from models.zoo.classify import CLASSES  # noqa: E402
+
+# One color per class in the plots and the HTML: greens ran, yellow/magenta are gaps, reds are our bugs,
+# greys are not ours (the model or the machine).
+CLASS_COLORS = {
+    "pass_device": "#2ca02c",
+    "pass_fallback": "#98df8a",
+    "numeric_mismatch": "#ffbb78",
+    "unsupported": "#c5b0d5",
+    "adapter_error": "#ff9896",
+    "emulator_error": "#d62728",
+    "not_buildable": "#c7c7c7",
+    "timeout": "#9edae5",
+    "out_of_memory": "#17becf",
+}
+RUNS = ("pass_device", "pass_fallback")  # classes whose model ran on emulated Spyre within tolerance
+GAPS_SHOWN = 25  # rows of the to-do plot
+PLOTS = {
+    "modality": "coverage_by_modality.png",
+    "gaps": "gaps.png",
+    "latency": "latency.png",
+}
+
+
+@dataclass
+class ReportFiles:
+    markdown: Path
+    html: Path
+    plots: dict[str, Path]
+
+
+# ------------------------------------------------------------------------------------------------------- the facts
+
+
+def _modality(r: dict) -> str:
+    return r.get("modality") or "unknown"
+
+
+def _is_decoder_lm(r: dict) -> bool:
+    return bool(r.get("is_decoder_lm"))
+
+
+def _counts(records: list[dict]) -> Counter:
+    return Counter(r["class"] for r in records)
+
+
+def summary_rows(records: list[dict]) -> list[tuple[str, Counter]]:
+    """(label, class counts) for all records, each modality (most records first), and the decoder-only LMs."""
+    rows = [("all", _counts(records))]
+    by_mod: dict[str, list[dict]] = defaultdict(list)
+    for r in records:
+        by_mod[_modality(r)].append(r)
+    for mod, rs in sorted(by_mod.items(), key=lambda kv: (-len(kv[1]), kv[0])):
+        rows.append((f"modality: {mod}", _counts(rs)))
+    lms = [r for r in records if _is_decoder_lm(r)]
+    rows.append(("decoder-only LMs", _counts(lms)))
+    return rows
+
+
+def _gap_key(b: dict) -> str:
+    op, cap = b.get("op") or "?", b.get("capability")
+    return f"{op} ({cap})" if cap and cap != op else op
+
+
+def gaps(records: list[dict]) -> list[tuple[str, list[str]]]:
+    """The gaps nothing bridges, each with the model types it blocks, most model types first: the to-do list."""
+    blocked: dict[str, set[str]] = defaultdict(set)
+    for r in records:
+        for b in r.get("blocking") or []:
+            blocked[_gap_key(b)].add(r["model_type"])
+    return sorted(((g, sorted(ts)) for g, ts in blocked.items()), key=lambda gt: (-len(gt[1]), gt[0]))
+
+
+def _metric(r: dict, name: str):
+    return (r.get("metrics") or {}).get(name)
+
+
+def _latency_us(r: dict):
+    return (r.get("sim") or {}).get("latency_us")
+
+
+def _fmt(v, spec: str) -> str:
+    if v is None:
+        return ""
+    try:
+        return format(float(v), spec)
+    except (TypeError, ValueError):
+        return str(v)  # 'nan' / 'inf' as the sweep wrote them
+
+
+def _uniq(xs) -> list[str]:
+    return list(dict.fromkeys(str(x) for x in xs if x))
+
+
+def _adapter_names(xs) -> list[str]:
+    return _uniq(x.get("name", x) if isinstance(x, dict) else x for x in xs or [])
+
+
+def _error_line(r: dict) -> str:
+    err = r.get("error") or {}
+    if not err:
+        return ""
+    msg = str(err.get("message") or "").strip().splitlines()
+    return f"{err.get('type', '')}: {msg[0] if msg else ''}"[:200]
+
+
+MATRIX_COLUMNS = (
+    "model type",
+    "variant",
+    "modality",
+    "class",
+    "blocking ops",
+    "CPU islands",
+    "adapters applied",
+    "adapters retired",
+    "max rel err",
+    "cosine",
+    "top-1",
+    "sim latency (us)",
+    "kernels",
+    "error",
+)
+
+
+def matrix_rows(records: list[dict]) -> list[list[str]]:
+    rows = []
+    for r in sorted(records, key=lambda r: (r["model_type"], r.get("variant", ""))):
+        sim = r.get("sim") or {}
+        rows.append(
+            [
+                r["model_type"],
+                r.get("variant", ""),
+                _modality(r),
+                r["class"],
+                ", ".join(_uniq(b.get("op") for b in r.get("blocking") or [])),
+                ", ".join(_uniq(r.get("fallback_ops") or [])),
+                ", ".join(_adapter_names(r.get("adapters_applied"))),
+                ", ".join(_adapter_names(r.get("adapters_retired"))),
+                _fmt(_metric(r, "rel_max_err"), ".2e"),
+                _fmt(_metric(r, "cosine"), ".6f"),
+                _fmt(_metric(r, "top1_agreement"), ".3f"),
+                _fmt(_latency_us(r), ".1f"),
+                _fmt(sim.get("kernels"), ".0f"),
+                _error_line(r) if r["class"] not in RUNS else "",
+            ]
+        )
+    return rows
+
+
+# --------------------------------------------------------------------------------------------------------- the plots
+
+
+def _primary(records: list[dict]) -> tuple[str, list[dict]]:
+    """The variant the to-do plot is drawn for: default (the shapes real checkpoints have) where present."""
+    variants = _by_variant(records)
+    return next(iter(variants.items()), ("default", []))
+
+
+def _plot_modality(records: list[dict], path: Path) -> Path:
+    variant, rs = _primary(records)
+    rows = [(label.removeprefix("modality: "), c) for label, c in summary_rows(rs) if label != "all"]
+    labels = [lab for lab, _ in rows][::-1]
+    counts = [c for _, c in rows][::-1]
+    fig, ax = plt.subplots(figsize=(10, 1.2 + 0.45 * len(rows)))
+    left = [0] * len(rows)
+    for cls in CLASSES:
+        vals = [c.get(cls, 0) for c in counts]
+        if any(vals):
+            ax.barh(
+                labels, vals, left=left, color=CLASS_COLORS[cls], label=cls, edgecolor="white", linewidth=0.5
+            )
+            left = [a + b for a, b in zip(left, vals, strict=True)]
+    ax.set_xlabel("model types")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_title(f"zoo coverage on emulated Spyre, by modality ({variant} variant)")
+    ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.0, 0.5))
+    ax.grid(axis="x", alpha=0.3)
+    return _save(fig, path)
+
+
+def _plot_gaps(records: list[dict], path: Path) -> Path:
+    variant, rs = _primary(records)
+    top = gaps(rs)[:GAPS_SHOWN][::-1]
+    fig, ax = plt.subplots(figsize=(10, 1.5 + 0.3 * max(1, len(top))))
+    if top:
+        ax.barh([g for g, _ in top], [len(ts) for _, ts in top], color=CLASS_COLORS["unsupported"])
+        for i, (_, ts) in enumerate(top):
+            ax.text(len(ts), i, f" {len(ts)}", va="center", fontsize=8)
+    else:
+        ax.text(0.5, 0.5, "no gap blocks any model type", ha="center", va="center", transform=ax.transAxes)
+    ax.tick_params(axis="y", labelsize=8)
+    ax.set_xlabel("model types blocked")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_title(f"the to-do list: gaps nothing bridges, by model types blocked ({variant} variant)")
+    ax.grid(axis="x", alpha=0.3)
+    return _save(fig, path)
+
+
+def _plot_latency(records: list[dict], path: Path) -> Path:
+    ran = sorted(
+        (
+            (
+                f"{r['model_type']}" + ("" if r.get("variant") == "default" else f" [{r.get('variant')}]"),
+                float(lat),
+                r,
+            )
+            for r in records
+            if (lat := _latency_us(r)) is not None
+        ),
+        key=lambda x: x[1],
+    )
+    fig, ax = plt.subplots(figsize=(10, 1.5 + 0.14 * max(1, len(ran))))
+    if ran:
+        ax.barh(
+            [n for n, _, _ in ran],
+            [us / 1e3 for _, us, _ in ran],
+            color=[CLASS_COLORS.get(r["class"], "grey") for _, _, r in ran],
+        )
+        ax.set_xscale("log")
+        shown = {r["class"] for _, _, r in ran}
+        handles = [Patch(color=CLASS_COLORS[c], label=c) for c in CLASSES if c in shown]
+        ax.legend(handles=handles, fontsize=8, loc="lower right")
+    else:
+        ax.text(0.5, 0.5, "no model ran on emulated Spyre", ha="center", va="center", transform=ax.transAxes)
+    ax.tick_params(axis="y", labelsize=6)
+    ax.margins(y=0.005)
+    ax.set_xlabel("simulated latency of one forward (ms, log scale; color: class)")
+    ax.set_title("simulated latency per model on the default chip")
+    ax.grid(axis="x", alpha=0.3)
+    return _save(fig, path)
+
+
+def _save(fig, path: Path) -> Path:
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+# ---------------------------------------------------------------------------------------------------- the documents
+
+
+def _summary_table(rows: list[tuple[str, Counter]]) -> tuple[list[str], list[list[str]]]:
+    header = ["", "model types", "run (pass_device + pass_fallback)", *CLASSES]
+    body = []
+    for label, c in rows:
+        n = sum(c.values())
+        ran = sum(c.get(k, 0) for k in RUNS)
+        body.append(
+            [
+                label,
+                str(n),
+                f"{ran} ({100 * ran / n:.0f}%)" if n else "0",
+                *(str(c.get(k, 0)) for k in CLASSES),
+            ]
+        )
+    return header, body
+
+
+def _md_table(header: list[str], rows: list[list[str]]) -> str:
+    def cell(s: str) -> str:
+        return str(s).replace("|", "\\|").replace("\n", " ")
+
+    lines = ["| " + " | ".join(cell(h) for h in header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(cell(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def _html_table(header: list[str], rows: list[list[str]], class_col: int | None = None) -> str:
+    out = ["<table>", "<tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in header) + "</tr>"]
+    for row in rows:
+        cells = []
+        for i, c in enumerate(row):
+            style = f' style="background:{CLASS_COLORS[c]}"' if i == class_col and c in CLASS_COLORS else ""
+            cells.append(f"<td{style}>{html.escape(str(c))}</td>")
+        out.append("<tr>" + "".join(cells) + "</tr>")
+    out.append("</table>")
+    return "\n".join(out)
+
+
+def _by_variant(records: list[dict]) -> dict[str, list[dict]]:
+    out: dict[str, list[dict]] = defaultdict(list)
+    for r in records:
+        out[r.get("variant", "default")].append(r)
+    return dict(sorted(out.items(), key=lambda kv: (kv[0] != "default", kv[0])))
+
+
+def _sections(records: list[dict], source: str) -> list[tuple[str, str, object]]:
+    """The report as (kind, title, content) parts, rendered by both writers: kind is 'p' (text), 'table'
+    ((header, rows, class column)) or 'img' (a file name)."""
+    variants = _by_variant(records)
+    parts: list[tuple[str, str, object]] = [
+        (
+            "p",
+            "",
+            f"{len({r['model_type'] for r in records})} model types, {len(records)} records "
+            f"(variants: {', '.join(variants) or 'none'}), from {source}, written {time.strftime('%Y-%m-%d %H:%M')}. "
+            "Classes: pass_device (strict mode passes), pass_fallback (within tolerance with CPU islands), "
+            "numeric_mismatch, unsupported (a gap nothing bridges), adapter_error, emulator_error (a bug of ours), "
+            "not_buildable (fails on the CPU too), timeout, out_of_memory.",
+        )
+    ]
+    for variant, rs in variants.items():
+        header, body = _summary_table(summary_rows(rs))
+        parts.append(("table", f"Summary: {variant} variant", (header, body, None)))
+    parts.append(("img", "Coverage by modality", PLOTS["modality"]))
+    for variant, rs in variants.items():
+        parts.append(
+            (
+                "table",
+                f"To-do: gaps ranked by the model types they block ({variant} variant)",
+                (
+                    ["#", "gap: op (capability)", "model types", "blocked types"],
+                    [
+                        [str(i), g, str(len(ts)), ", ".join(ts[:12]) + (" ..." if len(ts) > 12 else "")]
+                        for i, (g, ts) in enumerate(gaps(rs), 1)
+                    ],
+                    None,
+                ),
+            )
+        )
+    parts.append(("img", "", PLOTS["gaps"]))
+    ours = [r for r in records if r["class"] in ("emulator_error", "adapter_error")]
+    parts.append(
+        (
+            "table",
+            "Errors of ours (emulator_error, adapter_error)",
+            (
+                ["model type", "variant", "class", "error"],
+                [[r["model_type"], r.get("variant", ""), r["class"], _error_line(r)] for r in ours],
+                2,
+            ),
+        )
+    )
+    parts.append(("img", "Simulated latency per model", PLOTS["latency"]))
+    parts.append(("table", "Coverage matrix", (list(MATRIX_COLUMNS), matrix_rows(records), 3)))
+    return parts
+
+
+def _markdown(parts, title: str) -> str:
+    out = [f"# {title}", ""]
+    for kind, heading, content in parts:
+        if heading:
+            out += [f"## {heading}", ""]
+        if kind == "p":
+            out.append(str(content))
+        elif kind == "img":
+            out.append(f"![{heading or content}]({content})")
+        else:
+            header, rows, _ = content
+            out.append(_md_table(header, rows) if rows else "_none_")
+        out.append("")
+    return "\n".join(out)
+
+
+_CSS = (
+    "body{font-family:sans-serif;margin:2em;max-width:120em} table{border-collapse:collapse;font-size:12px;"
+    "margin-bottom:1.5em} td,th{border:1px solid #ccc;padding:2px 6px;text-align:left;vertical-align:top} "
+    "th{background:#eee;position:sticky;top:0} img{max-width:100%}"
+)
+
+
+def _html(parts, title: str) -> str:
+    out = [
+        "<!DOCTYPE html>",
+        f"<html><head><meta charset='utf-8'><title>{html.escape(title)}</title><style>{_CSS}</style></head><body>",
+        f"<h1>{html.escape(title)}</h1>",
+    ]
+    for kind, heading, content in parts:
+        if heading:
+            out.append(f"<h2>{html.escape(heading)}</h2>")
+        if kind == "p":
+            out.append(f"<p>{html.escape(str(content))}</p>")
+        elif kind == "img":
+            out.append(
+                f"<img src='{html.escape(str(content))}' alt='{html.escape(heading or str(content))}'>"
+            )
+        else:
+            header, rows, class_col = content
+            out.append(_html_table(header, rows, class_col) if rows else "<p><em>none</em></p>")
+    out.append("</body></html>")
+    return "\n".join(out)
+
+
+TITLE = "HuggingFace zoo on emulated Spyre: coverage"
+
+
+def write_report(records: list[dict], out: str | Path, source: str = "the sweep") -> ReportFiles:
+    """Write the Markdown and HTML coverage report and its three plots into `out`."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    plots = {
+        "modality": _plot_modality(records, out / PLOTS["modality"]),
+        "gaps": _plot_gaps(records, out / PLOTS["gaps"]),
+        "latency": _plot_latency(records, out / PLOTS["latency"]),
+    }
+    parts = _sections(records, source)
+    md = out / "coverage.md"
+    md.write_text(_markdown(parts, TITLE))
+    page = out / "coverage.html"
+    page.write_text(_html(parts, TITLE))
+    return ReportFiles(markdown=md, html=page, plots=plots)

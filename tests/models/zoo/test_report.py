@@ -1,0 +1,178 @@
+"""The sweep's report from a small results file: every section and plot is written, the counts add up."""
+
+from __future__ import annotations
+
+import json
+import re
+
+from typer.testing import CliRunner
+
+from models.cli import app
+from models.zoo.classify import CLASSES, _record
+from models.zoo.report import PLOTS, gaps, summary_rows, write_report
+
+runner = CliRunner()
+INDEX = {
+    "op": "aten.index",
+    "capability": "aten.index",
+    "dtypes": ["bool"],
+    "shapes": [[2, 16]],
+    "module_path": "",
+}
+
+
+def rec(model_type: str, cls: str, variant: str = "default", **fields) -> dict:
+    r = _record(model_type, variant)  # the record's fields as run_one writes them
+    r.update({"class": cls, "wall_s": 1.0}, **fields)
+    return r
+
+
+def records() -> list[dict]:
+    text_lm = {"modality": "text", "is_decoder_lm": True, "family": "decoder"}
+    ran = {"metrics": {"cosine": 0.999995, "rel_max_err": 3.1e-3, "top1_agreement": 1.0}}
+    return [
+        rec(
+            "gpt2",
+            "pass_device",
+            **text_lm,
+            **ran,
+            sim={"latency_us": 570.2, "kernels": 120, "bundles": 40},
+            adapters_applied=["pad_vocab"],
+        ),
+        rec("gpt2", "unsupported", "ragged", **text_lm, blocking=[INDEX]),
+        rec("opt", "unsupported", **text_lm, blocking=[INDEX, INDEX]),
+        rec(
+            "llama",
+            "pass_fallback",
+            **text_lm,
+            **ran,
+            fallback_ops=["aten.cos", "aten.sin"],
+            sim={"latency_us": 1021.1, "kernels": 300, "bundles": 90},
+            adapters_retired=["rope_host"],
+        ),
+        rec("mixtral", "unsupported", **text_lm, blocking=[INDEX, {"op": "aten.topk", "capability": None}]),
+        rec(
+            "bert",
+            "numeric_mismatch",
+            modality="text",
+            is_decoder_lm=False,
+            metrics={"cosine": "nan"},
+            sim={"latency_us": 600.0, "kernels": 100, "bundles": 30},
+        ),
+        rec(
+            "convnext",
+            "pass_fallback",
+            modality="vision",
+            **ran,
+            fallback_ops=["aten.native_group_norm"],
+            sim={"latency_us": 2300.0, "kernels": 80, "bundles": 20},
+        ),
+        rec(
+            "mamba",
+            "emulator_error",
+            modality="text",
+            is_decoder_lm=True,
+            error={
+                "type": "AssertionError",
+                "message": "functionalization <lambda> | failed\nmore",
+                "traceback": "",
+            },
+        ),
+        rec(
+            "sam",
+            "timeout",
+            modality="vision",
+            error={"type": "Timeout", "message": "still running after 180 s"},
+        ),
+        rec("vibevoice", "out_of_memory", modality="audio"),
+        rec("dinat", "not_buildable"),
+    ]
+
+
+def test_summary_counts_and_the_todo_list():
+    default = [r for r in records() if r["variant"] == "default"]
+    rows = dict(summary_rows(default))
+    assert sum(rows["all"].values()) == 10 and rows["all"]["unsupported"] == 2
+    assert rows["modality: text"]["pass_device"] == 1 and sum(rows["modality: text"].values()) == 6
+    assert sum(rows["modality: unknown"].values()) == 1  # not_buildable: nothing built, so no modality
+    assert dict(rows["decoder-only LMs"]) == {
+        "pass_device": 1,
+        "unsupported": 2,
+        "pass_fallback": 1,
+        "emulator_error": 1,
+    }
+    # the to-do list counts model types, not records or op occurrences
+    assert gaps(default) == [("aten.index", ["mixtral", "opt"]), ("aten.topk", ["mixtral"])]
+
+
+def test_every_section_and_plot_is_written(tmp_path):
+    files = write_report(records(), tmp_path / "out", source="results.jsonl")
+    md = files.markdown.read_text()
+    for heading in (
+        "## Summary: default variant",
+        "## Summary: ragged variant",
+        "## Coverage by modality",
+        "## To-do: gaps ranked by the model types they block (default variant)",
+        "## Errors of ours (emulator_error, adapter_error)",
+        "## Simulated latency per model",
+        "## Coverage matrix",
+    ):
+        assert heading in md, heading
+    for name in PLOTS.values():
+        assert f"]({name})" in md
+        png = (tmp_path / "out" / name).read_bytes()
+        assert png.startswith(b"\x89PNG") and len(png) > 5000, name
+    assert set(files.plots.values()) == {tmp_path / "out" / n for n in PLOTS.values()}
+    # the summary row for all default records: 10 types, 3 ran, then one column per class in CLASSES order
+    counts = {
+        "pass_device": 1,
+        "pass_fallback": 2,
+        "numeric_mismatch": 1,
+        "unsupported": 2,
+        "emulator_error": 1,
+        "not_buildable": 1,
+        "timeout": 1,
+        "out_of_memory": 1,
+    }
+    assert "| all | 10 | 3 (30%) | " + " | ".join(str(counts.get(c, 0)) for c in CLASSES) + " |" in md
+    # one matrix row per record, with its class, blocking ops, islands, adapters, error and latency
+    matrix = md.split("## Coverage matrix")[1]
+    assert (
+        len(
+            re.findall(
+                r"^\| (gpt2|opt|llama|mixtral|bert|convnext|mamba|sam|vibevoice|dinat) \|", matrix, re.M
+            )
+        )
+        == 11
+    )
+    assert (
+        "| llama | default | text | pass_fallback |  | aten.cos, aten.sin |  | rope_host | 3.10e-03 |"
+        in matrix
+    )
+    assert "| mixtral | default | text | unsupported | aten.index, aten.topk |" in matrix
+    assert (
+        "| gpt2 | default | text | pass_device |  |  | pad_vocab |  | 3.10e-03 | 0.999995 | 1.000 | 570.2 | 120 |"
+        in matrix
+    )
+    assert "functionalization <lambda> \\| failed" in md  # first line of the message, pipes escaped
+
+    page = files.html.read_text()
+    assert page.startswith("<!DOCTYPE html>") and page.count("<table>") == md.count("\n|---")
+    assert "functionalization &lt;lambda&gt; | failed" in page and "<lambda>" not in page
+    for name in PLOTS.values():
+        assert f"<img src='{name}'" in page
+
+
+def test_report_command(tmp_path):
+    results = tmp_path / "results.jsonl"
+    results.write_text("".join(json.dumps(r) + "\n" for r in records()) + '{"model_type": "t5", "cl')  # torn
+    result = runner.invoke(
+        app, ["sweep", "--report", "--results", str(results), "--out", str(tmp_path / "rep")]
+    )
+    assert result.exit_code == 0, result.output
+    assert "coverage.md" in result.output and "coverage.html" in result.output
+    assert "t5" not in (tmp_path / "rep" / "coverage.md").read_text()
+
+    missing = runner.invoke(app, ["sweep", "--report", "--results", str(tmp_path / "none.jsonl")])
+    assert missing.exit_code == 2 and len(missing.output.strip().splitlines()) == 1
+    assert "no results file" in missing.output
