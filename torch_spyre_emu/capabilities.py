@@ -415,6 +415,10 @@ class _CapabilitiesAccessor:
     def __call__(self) -> Capabilities:
         return self._stack[-1]
 
+    def base(self) -> Capabilities:
+        """The table as shipped, without any override (what registration-time checks compare against)."""
+        return _BASE
+
     @contextlib.contextmanager
     def override(self, changes: Mapping[str, object]) -> Iterator[Capabilities]:
         """Temporarily change entries. Keys are feature names (value: bool) or op names (value: a status string,
@@ -443,10 +447,6 @@ class _CapabilitiesAccessor:
                 )
             ops[name] = new
         snap = Capabilities(ops, feats)
-    def base(self) -> Capabilities:
-        """The table as shipped, without any override (what registration-time checks compare against)."""
-        return _BASE
-
         self._stack.append(snap)
         try:
             yield snap
