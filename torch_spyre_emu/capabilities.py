@@ -269,6 +269,30 @@ _OPS: list[OpEntry] = [
     _e("view_as_complex", "unsupported", (), "complex: only type-map entries exist", S4),
     _e("polar", "unsupported", (), "complex", S4),
     _e("complex", "unsupported", (), "complex", S4),
+    # --- higher-order ops (control flow and scans kept whole by dynamo; node targets torch.ops.higher_order.*) -----
+    *(
+        OpEntry(
+            f"higher_order.{name}",
+            "unsupported",
+            (),
+            "scan is not implemented (spyre_kernel.py; it is why cumsum falls back), so Inductor cannot generate "
+            "the scan kernel: compute the recurrence outside the compiled region or as plain ops (transformers' "
+            "Mamba: the sequential path, use_associative_scan=False)",
+            "STACK §1.7",
+        )
+        for name in ("scan", "associative_scan")
+    ),
+    *(
+        OpEntry(
+            f"higher_order.{name}",
+            "unsupported",
+            (),
+            "control flow is not in torch-spyre's supported-operations table (emulation assumption: no lowering); "
+            "decide the branch or loop on the host, outside the compiled region, and compile the bodies",
+            S17,
+        )
+        for name in ("cond", "while_loop", "map_impl")
+    ),
 ]
 
 _FEATURES: list[Feature] = [
@@ -342,7 +366,9 @@ class Capabilities:
         if not isinstance(op, str):
             packet = getattr(op, "overloadpacket", op)
             name = getattr(packet, "__name__", None) or str(packet)
-            ns = getattr(packet, "_qualified_op_name", "aten::" + name).split("::")[0]
+            qualified = getattr(packet, "_qualified_op_name", None)
+            # higher-order ops (torch.cond, scan, ...) have no qualified name, only a namespace ("higher_order")
+            ns = qualified.split("::")[0] if qualified else getattr(packet, "namespace", "aten")
             return f"{ns}.{name.split('.')[0].removesuffix('_functional')}"
         name = op.replace("::", ".")
         if not name.startswith(("aten.", "prims.", "spyre.")) and "." not in name.split("/")[-1]:

@@ -16,10 +16,11 @@ import torch
 import torch.fx as fx
 import torch.fx.traceback as fx_traceback
 from torch._decomp import core_aten_decompositions
+from torch._functorch import predispatch as _predispatch
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from torch_spyre_emu.errors import SpyreCompileError
+from torch_spyre_emu.errors import SpyreCompileError, SpyreUnsupportedOpError
 
 aten = torch.ops.aten
 
@@ -81,11 +82,25 @@ def on_host_device(x):
     return x
 
 
+_BATCH_DIM_LEVEL_ARG = {_predispatch._add_batch_dim: 2, _predispatch._remove_batch_dim: 1}
+
+
 class _HostDeviceInterpreter(fx.Interpreter):
-    """Runs a dynamo graph for tracing with its device arguments on the CPU (on_host_device)."""
+    """Runs a dynamo graph for tracing with its device arguments on the CPU (on_host_device).
+
+    A graph dynamo traced through torch.vmap (e.g. the generic associative_scan in Mamba) holds functorch vmap
+    levels as constants, counted from no transform at all. Capture runs it inside torch.func.functionalize, whose
+    layer takes a level itself, so each level is shifted by the levels active when the run starts."""
+
+    def run(self, *args, **kwargs):
+        self.level_offset = torch._C._functorch.maybe_current_level() or 0
+        return super().run(*args, **kwargs)
 
     def call_function(self, target, args, kwargs):
         args, kwargs = torch.utils._pytree.tree_map(on_host_device, (args, kwargs))
+        pos = _BATCH_DIM_LEVEL_ARG.get(target)
+        if pos is not None and self.level_offset:
+            args = (*args[:pos], args[pos] + self.level_offset, *args[pos + 1 :])
         return super().call_function(target, args, kwargs)
 
     def call_method(self, target, args, kwargs):
@@ -142,6 +157,18 @@ def capture(
             "overload whose name is a Python keyword (e.g. aten.random.from, from torch.randint(low, high, ...)) "
             "cannot be lowered. Create the tensor on the CPU and move it: torch.randint(...).to('spyre')"
         ) from e
+    except Exception as e:
+        blocking = _unsupported_higher_order_ops(fn)
+        if not blocking:
+            raise
+        # make_fx cannot trace every higher-order op (while_loop needs a shape environment for its unbacked loop
+        # count); the stack has no lowering for them anyway (capability table), so that is the error to give
+        lines = "\n  ".join(u.describe() for u in blocking)
+        raise SpyreUnsupportedOpError(
+            f"a graph with higher-order op(s) the stack cannot lower did not trace ({type(e).__name__}: "
+            f"{str(e).splitlines()[0] if str(e) else ''}):\n  {lines}",
+            blocking,
+        ) from e
     gm.meta["fake_mode"] = mode
     gm.meta["fake_inputs"] = fakes
     input_mutations_as_outputs(gm)
@@ -150,6 +177,37 @@ def capture(
     if gm.graph.eliminate_dead_code():
         gm.recompile()
     return gm
+
+
+def _unsupported_higher_order_ops(fn) -> list:
+    """UnsupportedOp records of a dynamo graph's higher-order op nodes (torch.cond, while_loop, scan, ...) that
+    the capability table says do not run on the device."""
+    from torch_spyre_emu.capabilities import capabilities
+    from torch_spyre_emu.compiler.context import UnsupportedOp, module_path
+
+    if not isinstance(fn, fx.GraphModule):
+        return []
+    caps, found = capabilities(), []
+    for node in fn.graph.nodes:
+        if node.op != "call_function" or not isinstance(node.target, torch._ops.HigherOrderOperator):
+            continue
+        if caps.status(node.target) not in ("fallback", "unsupported"):
+            continue
+        vals = [a.meta.get("example_value") for a in node.all_input_nodes]
+        vals = [v for v in vals if isinstance(v, torch.Tensor)]
+        entry = caps.entry(node.target)
+        found.append(
+            UnsupportedOp(
+                op=caps.op_key(node.target),
+                dtypes=tuple(str(v.dtype).removeprefix("torch.") for v in vals),
+                shapes=tuple(tuple(v.shape) for v in vals),
+                where=module_path(node),
+                capability=caps.op_key(node.target),
+                status=caps.status(node.target),
+                reason=entry.note if entry else "no lowering exists for this higher-order op",
+            )
+        )
+    return found
 
 
 def input_mutations_as_outputs(gm: fx.GraphModule) -> None:
