@@ -34,5 +34,10 @@ class SpyreCompileError(SpyreError, RuntimeError):
     """The compiler could not lower a graph (names the op, shape, dtype and pass)."""
 
 
+class SpyreDtypeMismatchError(SpyreCompileError, TypeError):
+    """An op's tensor operands have dtypes it does not take together (a matmul of float32 by float16). PyTorch
+    itself rejects such a matmul on every device, so no stack inserts a cast; the model has to."""
+
+
 class FallbackWarning(UserWarning):
     """An op ran as a CPU island (copied to the host, run there, copied back), as torch-spyre's fallbacks warn."""
