@@ -1,7 +1,8 @@
 """LM-head vocabulary padded to a stick multiple; logits cropped back on the host.
 
-Gap: layout.vocab_not_stick_multiple -- a weight matmul whose output dim (vocab) is not a whole number
-of 64-element sticks is rejected (hf-adapters pad_lm_head). GPT-2's 50257 is such a vocab.
+Gap: layout.weight_n_not_stick_multiple -- a weight matmul whose output dim N is not a whole number of
+64-element sticks is rejected (hf-adapters pad_lm_head). This adapter bridges it for the LM head only
+(GPT-2's vocab 50257 is such an N); other weight matmuls with a ragged N (an MLP intermediate size) stay open.
 Bridge: the LM head becomes a Linear with zero rows appended (bias zero-padded too), and its output
 is sliced back to the true vocab by host code, so no in-graph slice is added. Exact: the real rows
 compute the same dot products.
@@ -52,7 +53,7 @@ class PaddedLMHead(nn.Module):
 @register_adapter
 class LMHeadPad(Adapter):
     name = "lm_head_pad"
-    gap = "layout.vocab_not_stick_multiple"
+    gap = "layout.weight_n_not_stick_multiple"
     applies_to = frozenset({"lm_head"})  # matched structurally, see applicable()
     order = 60
 

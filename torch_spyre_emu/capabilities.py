@@ -20,7 +20,7 @@ Usage:
     caps = torch_spyre_emu.capabilities()
     caps.status("aten.sin")            -> "fallback"
     caps.supports("aten.mm")           -> True
-    caps.supports("layout.vocab_not_stick_multiple") -> False
+    caps.supports("layout.weight_n_not_stick_multiple") -> False
     with torch_spyre_emu.capabilities.override({"aten.sin": "native", "ops.gelu_erf": True}):
         ...
 """
@@ -306,12 +306,14 @@ _FEATURES: list[Feature] = [
         "hf_adapters.md §2 (head_dim/2 < 64 stickify assert; misaligned K aborts)",
     ),
     Feature(
-        "layout.vocab_not_stick_multiple",
+        "layout.weight_n_not_stick_multiple",
         False,
-        "A weight matmul whose N (output stick dim, e.g. the LM head vocab) is not a whole number of sticks is "
-        "rejected; hf-adapters pad the LM head (pad_lm_head) and crop logits. Emulation assumption: only "
-        "vocab-sized N (>= 1000) is checked, smaller outputs are padded in-stick as usual. Independently, work "
-        "division raises when no split keeps every core under the 256 MiB span (the real EAR failure).",
+        "A weight matmul (one operand a parameter) whose N (output stick dim) is not a whole number of sticks is "
+        "rejected: the LM head over a vocab such as GPT-2's 50257, but also an MLP projection of a ragged "
+        "intermediate size. hf-adapters pad the LM head (pad_lm_head; here adapters/lm_head_pad.py, which bridges "
+        "the LM head only); no adapter pads other weight matmuls yet. Emulation assumption: only N >= 1000 is "
+        "checked, smaller outputs are padded in-stick as usual. Independently, work division raises when no split "
+        "keeps every core under the 256 MiB span (the real EAR failure).",
         "hf_adapters.md §2 (pad_lm_head)",
     ),
     Feature(

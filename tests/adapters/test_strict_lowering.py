@@ -110,7 +110,7 @@ def test_unbridged_gap_raises_typed_error():
 # the day the compiler checks them this turns into a failure that asks for the marker to go).
 _UNDETECTED = {
     "sdpa": "the compiler decomposes SDPA before its support check",
-    "lm_head_pad": "the compiler does not check layout.vocab_not_stick_multiple yet",
+    "lm_head_pad": "the compiler does not check layout.weight_n_not_stick_multiple yet",
 }
 
 

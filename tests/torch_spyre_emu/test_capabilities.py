@@ -59,7 +59,7 @@ def test_features_default_off_and_override():
     caps = torch_spyre_emu.capabilities()
     for f in (
         "layout.head_dim_not_stick_multiple",
-        "layout.vocab_not_stick_multiple",
+        "layout.weight_n_not_stick_multiple",
         "numerics.rmsnorm_fp32_upcast",
         "ops.gelu_erf",
     ):

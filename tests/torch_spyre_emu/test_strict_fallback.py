@@ -241,3 +241,13 @@ def test_an_override_entered_again_reuses_its_programs():
     with torch_spyre_emu.capabilities.override({"aten.sin": "native", "aten.cos": "native"}):
         torch.sin(x)
     assert len(eager._CACHE) == 2  # other contents: compiled again
+
+
+def test_weight_n_not_stick_multiple_names_the_bridging_adapters():
+    # an MLP up-projection with a ragged intermediate size: not an LM head, so lm_head_pad cannot help there
+    mlp = torch.nn.Sequential(torch.nn.Linear(64, 1030), torch.nn.ReLU(), torch.nn.Linear(1030, 64)).half()
+    (op,) = find_unsupported(mlp, (torch.randn(4, 64, dtype=torch.float16),))
+    assert (op.op, op.where, op.capability) == ("aten.bmm", "0", "layout.weight_n_not_stick_multiple")
+    assert "N=1030" in op.reason and "lm_head_pad" in op.reason and "nothing bridges" in op.reason
+    with torch_spyre_emu.capabilities.override({"layout.weight_n_not_stick_multiple": True}):
+        assert find_unsupported(mlp, (torch.randn(4, 64, dtype=torch.float16),)) == []

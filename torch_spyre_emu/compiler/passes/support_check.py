@@ -4,7 +4,8 @@ Status per node: the table's status for the op, then per-op conditions the table
 largest/sorted; gelu erf form gated by `ops.gelu_erf`; fp16/bf16 -> fp32 casts gated by
 `numerics.rmsnorm_fp32_upcast`; int<->float casts fall back (#4643); pow with other exponents falls back;
 attention bmms with K or N not a whole number of sticks gated by `layout.head_dim_not_stick_multiple`; weight
-matmuls with a vocab-sized N that is not a stick multiple gated by `layout.vocab_not_stick_multiple`), then the
+matmuls with a large N (>= WEIGHT_N_CHECK_MIN) that is not a stick multiple gated by
+`layout.weight_n_not_stick_multiple`), then the
 dtype list: an op on a dtype the table does not list for it (e.g. fp32 off SPYRE_FP32_OPS) is treated as a
 fallback (its CPU island keeps the values right; strict mode raises).
 
@@ -33,9 +34,8 @@ from torch_spyre_emu.errors import FallbackWarning, SpyreUnsupportedOpError
 aten = torch.ops.aten
 UNSUPPORTED_META = "spyre_unsupported"  # gm.meta key: every op that does not run on the device
 FLOAT16 = (torch.float16, torch.bfloat16)
-VOCAB_MIN_N = (
-    1000  # emulation assumption: "vocab-sized" weight matmul outputs (see capabilities feature note)
-)
+# emulation assumption: only weight matmuls with N >= this are checked for whole sticks (see the capability note)
+WEIGHT_N_CHECK_MIN = 1000
 
 
 def _tensors(node: fx.Node) -> list[torch.Tensor]:
@@ -114,11 +114,19 @@ def classify(node: fx.Node, options: CompileOptions) -> tuple[str, str, str]:
                 f"attention bmm (K={k}, N={n}) with head_dim {head_dim}, not a multiple of {eps} elements (one "
                 "stick): the QK^T reduction and the PV stick dim need whole sticks; pad the heads",
             )
-        if weight and n % eps and n >= VOCAB_MIN_N and not caps.supports("layout.vocab_not_stick_multiple"):
+        if (
+            weight
+            and n % eps
+            and n >= WEIGHT_N_CHECK_MIN
+            and not caps.supports("layout.weight_n_not_stick_multiple")
+        ):
             return (
                 "unsupported",
-                "layout.vocab_not_stick_multiple",
-                f"weight matmul with N={n} not a multiple of {eps}: pad the LM head to whole sticks",
+                "layout.weight_n_not_stick_multiple",
+                f"weight matmul with N={n}, not a multiple of {eps} elements (one stick): the weight's output dim "
+                "must be whole sticks. Adapter lm_head_pad bridges it for the LM head (get_output_embeddings), "
+                "head_dim_pad for Q/K/V projections of padded heads; nothing bridges other weight matmuls (an MLP "
+                f"intermediate size): pad that width to a multiple of {eps}",
             )
 
     # dtypes
