@@ -48,7 +48,11 @@ def _register_tile(typingctx):
     return types.CPointer(types.float32)(), codegen
 
 
-@njit(cache=True)
+# fastmath=False explicitly: numba compiles a callee with its first caller's fastmath flags when the callee sets none
+# (CPUTargetOptions inherits "fastmath" if not set) and keeps that specialization for every later caller. Without
+# it, whichever of accumulate_fp32 and its "contract" twin ran first decided whether the plain fp32 kernel's edges
+# fused multiply and add, so fp32 results were not bit-exact depending on test order.
+@njit(cache=True, fastmath=False)
 def _accumulate_rows(a, b, out, i_lo, i_hi, j_lo, j_hi, k0, k1):
     """out[i_lo:i_hi, j_lo:j_hi] by the plain loop: one row of accumulators at a time, vectorized over j."""
     acc = np.zeros(j_hi - j_lo, dtype=np.float32)

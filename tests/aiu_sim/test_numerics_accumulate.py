@@ -2,6 +2,7 @@
 the K-split reduction order."""
 
 import math
+import os
 from fractions import Fraction
 
 import numerics_reference as ref
@@ -365,3 +366,31 @@ def test_exact_products_kernel_is_bit_identical_on_device_formats(fmt, shape):
     nan = np.isnan(plain)
     assert nan.any() and not nan.all() and np.array_equal(nan, np.isnan(fused))
     assert np.array_equal(plain.view(np.uint32)[~nan], fused.view(np.uint32)[~nan])  # signed zeros included
+
+
+def test_fp32_kernel_stays_exact_when_its_contract_twin_compiles_first(tmp_path):
+    """Regression: the "contract" twin (exact products, FMA allowed) shares its edge loop with the plain fp32 kernel;
+    numba gave that callee its first caller's fastmath flags, so in a fresh process that ran a reduction (which takes
+    the twin) before an fp32 matmul, the matmul's edges fused multiply and add. A fresh numba cache forces the compile
+    order to happen again."""
+    import subprocess
+    import sys
+
+    script = """
+import numpy as np
+from aiu_sim.numerics.accumulate import AccumulationModel, matmul, reduce_sum
+fp32 = AccumulationModel(output="fp32")
+reduce_sum(np.ones((9, 67), np.float32), axis=1, model=fp32)        # compiles the contract twin first
+rng = np.random.default_rng(0)
+a = rng.standard_normal((9, 70)).astype(np.float32)
+b = (rng.standard_normal((70, 67)) * 1e3).astype(np.float32)
+got = matmul(a, b, fp32)
+expected = np.zeros((9, 67), np.float32)
+for k in range(70):
+    expected = (expected + (a[:, k:k + 1] * b[k:k + 1, :]).astype(np.float32)).astype(np.float32)
+print("exact" if np.array_equal(got.view(np.uint32), expected.view(np.uint32)) else "NOT exact")
+"""
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path)}
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "exact"
