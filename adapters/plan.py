@@ -3,6 +3,9 @@
 Two strict-mode dry runs of the stack (torch_spyre_emu.compiler.find_unsupported): one of the model as
 given, one with the adapters applied (then removed again). Gaps left in the second run are the ones no
 adapter bridges; `Plan.raise_for_gaps()` (or plan(..., strict=True)) turns them into UnbridgedGapError.
+
+A plan costs about one CPU forward of the model: the second dry run walks its graphs in fp32
+(find_unsupported(walk_in_fp32=True)), and is skipped when no adapter applies (the model is unchanged).
 """
 
 from __future__ import annotations
@@ -90,7 +93,10 @@ def _plan(model, example_inputs, find_unsupported, name, only, exclude, strict) 
             result.unbridged.append(op)
     with apply(model, only=only, exclude=exclude) as handle:
         result.applied = list(handle.report.applied)
-        result.remaining = list(find_unsupported(model, example_inputs))
+        if result.applied:
+            result.remaining = list(find_unsupported(model, example_inputs, walk_in_fp32=True))
+        else:
+            result.remaining = list(before)
     if strict:
         result.raise_for_gaps()
     return result

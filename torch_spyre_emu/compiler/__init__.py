@@ -78,15 +78,21 @@ def spyre_backend(gm: fx.GraphModule, example_inputs, **kwargs):
     return GraphRunner(gm, f"spyre_graph_{next(_graph_ids)}")
 
 
-def find_unsupported(model, example_inputs, **kwargs) -> list[UnsupportedOp]:
+def find_unsupported(model, example_inputs, *, walk_in_fp32: bool = False, **kwargs) -> list[UnsupportedOp]:
     """Every op of `model(*example_inputs)` (or `model(**example_inputs)` for a dict) that would not run on the device
     ("fallback" or "unsupported" in the capability table), with dtypes, shapes and the module path. Nothing raises
-    for unsupported ops here; the model runs once on the CPU to walk all its graphs."""
+    for unsupported ops here; the model runs once on the CPU to walk all its graphs.
+
+    walk_in_fp32: the walk only needs the values the Python code between graphs reads, not the graphs' exact
+    numbers, so each fp16/bf16 graph runs upcast to fp32 (outputs cast back to the dtypes dynamo recorded): CPU
+    fp16 kernels are slow (a tiny ConvNext's fp16 forward is ~7x its fp32 one here). A graph that fails so runs as
+    recorded; writes into its inputs (a cache) land on the upcast copies, which the walk does not need. The graphs
+    recorded, and so the result, are those of the fp16 model either way."""
     graphs: list[tuple[fx.GraphModule, list]] = []
 
     def record(gm, inputs):
         graphs.append((gm, list(inputs)))
-        return gm.forward
+        return _run_upcast(gm) if walk_in_fp32 else gm.forward
 
     compiled = torch.compile(model, backend=record)
     with torch.no_grad():
@@ -102,6 +108,42 @@ def find_unsupported(model, example_inputs, **kwargs) -> list[UnsupportedOp]:
         options = CompileOptions(name=f"graph_{i}", strict=True, collect_only=True, weight_inputs=weights)
         found.extend(run_graph_passes(capture(gm, inputs), options).meta[UNSUPPORTED_META])
     return found
+
+
+_HALF = (torch.float16, torch.bfloat16)
+
+
+def _run_upcast(gm: fx.GraphModule):
+    """gm.forward, run with fp16/bf16 tensor inputs upcast to fp32 and its outputs cast back (find_unsupported)."""
+    out_node = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
+    wanted = [
+        v.dtype if isinstance(v, torch.Tensor) else None
+        for v in (
+            a.meta.get("example_value") if isinstance(a, fx.Node) else None
+            for a in torch.utils._pytree.tree_leaves(out_node.args)
+        )
+    ]
+
+    def up(x):
+        return x.float() if isinstance(x, torch.Tensor) and x.dtype in _HALF else x
+
+    def run(*args):
+        if not any(isinstance(a, torch.Tensor) and a.dtype in _HALF for a in args):
+            return gm.forward(*args)
+        try:
+            out = gm.forward(*(up(a) for a in args))
+        except Exception:  # a graph that is not dtype-generic (an explicit fp16 operand meets an fp32 one)
+            return gm.forward(*args)
+        leaves, spec = torch.utils._pytree.tree_flatten(out)
+        if len(leaves) != len(wanted):
+            return gm.forward(*args)
+        leaves = [
+            x.to(d) if isinstance(x, torch.Tensor) and d is not None and x.dtype != d else x
+            for x, d in zip(leaves, wanted, strict=True)
+        ]
+        return torch.utils._pytree.tree_unflatten(leaves, spec)
+
+    return run
 
 
 __all__ = ["spyre_backend", "find_unsupported", "UnsupportedOp", "GraphRunner"]
