@@ -412,9 +412,12 @@ TITLE = "HuggingFace zoo on emulated Spyre: coverage"
 
 
 def write_report(records: list[dict], out: str | Path, source: str = "the sweep") -> ReportFiles:
-    """Write the Markdown and HTML coverage report and its three plots into `out`."""
+    """Write the Markdown and HTML coverage report and its three plots into `out` (file names: PLOTS, coverage.md,
+    coverage.html)."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
+    # one record per (model type, variant): a later one (a rerun appended to the same file) replaces an earlier one
+    records = list({(r["model_type"], r.get("variant", "default")): r for r in records}.values())
     plots = {
         "modality": _plot_modality(records, out / PLOTS["modality"]),
         "gaps": _plot_gaps(records, out / PLOTS["gaps"]),

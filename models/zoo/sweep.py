@@ -48,6 +48,10 @@ DEFAULT_MEM_GB = 8.0
 ADDRESS_SPACE_FACTOR = 2
 POLL_S = 0.1
 OUTPUT_TAIL = 4000  # bytes of a dead or killed model's output kept in its record
+# Wall limit of the build-only process that gets the metadata of a model whose run gave no record (an assumption:
+# building a tiny model, its CPU forward included, took at most 27 s for 99% of the census's types: hf_op_census.md
+# §4).
+META_TIMEOUT_S = 60.0
 # After a child sent its record it gets this long to exit by itself before it is killed (atexit work, threads).
 EXIT_GRACE_S = 5.0
 DEFAULT_RESULTS = Path("spyre_emu_out/zoo/results.jsonl")
@@ -281,8 +285,11 @@ def _metadata(task: Task) -> dict | None:
         return None
 
 
-def _child(conn, task: Task, threads: int, mem_bytes: int, crash: bool, where: dict, log: str) -> None:
-    """Runs in the model's own process: caps, metadata (and the filter), run_one, each message down the pipe."""
+def _child(
+    conn, task: Task, mode: str, threads: int, mem_bytes: int, crash: bool, where: dict, log: str
+) -> None:
+    """Runs in the model's own process: caps, then (mode 'run') the filter and run_one, or (mode 'meta') only the
+    model's metadata; each message goes down the pipe."""
     os.setpgrp()  # its own process group: the parent kills the whole group, Ctrl-C reaches only the sweep
     _die_with_the_sweep(conn)
     # The model's prints and warnings go to its log, not over the sweep's progress bar; the parent keeps the tail
@@ -303,6 +310,9 @@ def _child(conn, task: Task, threads: int, mem_bytes: int, crash: bool, where: d
 
     torch.set_num_threads(threads)
     numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
+    if mode == "meta":
+        _send(conn, {"meta": _metadata(task)})
+        return
     try:
         if where:
             # Filtering builds the model once more ahead of run_one: with no filter that cost (the recipe ladder of
@@ -361,6 +371,99 @@ def kill_running() -> None:
         _kill(p)
 
 
+@dataclass
+class _Outcome:
+    """What one supervised process gave: its messages, or how it ended without them."""
+
+    meta: dict | None = None
+    record: dict | None = None  # run_one's record, from the child
+    failure: dict | None = None  # the parent's record of a process that gave none (killed, crashed)
+    filtered: bool = False
+    peak: int = 0
+    exitcode: int | None = None
+    tail: str = ""
+    wall: float = 0.0
+
+
+def _supervise(task: Task, mode: str, timeout_s: float, mem_gb: float, threads: int, where: dict) -> _Outcome:
+    """Start the model's process (`mode` 'run': run_one; 'meta': only its metadata) and watch it until it sends what
+    it was started for, dies, or passes the wall limit or the memory cap."""
+    ctx = _context()
+    recv, send = ctx.Pipe(duplex=False)
+    mem_bytes = int(mem_gb * 2**30)
+    # Read here, not in the child: the fork server's environment is the one it started with.
+    crash = task.model_type in _split(os.environ.get(CRASH_ENV))
+    fd, log = tempfile.mkstemp(prefix=f"zoo_{task.model_type}_", suffix=".log")
+    os.close(fd)
+    proc = ctx.Process(
+        target=_child,
+        args=(send, task, mode, threads, mem_bytes, crash, where, log),
+        name=f"zoo:{task.model_type}",
+    )
+    out = _Outcome()
+    start = time.monotonic()
+    with _live_lock:
+        _live.add(proc)
+    proc.start()
+    send.close()  # the child holds the only write end: EOF on recv means it died
+    try:
+        while True:
+            # the caps first: a model that finishes within one poll but ran over them is still over them
+            out.peak = max(out.peak, _rss_bytes(proc.pid))
+            elapsed = time.monotonic() - start
+            if mem_bytes and out.peak > mem_bytes:
+                _kill(proc)
+                out.failure = failure_record(
+                    task,
+                    "out_of_memory",
+                    "MemoryCap",
+                    f"resident memory {out.peak / 2**30:.2f} GiB passed the cap of {mem_gb:g} GiB (--mem-gb)",
+                    wall_s=elapsed,
+                )
+                break
+            if elapsed > timeout_s:
+                _kill(proc)
+                out.failure = failure_record(
+                    task,
+                    "timeout",
+                    "Timeout",
+                    f"still running after {timeout_s:g} s (--timeout)",
+                    wall_s=elapsed,
+                )
+                break
+            if recv.poll(POLL_S):
+                try:
+                    message = json.loads(recv.recv_bytes())
+                except (EOFError, OSError):
+                    break  # died before it sent what it was started for
+                if message.get("filtered"):
+                    out.filtered = True
+                    break
+                if "meta" in message:
+                    out.meta = message["meta"]
+                    if mode == "meta":
+                        break
+                    continue
+                out.record = message["record"]
+                break
+        proc.join(EXIT_GRACE_S)
+    finally:
+        if proc.is_alive():
+            _kill(proc)
+        recv.close()
+        with _live_lock:
+            _live.discard(proc)
+        out.wall = time.monotonic() - start
+        out.exitcode = proc.exitcode
+        if out.record is None and not out.filtered:
+            out.tail = _tail(log)
+        with contextlib.suppress(OSError):
+            os.unlink(log)
+    if out.record is None and out.failure is None and mode == "run" and not out.filtered:
+        out.failure = _died(task, out.exitcode, out.wall)
+    return out
+
+
 def run_isolated(
     task: Task,
     timeout_s: float = DEFAULT_TIMEOUT_S,
@@ -373,85 +476,23 @@ def run_isolated(
 
     Never raises for the model: a process over the wall limit is `timeout`, one over the memory cap (or whose
     allocation failed under the address-space backstop) is `out_of_memory`, one that died of a signal or exited
-    without a record is `emulator_error` naming how it died. Adds `process` (wall_s, peak_rss_mb, exitcode)."""
-    ctx = _context()
-    recv, send = ctx.Pipe(duplex=False)
-    mem_bytes = int(mem_gb * 2**30)
-    # Read here, not in the child: the fork server's environment is the one it started with.
-    crash = task.model_type in _split(os.environ.get(CRASH_ENV))
-    fd, log = tempfile.mkstemp(prefix=f"zoo_{task.model_type}_", suffix=".log")
-    os.close(fd)
-    proc = ctx.Process(
-        target=_child,
-        args=(send, task, threads, mem_bytes, crash, where or {}, log),
-        name=f"zoo:{task.model_type}",
-    )
-    start = time.monotonic()
-    with _live_lock:
-        _live.add(proc)
-    proc.start()
-    send.close()  # the child holds the only write end: EOF on recv means it died
-    record, meta, peak, from_child, filtered = None, None, 0, False, False
-    try:
-        while True:
-            # the caps first: a model that finishes within one poll but ran over them is still over them
-            peak = max(peak, _rss_bytes(proc.pid))
-            elapsed = time.monotonic() - start
-            if mem_bytes and peak > mem_bytes:
-                _kill(proc)
-                record = failure_record(
-                    task,
-                    "out_of_memory",
-                    "MemoryCap",
-                    f"resident memory {peak / 2**30:.2f} GiB passed the cap of {mem_gb:g} GiB (--mem-gb)",
-                    wall_s=elapsed,
-                )
-                break
-            if elapsed > timeout_s:
-                _kill(proc)
-                record = failure_record(
-                    task,
-                    "timeout",
-                    "Timeout",
-                    f"still running after {timeout_s:g} s (--timeout)",
-                    wall_s=elapsed,
-                )
-                break
-            if recv.poll(POLL_S):
-                try:
-                    message = json.loads(recv.recv_bytes())
-                except (EOFError, OSError):
-                    break  # died before its record
-                if message.get("filtered"):
-                    filtered = True
-                    break
-                if "meta" in message:
-                    meta = message["meta"]
-                    continue
-                record, from_child = message["record"], True
-                break
-        proc.join(EXIT_GRACE_S)
-    finally:
-        if proc.is_alive():
-            _kill(proc)
-        recv.close()
-        with _live_lock:
-            _live.discard(proc)
-        tail = "" if from_child or filtered else _tail(log)
-        with contextlib.suppress(OSError):
-            os.unlink(log)
-    if filtered:
+    without a record is `emulator_error` naming how it died; such a record gets the model's metadata from a second,
+    build-only process. Adds `process` (wall_s, peak_rss_mb, exitcode) of the run."""
+    run = _supervise(task, "run", timeout_s, mem_gb, threads, where or {})
+    if run.filtered:
         return None
-    wall = time.monotonic() - start
+    record = run.record
     if record is None:
-        record = _died(task, proc.exitcode, wall)
-    if not from_child:
+        record = run.failure
+        record["error"]["output_tail"] = run.tail
+        meta = run.meta
+        if meta is None:
+            meta = _supervise(task, "meta", META_TIMEOUT_S, mem_gb, threads, {}).meta
         record.update(meta or {})
-        record["error"]["output_tail"] = tail
     record["process"] = {
-        "wall_s": round(wall, 3),
-        "peak_rss_mb": round(peak / 2**20, 1),
-        "exitcode": proc.exitcode,
+        "wall_s": round(run.wall, 3),
+        "peak_rss_mb": round(run.peak / 2**20, 1),
+        "exitcode": run.exitcode,
     }
     return record
 

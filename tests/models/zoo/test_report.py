@@ -165,13 +165,24 @@ def test_every_section_and_plot_is_written(tmp_path):
 
 def test_report_command(tmp_path):
     results = tmp_path / "results.jsonl"
-    results.write_text("".join(json.dumps(r) + "\n" for r in records()) + '{"model_type": "t5", "cl')  # torn
+    rerun = rec(
+        "sam", "pass_fallback", modality="vision", sim={"latency_us": 9000.0, "kernels": 9, "bundles": 3}
+    )
+    lines = [json.dumps(r) + "\n" for r in [*records(), rerun]]
+    results.write_text(
+        "".join(lines) + '{"model_type": "t5", "cl'
+    )  # a later record of sam, and a torn last line
     result = runner.invoke(
         app, ["sweep", "--report", "--results", str(results), "--out", str(tmp_path / "rep")]
     )
     assert result.exit_code == 0, result.output
     assert "coverage.md" in result.output and "coverage.html" in result.output
-    assert "t5" not in (tmp_path / "rep" / "coverage.md").read_text()
+    md = (tmp_path / "rep" / "coverage.md").read_text()
+    assert (
+        "t5" not in md
+        and "| sam | default | vision | pass_fallback |" in md
+        and "| sam | default | vision | timeout" not in md
+    )
 
     missing = runner.invoke(app, ["sweep", "--report", "--results", str(tmp_path / "none.jsonl")])
     assert missing.exit_code == 2 and len(missing.output.strip().splitlines()) == 1

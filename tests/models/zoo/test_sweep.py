@@ -63,7 +63,7 @@ def _alive(pid: int) -> bool:
 def test_a_killed_sweep_loses_nothing_and_resume_finishes_it(tmp_path):
     """A sweep (2 workers, one model's process crashing) is SIGKILLed while a model runs; the records it wrote stay
     as they are, its model processes die with it, a torn last line is dropped, and --resume runs only what is left
-    (the long model then hits the wall limit: classified, and the sweep goes on)."""
+    (the long model then hits the wall limit: classified, with its metadata, and the sweep goes on)."""
     results = tmp_path / "results.jsonl"
     types = [*FAST, "gpt2", "llama"]  # catalog order: dinat gpt2 llama timm_backbone voxtral_realtime_text
     cmd = [sys.executable, "-m", "models.cli", "sweep", "--only", ",".join(types), "--workers", "2"]
@@ -104,6 +104,8 @@ def test_a_killed_sweep_loses_nothing_and_resume_finishes_it(tmp_path):
     llama = records[-1]
     assert llama["model_type"] == "llama" and llama["class"] == "timeout"
     assert llama["error"]["type"] == "Timeout" and llama["process"]["wall_s"] < 3 + sw.EXIT_GRACE_S + 2
+    # killed before its record, it still has its metadata (from a build-only process)
+    assert llama["family"] == "decoder" and llama["model_class"] == "LlamaForCausalLM"
     assert all(r["class"] in CLASSES for r in records)
 
 
@@ -168,3 +170,10 @@ def test_ray_runs_the_same_records(tmp_path):
 
     by_type = {r["model_type"]: comparable(r) for r in _lines(tmp_path / "local.jsonl")}
     assert {r["model_type"]: comparable(r) for r in _lines(tmp_path / "ray.jsonl")} == by_type
+
+
+def test_list_prints_every_model_type():
+    from models.zoo.catalog import model_types
+
+    result = runner.invoke(app, ["sweep", "--list"])
+    assert result.exit_code == 0 and result.output.split() == model_types()
