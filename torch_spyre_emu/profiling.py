@@ -19,7 +19,6 @@ import contextlib
 import functools
 import inspect
 import os
-import tempfile
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -271,13 +270,14 @@ def profile(
     fn: a module or function (compiled with backend="spyre" if it is not compiled yet). mode: "both" (values and
     time), "functional" (values only) or "timing" (time only, no values: full-size shapes are fine). config: the
     hardware (an aiu_sim HardwareConfig or preset name; default torch_spyre_emu.config.hardware). trace_path: a
-    directory for the Perfetto traces (default: a fresh temporary directory; none in functional mode)."""
+    directory for the Perfetto traces, one file per graph run (default: none are written, so repeated profiling
+    leaves nothing behind; none in functional mode either: no timing to trace)."""
     global _LAST
     if mode not in MODES:
         raise ValueError(f"profile: mode {mode!r} is not one of {MODES}")
     trace_dir = None
-    if mode != "functional":
-        trace_dir = str(trace_path) if trace_path is not None else tempfile.mkdtemp(prefix="spyre_emu_trace_")
+    if mode != "functional" and trace_path is not None:
+        trace_dir = str(trace_path)
         Path(trace_dir).mkdir(parents=True, exist_ok=True)
     session = _Session(mode, trace_dir)
     target = _compiled(fn)

@@ -24,6 +24,20 @@ def test_profile_both_mode(tmp_path):
     assert torch_spyre_emu.last_profile() is rep
 
 
+def test_profile_writes_no_trace_unless_asked(tmp_path, monkeypatch):
+    """Profiling in a loop must not leave a trace directory per call in the temp folder (issue 15)."""
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    x = torch.randn(64, 128, dtype=torch.float16)
+    for mode in ("both", "timing"):
+        rep = torch_spyre_emu.profile(lambda a: torch.relu(a * 2), x, mode=mode)
+        assert rep.trace_path is None and rep.trace_paths == [] and rep.kernels
+    assert list(tmp_path.iterdir()) == []
+    asked = torch_spyre_emu.profile(lambda a: torch.relu(a * 2), x, trace_path=tmp_path / "traces")
+    assert [p.name for p in (tmp_path / "traces").iterdir()] == [asked.trace_path.rsplit("/", 1)[1]]
+
+
 def test_profile_records_bundles_and_launches():
     """A fused pointwise chain is one launch: the report says which kernels share it and charges its overhead once."""
     x = torch.randn(64, 128, dtype=torch.float16)
