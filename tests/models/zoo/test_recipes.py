@@ -1,0 +1,128 @@
+"""The zoo's recipe: every model type listed, tiny builds that keep real checkpoints' stick-multiple shapes (default)
+or the census's odd sizes (ragged), every layer kind kept, seeded weights, inputs as people pass them."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from models.zoo import CI_SUBSET, LEVELS, VARIANTS, ZooBuildError, build, model_types
+from models.zoo.inputs import BATCH, PAD, SEQ
+from models.zoo.recipes import PARAM_CAP, STICK, tiny_config
+
+# the family head_dim of a few types (their default configs): kept when >= 64, else 64
+FAMILY_HEAD_DIM = {
+    "llama": 128,
+    "phi3": 96,
+    "gemma3_text": 256,
+    "stablelm": 80,
+    "gpt2": 64,
+    "bloom": 64,
+    "t5": 64,
+}
+
+
+def test_model_types_are_the_installed_base_mapping():
+    from transformers.models.auto.modeling_auto import MODEL_MAPPING_NAMES
+
+    types = model_types()
+    assert types == sorted(MODEL_MAPPING_NAMES) and len(types) > 600  # 622 in transformers 5.24.0
+    assert set(CI_SUBSET) <= set(types)
+
+
+@pytest.mark.parametrize("model_type", sorted(FAMILY_HEAD_DIM))
+def test_default_variant_keeps_whole_sticks_and_the_family_head_dim(model_type):
+    z = build(model_type, "default")
+    d = z.dims
+    assert d["head_dim"] == FAMILY_HEAD_DIM[model_type]
+    for key in ("hidden", "intermediate", "vocab"):  # bloom has no intermediate field (4 * hidden)
+        assert d.get(key, STICK) % STICK == 0, (key, d)
+    assert d["layers"] == 2 and d["hidden"] >= 2 * STICK
+
+
+def test_ragged_variant_keeps_the_odd_sizes():
+    llama = build("llama", "ragged").dims
+    assert llama["intermediate"] == 11008 // 8 and llama["intermediate"] % STICK  # 1376: not whole sticks
+    assert llama["vocab"] % STICK
+    gpt2 = build("gpt2", "ragged").dims
+    assert gpt2["hidden"] == 768 // 8 and gpt2["head_dim"] % STICK  # head_dim 96 from hidden 96, one head
+
+
+def test_every_layer_kind_survives_the_layer_cut():
+    gemma = tiny_config("gemma3_text")  # 5 sliding : 1 full in the default config
+    assert gemma.num_hidden_layers == 2 and set(gemma.layer_types) == {"sliding_attention", "full_attention"}
+    qwen_next = tiny_config("qwen3_next")  # linear-attention and full-attention layers
+    assert set(qwen_next.layer_types) == {"linear_attention", "full_attention"}
+    ds = tiny_config("deepseek_v3")  # dense first layers, then MoE
+    assert ds.num_hidden_layers == 2 and ds.first_k_dense_replace == 1
+    assert ds.n_routed_experts == 4 and ds.num_experts_per_tok == 2
+
+
+def test_builds_are_seeded_and_fresh():
+    a, b, c = build("llama", seed=0), build("llama", seed=0), build("llama", seed=1)
+    wa, wb, wc = (m.model.model.layers[0].self_attn.q_proj.weight for m in (a, b, c))
+    assert wa is not wb and torch.equal(wa, wb) and not torch.equal(wa, wc)
+    assert all(
+        torch.equal(a.inputs[k], b.inputs[k]) for k in a.inputs if isinstance(a.inputs[k], torch.Tensor)
+    )
+    assert a.model.training is False and next(a.model.parameters()).dtype == torch.float32
+
+
+@pytest.mark.parametrize(("model_type", "left"), [("llama", True), ("bert", False)])
+def test_text_inputs_are_a_padded_batch_of_two(model_type, left):
+    z = build(model_type)
+    ids, mask = z.inputs["input_ids"], z.inputs["attention_mask"]
+    assert ids.shape == mask.shape == (BATCH, SEQ) and mask[0].all()
+    pad = mask[1] == 0
+    assert int(pad.sum()) == PAD
+    assert (
+        bool(pad[:PAD].all()) is left
+    )  # causal models pad on the left (batched generation), encoders on the right
+    assert torch.equal(z.pad_mask, mask.bool())
+    with torch.no_grad():
+        z.model(**z.inputs)
+
+
+def test_metadata_of_a_build():
+    z = build("mixtral")
+    assert (z.model_class, z.task, z.modality, z.family, z.is_decoder_lm) == (
+        "MixtralForCausalLM",
+        "text-generation",
+        "text",
+        "moe_decoder",
+        True,
+    )
+    assert z.recipe_level == LEVELS[0] and 0 < z.n_params < PARAM_CAP and z.dims["experts"] == 4
+    assert set(z.metadata()) == {
+        "model_class",
+        "task",
+        "modality",
+        "family",
+        "n_params",
+        "recipe_level",
+        "dims",
+        "is_decoder_lm",
+    }
+
+
+@pytest.mark.parametrize(
+    ("model_type", "modality", "keys"),
+    [
+        ("vit", "vision", {"pixel_values"}),
+        ("whisper", "audio", {"input_features", "decoder_input_ids"}),
+        ("clip", "multimodal", {"input_ids", "attention_mask", "pixel_values"}),
+        ("t5", "text", {"input_ids", "attention_mask", "decoder_input_ids"}),
+    ],
+)
+def test_inputs_per_modality(model_type, modality, keys):
+    z = build(model_type)
+    assert z.modality == modality and keys <= set(z.inputs)
+    assert all(v.shape[0] == BATCH for v in z.inputs.values() if isinstance(v, torch.Tensor))
+
+
+def test_unknown_type_and_variant_are_clear_errors():
+    with pytest.raises(ZooBuildError, match="not a model type of the installed transformers"):
+        build("gpt5")
+    with pytest.raises(ValueError, match="unknown zoo variant 'odd'; the variants are") as info:
+        build("gpt2", "odd")
+    assert all(v in str(info.value) for v in VARIANTS)
