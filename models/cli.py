@@ -167,6 +167,50 @@ def sweep(
         )
 
 
+@app.command()
+def plan(
+    model: str = typer.Argument(
+        ..., help="A zoo model type (e.g. llama), a directory with a config.json, or smollm2 / minilm."
+    ),
+    variant: str = typer.Option("default", help="Zoo variant: default (whole-stick widths) or ragged."),
+    json_out: str = typer.Option(
+        None,
+        "--json",
+        help="Also write the plan as a JSON document to this file ('-': stdout, nothing else).",
+    ),
+    strict_run: bool = typer.Option(
+        True, "--strict-run/--no-strict-run", help="Compile and run with the adapters in strict mode."
+    ),
+    seed: int = typer.Option(0, help="Seed of the random weights and inputs."),
+) -> None:
+    """What blocks one model on the stack: the ops it cannot lower yet and where, which adapters bridge what, the
+    gaps nothing bridges, and the strict-mode result (format of --json: docs/zoo.md, "spyre-emu plan")."""
+    from models.weights import WeightsNotInstalledError
+    from models.zoo import plan as plan_mod
+    from models.zoo.catalog import VARIANTS
+    from models.zoo.recipes import ZooBuildError
+
+    if variant not in VARIANTS:
+        console.print(
+            f"[red]error:[/red] unknown --variant {variant!r}; choose one of: {', '.join(VARIANTS)}"
+        )
+        raise typer.Exit(2)
+    try:
+        target = plan_mod.resolve(model, variant, seed)
+    except (plan_mod.PlanInputError, ZooBuildError, WeightsNotInstalledError) as e:
+        console.print(f"[red]error:[/red] {escape(str(e).splitlines()[0])}")
+        raise typer.Exit(2) from None
+    doc = plan_mod.make_plan(target, strict_run=strict_run)
+    if json_out != "-":
+        console.print(escape(plan_mod.format_plan(doc)))
+    if json_out:
+        plan_mod.write_json(doc, json_out)
+        if json_out != "-":
+            console.print(escape(f"plan written to {json_out}"))
+    if doc["status"] != "ok":
+        raise typer.Exit(1)
+
+
 def _sweep_report(results: Path, out: Path) -> None:
     from models.zoo.report import write_report
     from models.zoo.sweep import SweepError, read_results
