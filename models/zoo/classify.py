@@ -219,20 +219,6 @@ def _sim(report) -> dict:
     }
 
 
-def _profiled(compiled, inputs: dict):
-    """torch_spyre_emu.profile() without the Perfetto trace, whose writing cost more than the run itself (about 9 s
-    of a 16 s tiny-Llama run here): the same session and report, with no trace directory."""
-    from torch_spyre_emu import profiling
-
-    session = profiling._Session("both", None)
-    profiling._SESSIONS.append(session)
-    try:
-        outputs = compiled(**inputs)
-    finally:
-        profiling._SESSIONS.remove(session)
-    return profiling._report(session.records, outputs, "both")
-
-
 def _host_ops(report) -> list[str]:
     return sorted({s.op[len("host:") :] for s in report.steps if s.op.startswith("host:")})
 
@@ -366,7 +352,7 @@ def _flow(rec: dict, model_type: str, variant: str, seed: int) -> None:
             try:
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore", FallbackWarning)
-                    report = _profiled(compiled, inputs16)
+                    report = torch_spyre_emu.profile(compiled, mode="both", **inputs16)  # no trace written
                 out = _real(_tensor_out(report.outputs), zm.pad_mask)
             except Exception as e:  # noqa: BLE001
                 cls, blocking = classify_error(e)
