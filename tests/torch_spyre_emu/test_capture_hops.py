@@ -99,3 +99,14 @@ def test_mamba_associative_scan_gives_records_and_a_typed_error():
         warnings.simplefilter("ignore", FallbackWarning)
         with pytest.raises(SpyreUnsupportedOpError, match=r"aten\.stack"):
             torch.compile(model, backend="spyre")(input_ids=ids)
+
+
+class _WhileLoop(torch.nn.Module):
+    def forward(self, x):
+        return _while(x).sin()
+
+
+def test_find_unsupported_records_a_higher_order_op_that_does_not_trace():
+    found = find_unsupported(_WhileLoop(), (torch.randn(8, 64, dtype=torch.float16),))
+    assert [u.op for u in found] == ["higher_order.while_loop"]
+    assert found[0].status == "unsupported" and "on the host" in found[0].reason

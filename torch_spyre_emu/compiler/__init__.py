@@ -19,6 +19,7 @@ from torch_spyre_emu.compiler.capture import capture, makes_spyre_tensors
 from torch_spyre_emu.compiler.context import CompileOptions, UnsupportedOp
 from torch_spyre_emu.compiler.passes.support_check import UNSUPPORTED_META
 from torch_spyre_emu.compiler.pipeline import Compiled, compile_fn, run_graph_passes
+from torch_spyre_emu.errors import SpyreUnsupportedOpError
 
 _graph_ids = itertools.count()
 
@@ -106,7 +107,12 @@ def find_unsupported(model, example_inputs, *, walk_in_fp32: bool = False, **kwa
     for i, (gm, inputs) in enumerate(graphs):
         weights = frozenset(j for j, a in enumerate(inputs) if isinstance(a, torch.nn.Parameter))
         options = CompileOptions(name=f"graph_{i}", strict=True, collect_only=True, weight_inputs=weights)
-        found.extend(run_graph_passes(capture(gm, inputs), options).meta[UNSUPPORTED_META])
+        try:
+            captured = capture(gm, inputs)
+        except SpyreUnsupportedOpError as e:  # a higher-order op make_fx cannot trace: its records stand for it
+            found.extend(e.ops)
+            continue
+        found.extend(run_graph_passes(captured, options).meta[UNSUPPORTED_META])
     return found
 
 
