@@ -102,9 +102,11 @@ def sweep(
     ray: bool = typer.Option(False, "--ray", help="Run the models as Ray tasks (a local Ray instance)."),
     ray_address: str = typer.Option(None, help="Run on this Ray cluster (implies --ray)."),
     only: str = typer.Option(None, help="Comma list of model types (default: all of them)."),
-    family: str = typer.Option(None, help="Only model types of this family."),
+    family: str = typer.Option(
+        None, help="Only this architecture family (decoder, moe_decoder, ssm, hybrid, encoder, encoder_decoder, other)."
+    ),
     modality: str = typer.Option(None, help="Only this modality (text, vision, audio, multimodal, ...)."),
-    task: str = typer.Option(None, help="Only this task."),
+    task: str = typer.Option(None, help="Only this task (a record's task field, such as text-generation)."),
     variant: str = typer.Option("default", help="default (whole-stick widths), ragged, or both."),
     timeout: float = typer.Option(
         None, help="Wall limit per model in seconds (default: DEFAULT_TIMEOUT_S of models/zoo/sweep.py)."
@@ -209,6 +211,45 @@ def plan(
             console.print(escape(f"plan written to {json_out}"))
     if doc["status"] != "ok":
         raise typer.Exit(1)
+
+
+@app.command()
+def whatif(
+    set_: list[str] = typer.Option(
+        [], "--set", help="A HardwareConfig field and its values, FIELD=V1,V2,... (repeat: the grid is the product)."
+    ),
+    model: str = typer.Option(
+        "llama-3.1-8b", help="Comma list: llama-3.1-8b, granite-3.3-8b, mistral-7b, mixtral-8x7b (synthetic shapes)."
+    ),
+    prefill: str = typer.Option("512", help="Comma list of prefill lengths ('' for none)."),
+    decode_kv: str = typer.Option("1024", help="Comma list of decode KV-cache lengths ('' for none)."),
+    batch: str = typer.Option("1", help="Comma list of batch sizes."),
+    config: str = typer.Option("spyre", help="The base chip: preset name or hardware TOML path."),
+    dtype: str = typer.Option("dl16", help="Weight and activation format of the synthetic model."),
+    out: Path = typer.Option(Path("spyre_emu_out/whatif"), help="Where the CSV, PNGs and summary.md go."),
+    serve_rate: float = typer.Option(
+        None, help="Also run a serving what-if on the base chip: Poisson arrivals per second."
+    ),
+    serve_requests: int = typer.Option(64, help="Requests of the serving trace."),
+    serve_max_batch: int = typer.Option(8, help="Largest decode batch of the serving what-if."),
+    serve_prompt: str = typer.Option("64,1024", help="Prompt length range LO,HI of the serving trace."),
+    serve_output: str = typer.Option("16,256", help="Output length range LO,HI of the serving trace."),
+) -> None:
+    """Time synthetic full-size LLM steps (timing only) across a grid of HardwareConfig overrides; writes
+    whatif.csv, PNGs and summary.md (models/whatif.py; docs/studies.md)."""
+    from models import whatif as wi
+
+    _load_config_or_exit(config)
+    try:
+        files = wi.run_command(
+            model, prefill, decode_kv, batch, set_, config, dtype, out, console,
+            serve_rate, serve_requests, serve_max_batch, serve_prompt, serve_output,
+        )
+    except wi.WhatIfError as e:
+        console.print(f"[red]error:[/red] {escape(str(e))}")
+        raise typer.Exit(2) from None
+    plots = ", ".join(str(p) for p in files.plots.values())
+    console.print(escape(f"table: {files.csv}; summary: {files.markdown}; plots: {plots}"))
 
 
 def _sweep_report(results: Path, out: Path) -> None:

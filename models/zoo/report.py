@@ -88,7 +88,9 @@ def _gap_key(b: dict) -> str:
 
 
 def gaps(records: list[dict]) -> list[tuple[str, list[str]]]:
-    """The gaps nothing bridges, each with the model types it blocks, most model types first: the to-do list."""
+    """Each gap with the model types it blocks, most model types first: the to-do list. A gap is an op a record lists
+    as blocking: nothing bridges it (unsupported), or it runs as a CPU island and keeps a pass_fallback model from
+    pass_device."""
     blocked: dict[str, set[str]] = defaultdict(set)
     for r in records:
         for b in r.get("blocking") or []:
@@ -331,14 +333,27 @@ def _sections(records: list[dict], source: str) -> list[tuple[str, str, object]]
         parts.append(("table", f"Summary: {variant} variant", (header, body, None)))
     parts.append(("img", "Coverage by modality", PLOTS["modality"]))
     for variant, rs in variants.items():
+        island = {r["model_type"]: r["class"] == "pass_fallback" for r in rs}
         parts.append(
             (
                 "table",
                 f"To-do: gaps ranked by the model types they block ({variant} variant)",
                 (
-                    ["#", "gap: op (capability)", "model types", "blocked types"],
                     [
-                        [str(i), g, str(len(ts)), ", ".join(ts[:12]) + (" ..." if len(ts) > 12 else "")]
+                        "#",
+                        "gap: op (capability)",
+                        "model types",
+                        "of which run it on the CPU",
+                        "blocked types",
+                    ],
+                    [
+                        [
+                            str(i),
+                            g,
+                            str(len(ts)),
+                            str(sum(1 for t in ts if island.get(t))),
+                            ", ".join(ts[:12]) + (" ..." if len(ts) > 12 else ""),
+                        ]
                         for i, (g, ts) in enumerate(gaps(rs), 1)
                     ],
                     None,

@@ -88,7 +88,7 @@ class Task:
 @dataclass
 class SweepResult:
     results: Path
-    tasks: int  # selected by the filters
+    tasks: int  # selected by --only and --variant
     skipped: int  # already in the results file (--resume)
     ran: int  # records written by this sweep
     filtered: int = 0  # run up to their metadata, which --family / --modality / --task did not match
@@ -125,6 +125,8 @@ def select_tasks(only: str | Sequence[str] | None = None, variant: str = "defaul
     known = catalog.model_types()
     if only is not None:
         names = set(_split(only) if isinstance(only, str) else only)
+        if not names:
+            raise SweepError("--only names no model type; give a comma list such as --only llama,gpt2")
         unknown = sorted(names - set(known))
         if unknown:
             hint = difflib.get_close_matches(unknown[0], known, n=3)
@@ -176,7 +178,7 @@ class _Writer:
         self._lock = threading.Lock()
 
     def append(self, record: dict) -> None:
-        line = json.dumps(record, default=_json_default, allow_nan=False) + "\n"
+        line = json.dumps(_finite(record), default=_json_default, allow_nan=False) + "\n"
         with self._lock:
             self._f.write(line.encode())
             self._f.flush()
