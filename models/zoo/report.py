@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import html
+import re
 import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass
@@ -131,12 +132,28 @@ def _error_line(r: dict) -> str:
     return f"{err.get('type', '')}: {msg[0] if msg else ''}"[:200]
 
 
+def _island(name: str) -> str:
+    # host steps are numbered per graph and position (cpu_convolution_3_0): one name per kind of island
+    return re.sub(r"(_\d+)+$", "", str(name))
+
+
+def _why(r: dict) -> str:
+    """Why a model did not pass: its blocking ops say it for unsupported; the reason for a numeric mismatch or a
+    model nothing builds; the first line of the error otherwise."""
+    if r["class"] in RUNS or r["class"] == "unsupported":
+        return ""
+    if r["class"] in ("numeric_mismatch", "not_buildable") and r.get("reason"):
+        return str(r["reason"])[:200]
+    return _error_line(r)
+
+
 MATRIX_COLUMNS = (
     "model type",
     "variant",
     "modality",
     "class",
     "blocking ops",
+    "blocked at",
     "CPU islands",
     "adapters applied",
     "adapters retired",
@@ -145,7 +162,7 @@ MATRIX_COLUMNS = (
     "top-1",
     "sim latency (us)",
     "kernels",
-    "error",
+    "why",
 )
 
 
@@ -160,7 +177,8 @@ def matrix_rows(records: list[dict]) -> list[list[str]]:
                 _modality(r),
                 r["class"],
                 ", ".join(_uniq(b.get("op") for b in r.get("blocking") or [])),
-                ", ".join(_uniq(r.get("fallback_ops") or [])),
+                ", ".join(_uniq(b.get("module_path") for b in r.get("blocking") or [])[:3]),
+                ", ".join(_uniq(_island(x) for x in r.get("fallback_ops") or [])),
                 ", ".join(_adapter_names(r.get("adapters_applied"))),
                 ", ".join(_adapter_names(r.get("adapters_retired"))),
                 _fmt(_metric(r, "rel_max_err"), ".2e"),
@@ -168,7 +186,7 @@ def matrix_rows(records: list[dict]) -> list[list[str]]:
                 _fmt(_metric(r, "top1_agreement"), ".3f"),
                 _fmt(_latency_us(r), ".1f"),
                 _fmt(sim.get("kernels"), ".0f"),
-                _error_line(r) if r["class"] not in RUNS else "",
+                _why(r),
             ]
         )
     return rows
@@ -207,18 +225,26 @@ def _plot_modality(records: list[dict], path: Path) -> Path:
 
 def _plot_gaps(records: list[dict], path: Path) -> Path:
     variant, rs = _primary(records)
+    fallback = {r["model_type"] for r in rs if r["class"] == "pass_fallback"}
     top = gaps(rs)[:GAPS_SHOWN][::-1]
     fig, ax = plt.subplots(figsize=(10, 1.5 + 0.3 * max(1, len(top))))
     if top:
-        ax.barh([g for g, _ in top], [len(ts) for _, ts in top], color=CLASS_COLORS["unsupported"])
+        names = [g for g, _ in top]
+        on_cpu = [sum(1 for t in ts if t in fallback) for _, ts in top]
+        stopped = [len(ts) - n for (_, ts), n in zip(top, on_cpu, strict=True)]
+        ax.barh(names, stopped, color=CLASS_COLORS["unsupported"], label="the model does not run")
+        ax.barh(
+            names, on_cpu, left=stopped, color=CLASS_COLORS["pass_fallback"], label="runs it as a CPU island"
+        )
         for i, (_, ts) in enumerate(top):
             ax.text(len(ts), i, f" {len(ts)}", va="center", fontsize=8)
+        ax.legend(fontsize=8, loc="lower right")
     else:
         ax.text(0.5, 0.5, "no gap blocks any model type", ha="center", va="center", transform=ax.transAxes)
     ax.tick_params(axis="y", labelsize=8)
-    ax.set_xlabel("model types blocked")
+    ax.set_xlabel("model types it keeps from running on the device")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.set_title(f"the to-do list: gaps nothing bridges, by model types blocked ({variant} variant)")
+    ax.set_title(f"the to-do list: ops by the model types they block ({variant} variant)")
     ax.grid(axis="x", alpha=0.3)
     return _save(fig, path)
 
