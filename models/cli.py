@@ -277,6 +277,38 @@ def _load_config_or_exit(spec: str):
         raise typer.Exit(2) from None
 
 
+@app.command()
+def cache(
+    action: str = typer.Argument(..., help="info: where the caches are and what they hold; clear: empty them."),
+    weights: bool = typer.Option(False, help="clear: also remove the de-quantized weights (models/weights_cache)."),
+) -> None:
+    """Show or empty the persistent compile cache ($SPYRE_EMU_CACHE, else XDG; torch_spyre_emu/compiler/cache.py)."""
+    from torch_spyre_emu.compiler import cache as compile_cache
+
+    weight_files = sorted(compile_cache.cache_root().glob("*.safetensors"))
+    if action == "info":
+        n, size = len(compile_cache.entries()), compile_cache.size_bytes()
+        state = "on" if compile_cache.enabled() else "off (SPYRE_EMU_COMPILE_CACHE=0 or SPYRE_EMU_DEBUG)"
+        console.print(escape(f"compile cache: {compile_cache.cache_dir()} ({state})"))
+        console.print(
+            f"  {n} {'entry' if n == 1 else 'entries'}, {size / 2**20:.1f} MiB of "
+            f"{compile_cache.max_bytes() / 2**20:.0f} MiB (SPYRE_EMU_CACHE_MAX_MB; least recently used pruned)"
+        )
+        wsize = sum(p.stat().st_size for p in weight_files)
+        console.print(escape(f"weights cache: {compile_cache.cache_root()}"))
+        console.print(f"  {len(weight_files)} de-quantized weight files, {wsize / 2**20:.1f} MiB")
+    elif action == "clear":
+        removed = compile_cache.clear()
+        console.print(f"removed {removed} compile cache {'entry' if removed == 1 else 'entries'}")
+        if weights:
+            for p in weight_files:
+                p.unlink(missing_ok=True)
+            console.print(f"removed {len(weight_files)} de-quantized weight files")
+    else:
+        console.print(f"[red]error:[/red] unknown action {escape(repr(action))}; use info or clear")
+        raise typer.Exit(2)
+
+
 def main() -> None:  # pragma: no cover - console entry
     app()
 

@@ -37,13 +37,11 @@ class WeightsCacheWarning(UserWarning):
 
 
 def cache_dir() -> Path:
-    """Where entries live: $SPYRE_EMU_CACHE, else $XDG_CACHE_HOME/spyre-emu, else ~/.cache/spyre-emu."""
-    explicit = os.environ.get("SPYRE_EMU_CACHE")
-    if explicit:
-        return Path(explicit).expanduser()
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
-    return base / "spyre-emu"
+    """Where entries live: $SPYRE_EMU_CACHE, else $XDG_CACHE_HOME/spyre-emu, else ~/.cache/spyre-emu (the compile
+    cache keeps its entries in a subdirectory)."""
+    from torch_spyre_emu.compiler.cache import cache_root
+
+    return cache_root()
 
 
 def file_fingerprint(path: Path) -> str:

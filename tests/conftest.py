@@ -15,6 +15,11 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     torch.set_num_interop_threads(1)
 
 
+# The persistent compile cache (torch_spyre_emu/compiler/cache.py) is off in tests: a test that patches a pass or a
+# lowering must compile, not reuse another run's program, and tests must not fill the user's cache. The cache's own
+# tests turn it on with a temporary directory.
+os.environ.setdefault("SPYRE_EMU_COMPILE_CACHE", "0")
+
 import pytest  # noqa: E402
 import torch  # noqa: E402
 

@@ -68,10 +68,12 @@ class WeightPrep:
 class Compiled:
     program: KernelProgram
     lowered: Lowered
-    graph: fx.GraphModule
+    graph: fx.GraphModule | None  # the graph after the graph passes; None when read from the compile cache
     options: CompileOptions
     prep: WeightPrep | None = None  # None: no weight layout work in this graph
     main_reads: frozenset[str] = frozenset()  # buffers the per-call program's steps read
+    # the inputs the graph writes into, in the order of its extra outputs (capture.input_mutations_as_outputs)
+    mutated_inputs: tuple[int, ...] = ()
     # (config token, run mode) -> the program's TimingReport: time depends only on the program and the chip, and a
     # compiled program is never changed, so every call after the first reuses it (runtime.run_compiled)
     timings: dict = field(default_factory=dict, repr=False, compare=False)
@@ -125,7 +127,15 @@ def compile_graph(gm: fx.GraphModule, options: CompileOptions) -> Compiled:
     except ValueError as e:  # aiu_sim ProgramError: a compiler bug, reported with the program name
         raise SpyreCompileError(f"graph {options.name!r} lowered to an invalid KernelProgram: {e}") from e
     debug.program(program)
-    return Compiled(program, lowered, gm, options, prep, frozenset(_reads(parts.steps)))
+    return Compiled(
+        program,
+        lowered,
+        gm,
+        options,
+        prep,
+        frozenset(_reads(parts.steps)),
+        mutated_inputs=tuple(gm.meta.get("mutated_inputs", ())),
+    )
 
 
 def _weight_prep(parts: ProgramParts, lowered: Lowered, options: CompileOptions) -> WeightPrep | None:

@@ -306,7 +306,7 @@ def run_compiled(compiled: Compiled, args: list, mode: str = "both", trace_path=
         else:
             outs.append(host_dtypes.from_numpy(result.outputs[name]).to(dtype).reshape(shape))
     outputs = _rebuild(lowered.output_template, outs)
-    mutated = compiled.graph.meta.get("mutated_inputs", ())
+    mutated = compiled.mutated_inputs
     if mutated:  # the graph wrote into inputs (out=, in-place ops): capture.input_mutations_as_outputs
         outputs, new_values = outputs
         if compute:  # timing mode has no values to write
