@@ -42,6 +42,13 @@ class HardwareConfig:
     # STACK §7 / HW §3: a batched matmul in the default layout (batch just inside the stick) sustains
     # ~160 of the 1140 MAC/ns/core a 2-D matmul reaches (TS-CM). Modelled as an efficiency factor.
     bmm_batch_inner_efficiency: float = 160 / 1140
+    # HW §3 (TS-CM): the same measurement with the batch outermost gives 460-490 MAC/ns/core (midpoint taken), and a
+    # "projection" with one rank-3 operand (x (B, M, K) @ w (K, N)) 705 for B <= 4, 470 above. Also efficiency
+    # factors against the 1140 of a 2-D matmul (compute.py says when each applies).
+    bmm_batch_outer_efficiency: float = 475 / 1140
+    projection_small_batch_efficiency: float = 705 / 1140
+    projection_large_batch_efficiency: float = 470 / 1140
+    projection_small_batch_max: int = 4  # HW §3: "705 (B <= 4) or 470"
     pt_min_m_rows: int = 8  # HW §3: the per-core M tile must be >= 8 to fill the PT rows (TS-WD)
 
     # --- SFP vector unit, per corelet ---
@@ -75,6 +82,12 @@ class HardwareConfig:
 
     # --- data movement rates the real stack's cost model calibrated (TS-CM) ---
     restickify_gbps: float = 116.0  # STACK §7: restickify / transpose effective bandwidth
+    broadcast_gbps: float = 118.0  # STACK §7: broadcast effective bandwidth (TS-CM), read + written bytes
+    # HW §2 (TS-CM fit): streaming-reduction read bandwidth falls with row count, min(150, 114 + 61 exp(-rows/3700))
+    # GB/s; the 150 is dram_effective_gbps. dram.py says which reductions and which "rows" (an interpretation).
+    reduction_rows_floor_gbps: float = 114.0
+    reduction_rows_excess_gbps: float = 61.0
+    reduction_rows_scale: float = 3700.0
 
     # --- host ---
     pcie_gbps: float = 64.0  # HW §1: PCIe Gen5 x16 (TS-DEV)
@@ -209,6 +222,9 @@ def _validate(cfg: HardwareConfig) -> None:
         "dram_effective_gbps",
         "dram_capacity_gb",
         "restickify_gbps",
+        "broadcast_gbps",
+        "reduction_rows_floor_gbps",
+        "reduction_rows_scale",
         "pcie_gbps",
         "sfp_transcendental_cost",
     ]
@@ -216,7 +232,15 @@ def _validate(cfg: HardwareConfig) -> None:
         value = getattr(cfg, name)
         _require(cfg, name, isinstance(value, int | float) and value > 0, "a number > 0")
     _require(cfg, "dram_effective_gbps", cfg.dram_effective_gbps <= cfg.dram_peak_gbps, "<= dram_peak_gbps")
-    _require(cfg, "bmm_batch_inner_efficiency", 0 < cfg.bmm_batch_inner_efficiency <= 1, "0 < x <= 1")
+    for name in (
+        "bmm_batch_inner_efficiency",
+        "bmm_batch_outer_efficiency",
+        "projection_small_batch_efficiency",
+        "projection_large_batch_efficiency",
+    ):
+        _require(cfg, name, 0 < getattr(cfg, name) <= 1, "0 < x <= 1")
+    _require(cfg, "projection_small_batch_max", cfg.projection_small_batch_max >= 1, ">= 1")
+    _require(cfg, "reduction_rows_excess_gbps", cfg.reduction_rows_excess_gbps >= 0, ">= 0")
     _require(
         cfg,
         "lx_bytes",

@@ -9,7 +9,13 @@ fill is the reference's "per-core M tile must be >= 8" (HW §3): a decode matmul
 Default-layout batched matmul (HW §3, TS-CM: ~160 vs 1140 MAC/ns/core): the rule used here is that the penalty
 `bmm_batch_inner_efficiency` applies when an input of rank >= 3 has, in its stick layout, a batch dim of the matmul
 (one that indexes both inputs and the output) in the device position just outside the stick (device dim -2) --
-where torch-spyre's default layout puts host dim 0 -- and that dim has more than one element on the core.
+where torch-spyre's default layout puts host dim 0 -- and that dim has more than one element on the core. A batched
+matmul with more than one batch on the core elsewhere in the layout runs at `bmm_batch_outer_efficiency` (TS-CM's
+460-490 MAC/ns/core with the batch outermost). A projection -- no batch dim, one operand of rank >= 3 against a rank-2
+one, x (B, M, K) @ w (K, N) -- runs at `projection_small_batch_efficiency` (705 MAC/ns/core, B <= 4) or
+`projection_large_batch_efficiency` (470) (HW §3, TS-CM). B is the product of the rank-3 operand's leading host dims;
+B = 1 counts as 2-D (an assumption: a size-1 dim contributes nothing to the layout, STACK §2). TS-CM measured these
+as whole-kernel rates; modelling them as PT efficiency (like the default-layout penalty) is an assumption.
 
 SFP (HW §3/§8): `sfp_lanes` elements per cycle per corelet for 16-bit formats (half that for 32-bit ones: an
 assumption that a lane is 16 bits wide), both corelets in parallel; functions in TRANSCENDENTAL_FNS cost
@@ -36,7 +42,8 @@ class ComputeCost:
     macs: int = 0  # real (unpadded) MACs of one core
     elem_ops: float = 0.0  # SFP element operations of one core (elements x passes)
     efficiency: float = 1.0  # PT: fraction of the array's MAC slots doing real work
-    bmm_penalty: bool = False
+    bmm_penalty: bool = False  # the default-layout (batch inside the stick) penalty applies
+    layout: str = "2-d"  # PT: the layout class that set the efficiency (LAYOUT_EFFICIENCY_FIELDS)
 
 
 @dataclass(frozen=True)
@@ -81,11 +88,50 @@ def matmul_cost(
     slots = b * _ceil_to(m, config.pt_rows) * _ceil_to(n, config.pt_cols) * _ceil_to(k, depth)
     macs = b * m * n * k
     per_cycle = config.corelets_per_core * config.pt_rows * config.pt_cols * depth
-    penalty = _batch_inner_the_stick(kernel, buffers, dims, extents)
-    eff_layout = config.bmm_batch_inner_efficiency if penalty else 1.0
+    layout = matmul_layout(kernel, buffers, dims, extents, config)
+    eff_layout = layout_efficiency(layout, config)
     cycles = slots / per_cycle / eff_layout
     efficiency = (macs / slots if slots else 1.0) * eff_layout
-    return ComputeCost("pt", cycles, macs=macs, efficiency=efficiency, bmm_penalty=penalty)
+    return ComputeCost(
+        "pt", cycles, macs=macs, efficiency=efficiency, bmm_penalty=layout == "bmm batch inner", layout=layout
+    )
+
+
+# TS-CM's matmul layout classes -> the HardwareConfig field holding their efficiency (None: the 2-D rate)
+LAYOUT_EFFICIENCY_FIELDS = {
+    "2-d": None,
+    "bmm batch inner": "bmm_batch_inner_efficiency",
+    "bmm batch outer": "bmm_batch_outer_efficiency",
+    "projection small batch": "projection_small_batch_efficiency",
+    "projection large batch": "projection_large_batch_efficiency",
+}
+
+
+def matmul_layout(
+    kernel: Kernel,
+    buffers: dict[str, Buffer],
+    dims: MatmulDims,
+    extents: dict[str, int],
+    config: HardwareConfig,
+) -> str:
+    """The TS-CM layout class of a matmul on a core whose slice has `extents` (see the module doc)."""
+    if _batch_inner_the_stick(kernel, buffers, dims, extents):
+        return "bmm batch inner"
+    if any(extents.get(d, 1) > 1 for d in dims.batch):
+        return "bmm batch outer"
+    ranks = [buffers[a.buffer].rank for a in kernel.inputs]
+    if sorted(ranks)[0] <= 2 < sorted(ranks)[-1]:
+        big = buffers[kernel.inputs[ranks.index(max(ranks))].buffer]
+        batch = math.prod(big.shape[:-2])
+        if batch > 1:
+            small = batch <= config.projection_small_batch_max
+            return "projection small batch" if small else "projection large batch"
+    return "2-d"
+
+
+def layout_efficiency(layout: str, config: HardwareConfig) -> float:
+    name = LAYOUT_EFFICIENCY_FIELDS[layout]
+    return 1.0 if name is None else getattr(config, name)
 
 
 def _ceil_to(x: int, q: int) -> int:

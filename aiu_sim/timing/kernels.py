@@ -20,7 +20,7 @@ from aiu_sim.ir.ops import OpGroup
 from aiu_sim.ir.program import Buffer, Kernel, arg_bytes, core_slices, stick_dims
 from aiu_sim.timing import engine
 from aiu_sim.timing.compute import ComputeCost, elem_bytes, matmul_cost, matmul_dims, sfp_cost
-from aiu_sim.timing.dram import kernel_dram_model
+from aiu_sim.timing.dram import class_rate_gbps, kernel_dram_model, reduction_stream_gbps
 from aiu_sim.timing.report import Intervals, KernelTiming
 from aiu_sim.timing.resources import DMA, LX, PSUM, PT, RING, SFP, ResourceMap
 from aiu_sim.timing.tasks import PSUM_BYTES, TaskBuilder
@@ -47,7 +47,9 @@ def time_kernel(
     accesses, scale = _accesses(kernel, buffers, slices, groups)
     cost = _compute_cost(kernel, buffers, config, extents, padded)
     dram_cores = len(cores) if any(not a.in_lx for a in accesses) else 0
-    dram = kernel_dram_model(config, dram_cores, turnaround=kernel.op != "restickify")
+    class_rate = class_rate_gbps(kernel, config)  # charged in tasks.py instead of the turnaround
+    stream = reduction_stream_gbps(kernel, buffers, config)
+    dram = kernel_dram_model(config, dram_cores, turnaround=class_rate is None, stream_gbps=stream)
     rates = _planner_rates(cost, dram_cores)
     plan = _plan(kernel, buffers, config, extents, sticky, accesses, rates)
     # a row op whose row does not fit LX: a statistics pass, then an output pass

@@ -28,6 +28,7 @@ import numpy as np
 from aiu_sim.ir.program import Buffer, Kernel, core_slices
 from aiu_sim.timing import engine
 from aiu_sim.timing.compute import elem_bytes
+from aiu_sim.timing.dram import class_rate_gbps
 
 LOAD, MCAST, COMPUTE, STORE, PSUM_CHAIN = range(5)
 TASK_KIND_NAMES = ("load", "multicast", "compute", "store", "psum chain")
@@ -130,9 +131,10 @@ class TaskBuilder:
         private = weights @ loads
         mcast = {(a, grp): (loads[a] * self.scale[a, grp[0]]).tolist() for a, grp in sorted(shared)}
         compute = np.outer(np.ones(n_slices), self.cost.cycles / self.cfg.core_clock_ghz * p.compute_share)
-        if self.k.op == "restickify":  # per-core share of TS-CM's class rate (dram.py)
+        class_rate = class_rate_gbps(self.k, self.cfg)
+        if class_rate is not None:  # per-core share of TS-CM's class rate (dram.py)
             moved = loads.sum(axis=0) + sum(p.stores.values(), np.zeros(p.n_chunks))
-            rate = self.cfg.restickify_gbps / self.cfg.num_cores
+            rate = class_rate / self.cfg.num_cores
             compute = np.maximum(compute, np.outer(self.scale[0], moved) / rate)
         lx = sum(p.reads.values(), np.zeros(p.n_chunks)) + sum(p.writes.values(), np.zeros(p.n_chunks))
         lx_ns = np.outer(self.scale[0], lx) / r.lx_rate
