@@ -177,3 +177,15 @@ def test_list_prints_every_model_type():
 
     result = runner.invoke(app, ["sweep", "--list"])
     assert result.exit_code == 0 and result.output.split() == model_types()
+
+
+def test_task_selection():
+    assert sw.select_tasks("llama, gpt2", "both") == [
+        sw.Task("gpt2", "default"),
+        sw.Task("gpt2", "ragged"),
+        sw.Task("llama", "default"),
+        sw.Task("llama", "ragged"),
+    ]
+    assert len(sw.select_tasks()) == len(sw.select_tasks(variant="ragged")) > 600  # every type of transformers 5.24
+    with pytest.raises(sw.SweepError, match="--only names no model type"):
+        sw.select_tasks(" , ")
