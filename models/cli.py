@@ -252,6 +252,31 @@ def whatif(
     console.print(escape(f"table: {files.csv}; summary: {files.markdown}; plots: {plots}"))
 
 
+@app.command()
+def precision(
+    model: str = typer.Option("smollm2", help="smollm2 (real weights) or tiny-llama (random weights)."),
+    settings: str = typer.Option(
+        "dl16,fp8_e4m3_channel", help="Comma list of models/precision.py SETTINGS (dl16, fp8_e4m3_channel, ...)."
+    ),
+    prompt: str = typer.Option(None, help="Chat prompt for smollm2 (default: a question about France)."),
+    new_tokens: int = typer.Option(16, help="Greedy tokens of the fp32 reference to compare, teacher-forced."),
+    strict: bool = typer.Option(True, "--strict/--fallback", help="Strict mode: no CPU islands on the device run."),
+    out: Path = typer.Option(Path("spyre_emu_out/precision"), help="Where summary.md, modules.csv, JSON, PNGs go."),
+) -> None:
+    """Per-module error of emulated Spyre against CPU fp32 under numeric settings (DL16, FP8 weights), and where
+    the greedy output first changes; writes a table, PNGs and JSON (models/precision.py; docs/studies.md)."""
+    from models import precision as prec
+    from models.weights import WeightsNotInstalledError
+
+    try:
+        files = prec.run_command(model, settings, prompt, new_tokens, out, strict, console)
+    except (prec.PrecisionError, WeightsNotInstalledError) as e:
+        console.print(f"[red]error:[/red] {escape(str(e))}")
+        raise typer.Exit(2) from None
+    plots = ", ".join(str(p) for p in files.plots.values())
+    console.print(escape(f"table: {files.table}; json: {files.json}; plots: {plots}"))
+
+
 def _sweep_report(results: Path, out: Path) -> None:
     from models.zoo.report import write_report
     from models.zoo.sweep import SweepError, read_results
