@@ -93,6 +93,16 @@ class HardwareConfig:
     pcie_gbps: float = 64.0  # HW §1: PCIe Gen5 x16 (TS-DEV)
     kernel_launch_overhead_us: float = 15.0  # HW §1: ~15 us per bundle (TS-SP, derived); 0 in TS-CM's fit
 
+    # --- host runtime outside kernels (reported on their own line; ASSUMPTION_RANGES holds their bands) ---
+    # Per program call: JobPlan submission and stream synchronization (STACK §1.6), and the host work between one
+    # program and the next (per-token work in a decode loop that calls one program per token). Not public:
+    # assumption 0, band up to HW §1's ~100 us "launch floor" (AH-MM, low-medium confidence).
+    program_host_us: float = 0.0
+    # A CPU fallback island's host compute (HostOp): an eager dispatch cost plus its host bytes (inputs + outputs)
+    # at a host streaming rate. Not public: assumptions for one eager PyTorch CPU op on a server core.
+    host_op_overhead_us: float = 10.0
+    host_compute_gbps: float = 10.0
+
     def __post_init__(self) -> None:
         _validate(self)
 
@@ -180,9 +190,34 @@ class HardwareConfig:
             f"hop {self.ring_hop_latency_cycles} cycles; psum rings {self.psum_ring_bytes_per_cycle} B/cycle",
             f"  DRAM: {self.dram_capacity_gb:.0f} GB LPDDR5, {self.dram_peak_gbps} GB/s peak, "
             f"{self.dram_effective_gbps} GB/s effective one-way; per-core span {self.core_span_bytes // MIB} MiB",
-            f"  host: PCIe {self.pcie_gbps} GB/s; kernel launch overhead {self.kernel_launch_overhead_us} us",
+            f"  host: PCIe {self.pcie_gbps} GB/s; kernel launch overhead {self.kernel_launch_overhead_us} us; "
+            f"per program {self.program_host_us} us; CPU fallback op {self.host_op_overhead_us} us + "
+            f"{self.host_compute_gbps} GB/s",
         ]
         return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class Assumption:
+    """A config field whose value is not public: its plausible range, and why."""
+
+    low: float
+    high: float
+    why: str
+
+
+# The fields a band report varies (aiu_sim.timing.band): each default is an assumption, not a measurement.
+ASSUMPTION_RANGES: dict[str, Assumption] = {
+    "kernel_launch_overhead_us": Assumption(
+        0.0, 100.0, "HW §1: ~0 in TS-CM's fit, ~15 TS-SP, ~100 'launch floor'"
+    ),
+    "program_host_us": Assumption(0.0, 100.0, "not public; up to HW §1's ~100 us launch floor (AH-MM)"),
+    "host_op_overhead_us": Assumption(2.0, 50.0, "not public: one eager CPU op's dispatch"),
+    "host_compute_gbps": Assumption(2.0, 50.0, "not public: one eager CPU op's streaming rate"),
+    "ring_hop_latency_cycles": Assumption(0, 8, "HW §4: no hop latency is published"),
+    "sfp_lanes": Assumption(32, 128, "HW §3: SFP width not public (64 is ktir-cpu's estimate)"),
+    "sfp_transcendental_cost": Assumption(1.0, 8.0, "HW §3/§8: ktir-cpu's 4x is an estimate"),
+}
 
 
 def _field_names() -> list[str]:
@@ -227,6 +262,7 @@ def _validate(cfg: HardwareConfig) -> None:
         "reduction_rows_scale",
         "pcie_gbps",
         "sfp_transcendental_cost",
+        "host_compute_gbps",
     ]
     for name in positive_floats:
         value = getattr(cfg, name)
@@ -257,7 +293,8 @@ def _validate(cfg: HardwareConfig) -> None:
     _require(cfg, "ring_hop_latency_cycles", cfg.ring_hop_latency_cycles >= 0, ">= 0")
     _require(cfg, "psum_hop_latency_cycles", cfg.psum_hop_latency_cycles >= 0, ">= 0")
     _require(cfg, "dram_turnaround_ns_per_byte", cfg.dram_turnaround_ns_per_byte >= 0, ">= 0")
-    _require(cfg, "kernel_launch_overhead_us", cfg.kernel_launch_overhead_us >= 0, ">= 0")
+    for name in ("kernel_launch_overhead_us", "program_host_us", "host_op_overhead_us"):
+        _require(cfg, name, getattr(cfg, name) >= 0, ">= 0")
     _require(
         cfg, "memory_node_position", 0 <= cfg.memory_node_position <= cfg.num_cores, f"0..{cfg.num_cores}"
     )

@@ -29,6 +29,7 @@ import torch
 import aiu_sim
 from aiu_sim.config import HardwareConfig
 from aiu_sim.ir.ops import unit_of
+from aiu_sim.timing.summary import format_host_runtime
 from torch_spyre_emu import config as stack_config
 from torch_spyre_emu import debug
 
@@ -83,13 +84,25 @@ class ProfileReport:
 
     @property
     def host_us(self) -> float:
-        """Time in host copies and CPU islands (PCIe)."""
+        """Time in host copies and CPU islands (PCIe copies and the islands' host compute)."""
         return sum(s.duration_us for s in self.steps if s.op in ("h2d", "d2h") or s.op.startswith("host"))
 
+    @property
+    def host_runtime_us(self) -> dict[str, float]:
+        """Runtime costs outside kernels, summed over the graphs run: "program" (per-call launch, sync and host
+        work, config program_host_us) and "fallback_compute" (CPU islands' host compute); both in total_us."""
+        out = {"program": 0.0, "fallback_compute": 0.0}
+        for t in self.timing_reports:
+            for key, ns in t.host_runtime_ns.items():
+                out[key] = out.get(key, 0.0) + ns / 1e3
+        return out
+
     def summary(self) -> str:
+        runtime = {k: v * 1e3 for k, v in self.host_runtime_us.items()}
         lines = [
             f"{self.name}: {self.total_us:.2f} us on device timeline, {len(self.kernels)} kernels in "
-            f"{self.launches} launches ({self.mode})"
+            f"{self.launches} launches ({self.mode})",
+            f"  {format_host_runtime(runtime, self.total_us * 1e3)}",
         ]
         for k in self.kernels:
             lines.append(

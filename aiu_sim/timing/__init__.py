@@ -7,7 +7,7 @@
 Layout: resources.py (the timed units and ring geometry), engine.py (the event loop), dram.py (the calibrated DRAM
 model), compute.py (PT and SFP cycles), tiling.py (LX tile plans), kernels.py (a kernel as tile-level tasks),
 simulate.py (a program as steps, with memoization), report.py (results), calibration.py (microbenchmarks against
-the reference's calibrated rates).
+the reference's calibrated rates), band.py (the simulated time as a band over the assumed parameters).
 """
 
 from aiu_sim.timing.report import KernelTiming, StepTiming, TimingReport

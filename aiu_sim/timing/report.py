@@ -113,6 +113,7 @@ class StepTiming:
     dram_bytes: float = 0.0
     memo_hit: bool = False
     bundle: str | None = None  # the kernel's bundle (launched once), None for a bundle of its own
+    host_compute_ns: float = 0.0  # a CPU fallback island's host compute (inside start..end)
 
     @property
     def start_us(self) -> float:
@@ -150,6 +151,9 @@ class TimingReport:
     memo_hits: int
     wall_seconds: float
     notes: list[str] = field(default_factory=list)
+    # host runtime outside kernels (simulate.py): "program" (per-call launch, sync and host work) and
+    # "fallback_compute" (CPU fallback islands' host compute), ns; both included in total_ns
+    host_runtime_ns: dict[str, float] = field(default_factory=dict)
 
     # --- totals ---
     @property
@@ -253,6 +257,7 @@ class TimingReport:
             "roofline": self.roofline,
             "unit_utilization": self.unit_utilization(),
             "notes": list(self.notes),
+            "host_runtime_us": {k: v / 1e3 for k, v in self.host_runtime_ns.items()},
             "steps": [
                 {
                     "name": s.name,

@@ -8,7 +8,11 @@
 - Host steps move bytes over PCIe (`pcie_gbps`, HW §1) and write or read DRAM at the effective one-way rate; the
   two are pipelined, so a copy takes the longer of the two. Host bytes are the host array's (e.g. fp16, 2 B per
   element); device bytes are whole sticks. A CPU fallback island (HostOp) copies its inputs out and its outputs
-  back; its host compute time is not modelled (an assumption: zero), which the report's notes say when it occurs.
+  back, and between the two its host compute: `host_op_overhead_us` plus its host bytes (inputs + outputs) at
+  `host_compute_gbps` (both assumptions; ASSUMPTION_RANGES gives their bands).
+- A program call costs `program_host_us` of host runtime at its end (JobPlan submission, synchronization, host
+  work before the next call; an assumption, 0 by default). It and the islands' host compute are the report's
+  `host_runtime_ns`, printed on their own line, so a study can vary them.
 
 Timing never touches values, so programs whose buffers would take many GB time in seconds.
 """
@@ -122,6 +126,7 @@ def simulate(
     notes: list[str] = []
     events = 0
     now = 0.0
+    fallback_ns = 0.0
     launch_ns = config.kernel_launch_overhead_us * 1e3
     buffers = program.buffers
     previous = None
@@ -160,9 +165,15 @@ def simulate(
         else:
             record, now = _host_step(index, step, buffers, config, res, now, busy, moved)
             steps.append(record)
-            if isinstance(step, HostOp) and "host-compute" not in notes:
-                notes.append("host-compute: CPU fallback islands are charged their PCIe copies only")
+            fallback_ns += record.host_compute_ns
+            if isinstance(step, HostOp) and not any(n.startswith("host-compute") for n in notes):
+                notes.append(
+                    "host-compute: CPU fallback islands are charged their PCIe copies and an assumed host compute "
+                    f"({config.host_op_overhead_us} us + bytes at {config.host_compute_gbps} GB/s)"
+                )
         previous = step
+    program_ns = config.program_host_us * 1e3
+    now += program_ns
     return TimingReport(
         program=program.name,
         config=config,
@@ -177,6 +188,7 @@ def simulate(
         memo_hits=cache.hits - hits0,
         wall_seconds=time.perf_counter() - t0,
         notes=notes,
+        host_runtime_ns={"program": program_ns, "fallback_compute": fallback_ns},
     )
 
 
@@ -200,8 +212,17 @@ def _host_step(
         copies = [(buffers[b], None) for b in [*step.inputs, *step.outputs]]
         kind, names = "host", (*step.inputs, *step.outputs)
     start = now
-    pcie_total = dram_total = 0.0
-    for buf, itemsize in copies:
+    pcie_total = dram_total = compute_ns = 0.0
+    # a HostOp computes once its inputs are out (after copy n_out), before its outputs come back
+    n_out = len(step.inputs) if isinstance(step, HostOp) else None
+    for i, (buf, itemsize) in enumerate([*copies, (None, None)]):
+        if i == n_out:
+            compute_ns = (
+                config.host_op_overhead_us * 1e3 + sum(b.nbytes for b, _ in copies) / config.host_compute_gbps
+            )
+            now += compute_ns
+        if buf is None:
+            break
         host_bytes = buf.nbytes if itemsize is None else math.prod(buf.shape) * itemsize
         pcie_ns = host_bytes / config.pcie_gbps
         dram_bytes = buf.nbytes if buf.placement == "dram" else 0.0
@@ -226,6 +247,7 @@ def _host_step(
         end_ns=now,
         pcie_bytes=pcie_total,
         dram_bytes=dram_total,
+        host_compute_ns=compute_ns,
     )
     return record, now
 

@@ -17,6 +17,7 @@ def format_summary(report: TimingReport, top: int = 10) -> str:
     launch = sum(s.launch_ns for s in kernels)
     body = sum(s.end_ns - s.body_start_ns for s in kernels)
     host_ns = sum(s.end_ns - s.start_ns for s in host)
+    fallback = report.host_runtime_ns.get("fallback_compute", 0.0)
     roof = report.roofline
     lines = [
         f"{report.program} on {report.config.name}: {report.total_us:,.1f} us "
@@ -25,7 +26,9 @@ def format_summary(report: TimingReport, top: int = 10) -> str:
         f"{report.launches} launches, "
         f"{len(host)} host steps, {report.events:,} engine events, {report.wall_seconds:.2f} s wall",
         f"  kernel bodies {body / 1e3:,.1f} us ({100 * body / total:.1f}%), launch overhead {launch / 1e3:,.1f} us "
-        f"({100 * launch / total:.1f}%), host copies {host_ns / 1e3:,.1f} us ({100 * host_ns / total:.1f}%)",
+        f"({100 * launch / total:.1f}%), host copies {(host_ns - fallback) / 1e3:,.1f} us "
+        f"({100 * (host_ns - fallback) / total:.1f}%)",
+        f"  {format_host_runtime(report.host_runtime_ns, total)}",
         f"  achieved {report.achieved_flops_per_s / 1e12:.2f} TFLOP/s ({100 * roof['flops_fraction']:.1f}% of "
         f"{roof['peak_flops_per_s'] / 1e12:.1f} peak), DRAM {report.achieved_dram_bytes_per_s / 1e9:.1f} GB/s "
         f"({100 * roof['dram_fraction']:.1f}% of {roof['dram_bytes_per_s'] / 1e9:.0f} effective); "
@@ -55,6 +58,18 @@ def format_summary(report: TimingReport, top: int = 10) -> str:
     if report.notes:
         lines += ["", "notes:"] + [f"  {n}" for n in report.notes]
     return "\n".join(lines)
+
+
+def format_host_runtime(host_runtime_ns: dict[str, float], total_ns: float) -> str:
+    """The line every profile prints for the runtime costs outside kernels (config: program_host_us,
+    host_op_overhead_us, host_compute_gbps; assumptions with bands in aiu_sim.config.ASSUMPTION_RANGES)."""
+    program = host_runtime_ns.get("program", 0.0)
+    fallback = host_runtime_ns.get("fallback_compute", 0.0)
+    share = 100 * (program + fallback) / total_ns if total_ns else 0.0
+    return (
+        f"host runtime outside kernels {(program + fallback) / 1e3:,.1f} us ({share:.1f}%): program launch/sync "
+        f"{program / 1e3:,.1f} us, CPU fallback compute {fallback / 1e3:,.1f} us (assumed, see the config)"
+    )
 
 
 def _groups(kernels: list[StepTiming]) -> list[list[StepTiming]]:

@@ -4,10 +4,15 @@ where a decode-shaped matmul's time goes under each work division."""
 import math
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from test_timing_kernels import SETTINGS, elementwise, matmuls  # rootdir-relative, as numerics_reference
 
-from aiu_sim.config import preset
-from aiu_sim.ir.program import Arg, Buffer, Kernel, KernelProgram
-from aiu_sim.timing import simulate
+from aiu_sim.config import ASSUMPTION_RANGES, preset
+from aiu_sim.errors import ConfigError
+from aiu_sim.ir.program import Arg, Buffer, HostOp, Kernel, KernelProgram, arg_bytes
+from aiu_sim.timing import KernelCache, simulate
+from aiu_sim.timing.band import simulate_band
 from aiu_sim.timing.calibration import matmul_program, stream_program
 
 SPYRE = preset("spyre")
@@ -135,3 +140,86 @@ def test_decode_matmul_split_over_m_is_bound_by_each_cores_lx_port():
     assert t.dram_read < 1.1 * weight
     assert t.duration_ns == pytest.approx(2 * weight / lx_rate, rel=0.1)
     assert t.unit_utilization["lx"] > 0.9
+
+
+# --- runtime costs outside kernels -------------------------------------------------------------------------------
+
+
+def fallback_program():
+    bufs = [Buffer("x", "dl16", (64, 64)), Buffer("y", "dl16", (64, 64))]
+    return KernelProgram("fallback", bufs, [HostOp("sin", "sin", ["x"], ["y"])])
+
+
+def test_a_fallback_island_pays_its_assumed_host_compute_between_its_copies():
+    cfg = SPYRE.replace(host_op_overhead_us=20.0, host_compute_gbps=8.0)
+    report = simulate(fallback_program(), cfg)
+    step = report.steps[0]
+    expected = 20e3 + 2 * 64 * 64 * 2 / 8.0
+    assert step.host_compute_ns == pytest.approx(expected)
+    assert report.host_runtime_ns["fallback_compute"] == pytest.approx(expected)
+    copies = simulate(
+        fallback_program(), cfg.replace(host_op_overhead_us=0.0, host_compute_gbps=1e9)
+    ).total_ns
+    assert report.total_ns == pytest.approx(copies + expected, rel=1e-6)
+
+
+def test_program_host_time_is_charged_once_per_call_and_reported_on_its_own_line():
+    program = matmul_program(64, 1024, 1024, {"n": 16})
+    base = simulate(program, SPYRE)
+    slow = simulate(program, SPYRE.replace(program_host_us=40.0))
+    assert slow.total_ns == pytest.approx(base.total_ns + 40e3)
+    assert slow.kernels[0].end_ns == base.kernels[0].end_ns  # the kernels are where they were
+    assert slow.host_runtime_ns["program"] == 40e3
+    assert "host runtime outside kernels 40.0 us" in slow.summary()
+    assert "program launch/sync 0.0 us" in base.summary()
+
+
+# --- honest uncertainty ------------------------------------------------------------------------------------------
+
+
+def test_every_assumption_range_names_a_config_field_and_holds_its_default():
+    for name, a in ASSUMPTION_RANGES.items():
+        assert a.low <= getattr(SPYRE, name) <= a.high, name
+        assert a.why
+
+
+def test_the_band_brackets_the_nominal_time_and_says_which_assumption_moves_it():
+    band = simulate_band(matmul_program(64, 1024, 1024, {"n": 16}), SPYRE)
+    assert band.low_us <= band.nominal_us <= band.high_us
+    launch = next(f for f in band.fields if f.field == "kernel_launch_overhead_us")
+    assert launch.us_at_high - launch.us_at_low == pytest.approx(100.0)
+    assert "kernel_launch_overhead_us" in band.format()
+
+
+def test_a_band_over_an_unknown_field_is_a_clear_error():
+    with pytest.raises(ConfigError, match="no assumption range for.*core_clock_ghz"):
+        simulate_band(matmul_program(64, 64, 64, {}), SPYRE, fields=["core_clock_ghz"])
+
+
+# --- properties: determinism and conservation of bytes -----------------------------------------------------------
+
+
+@SETTINGS
+@given(st.one_of(matmuls(), elementwise()))
+def test_timing_is_deterministic_with_and_without_the_memo(program):
+    a = simulate(program, SPYRE, record_intervals=False)
+    b = simulate(program, SPYRE, record_intervals=False, cache=KernelCache(memoize=False))
+    assert a.total_ns == b.total_ns
+    assert (a.busy == b.busy).all() and (a.bytes == b.bytes).all()
+
+
+@SETTINGS
+@given(st.one_of(matmuls(), elementwise()))
+def test_dram_bytes_are_conserved(program):
+    """What the DRAM resource moved equals what the kernels read and wrote; every output byte is written once and
+    every input byte is read at least once (multicast counts once)."""
+    report = simulate(program, SPYRE, record_intervals=False)
+    res = report.resources
+    t = report.kernels[0].timing
+    assert report.bytes[res.dram] == pytest.approx(t.dram_read + t.dram_write)
+    k = program.kernels[0]
+    whole = {d: (0, e) for d, e in k.space.items()}
+    out_bytes = sum(arg_bytes(a, program.buffers[a.buffer], whole) for a in k.outputs)
+    in_bytes = sum(arg_bytes(a, program.buffers[a.buffer], whole) for a in k.inputs)
+    assert t.dram_write == pytest.approx(out_bytes, rel=1e-9)
+    assert t.dram_read >= in_bytes * (1 - 1e-9)

@@ -120,6 +120,19 @@ def test_profile_config_selects_hardware():
     assert max(k.cores for k in small.kernels) < max(k.cores for k in big.kernels)
 
 
+def test_profile_reports_host_runtime_outside_kernels_on_its_own_line():
+    """issue 14: per-call host runtime (config program_host_us, an assumption) is its own line of every profile."""
+    from aiu_sim.config import preset
+
+    x = torch.randn(64, 256, dtype=torch.float16)
+    fn = torch.compile(lambda t: t * t, backend="spyre")
+    base = torch_spyre_emu.profile(fn, x)
+    slow = torch_spyre_emu.profile(fn, x, config=preset("spyre").replace(program_host_us=25.0))
+    assert "host runtime outside kernels" in base.summary()
+    assert slow.host_runtime_us["program"] == pytest.approx(25.0 * len(slow.programs))
+    assert slow.total_us == pytest.approx(base.total_us + 25.0 * len(slow.programs))
+
+
 def test_debug_level_1_prints_program(capsys):
     old = config.debug
     config.debug = 1
