@@ -4,6 +4,8 @@ A flat list of small classes, one per kind of mistake. Every message raised with
 what to do instead. Other parts of the stack add their own classes here.
 """
 
+import functools
+
 
 class SpyreError(Exception):
     """Base class of every error torch_spyre_emu raises on purpose."""
@@ -11,6 +13,10 @@ class SpyreError(Exception):
 
 class SpyreLayoutError(SpyreError, ValueError):
     """A SpyreTensorLayout is malformed or does not fit the tensor it is used with."""
+
+
+class SpyreConfigError(SpyreError, ValueError):
+    """A torch_spyre._inductor.config option (or its environment variable) has a value the emulator cannot use."""
 
 
 class SpyreDeviceError(SpyreError, RuntimeError):
@@ -40,4 +46,46 @@ class SpyreDtypeMismatchError(SpyreCompileError, TypeError):
 
 
 class FallbackWarning(UserWarning):
-    """An op ran as a CPU island (copied to the host, run there, copied back), as torch-spyre's fallbacks warn."""
+    """An op ran as a CPU island (copied to the host, run there, copied back), as torch-spyre's fallbacks warn.
+    The same class is importable as torch_spyre.ops.fallbacks.FallbackWarning, where the real stack defines it; the
+    device registration installs the real stack's "once" filter for it."""
+
+
+def fallback_message(op, fallback_device: str = "cpu", detail: str = "") -> str:
+    """torch-spyre's message, "{op} is falling back to {device}" (torch_spyre_api.md §5), plus the emulator's
+    detail (dtypes, shapes, module path) in parentheses when given."""
+    return f"{op} is falling back to {fallback_device}" + (f" ({detail})" if detail else "")
+
+
+def warn_fallback(op, fallback_device: str = "cpu", detail: str = "") -> None:
+    """Warn that `op` runs on `fallback_device`, attributed to the first frame outside torch and the stack, as
+    torch-spyre's skip_file_prefixes does."""
+    import warnings
+
+    warnings.warn(
+        fallback_message(op, fallback_device, detail), FallbackWarning, stacklevel=_user_stacklevel()
+    )
+
+
+def _user_stacklevel() -> int:
+    """The warnings stacklevel of the caller's first frame outside torch and torch_spyre(_emu)."""
+    import os
+    import sys
+
+    inside = _stack_dirs()
+    frame, level = sys._getframe(1), 1
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(inside):
+        frame, level = frame.f_back, level + 1
+    return level
+
+
+@functools.cache
+def _stack_dirs() -> tuple[str, ...]:
+    import importlib.util
+    import os
+
+    import torch
+
+    shim = importlib.util.find_spec("torch_spyre")
+    files = [torch.__file__, __file__, shim.origin if shim else None]
+    return tuple(os.path.dirname(os.path.abspath(f)) + os.sep for f in files if f)

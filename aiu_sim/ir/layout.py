@@ -42,16 +42,20 @@ class StickLayout:
 
 
 def default_layout(
-    shape: tuple[int, ...], dtype: str, dim_order: tuple[int, ...] | None = None
+    shape: tuple[int, ...],
+    dtype: str,
+    dim_order: tuple[int, ...] | None = None,
+    host_strides: tuple[int, ...] | None = None,
 ) -> StickLayout:
-    """The default stick layout of a host tensor of `shape` (ranks 0-6)."""
+    """The default stick layout of a host tensor of `shape` (ranks 0-6) whose elements sit at `host_strides`
+    (default: contiguous); the stride_map holds those strides."""
     shape = tuple(int(s) for s in shape)
     eps = elems_per_stick(dtype)
     if len(shape) > 6:
         raise ValueError(f"rank {len(shape)} is not supported; torch-spyre layouts have rank 0-6")
     if any(s < 0 for s in shape):
         raise ValueError(f"negative size in shape {shape}")
-    host_strides = contiguous_strides(shape)
+    host_strides = contiguous_strides(shape) if host_strides is None else tuple(int(s) for s in host_strides)
     order = tuple(range(len(shape))) if dim_order is None else tuple(dim_order)
     if sorted(order) != list(range(len(shape))):
         raise ValueError(f"dim_order {order} is not a permutation of range({len(shape)})")

@@ -38,11 +38,23 @@ __all__ = [
     "device_format_for",
     "host_dtype",
     "reset_int64_warning",
+    "set_int64_warning_gate",
     "to_device",
+    "warn_int64_narrowing",
     "to_host",
 ]
 
 _int64_warned = False
+_int64_warning_gate = None  # a callable that says whether the warning is enabled now (torch_spyre_emu sets one)
+
+# torch-spyre's wording (torch_spyre_api.md §3: "does not support int64", the int32 downcast may change values, three
+# ways to silence it); the emulator raises Int64RangeError instead of changing a value.
+INT64_WARNING = (
+    "Spyre does not support int64: int64 tensors are downcast to int32 on the device, which may change their "
+    "values (the emulator raises Int64RangeError for values outside the int32 range instead). To silence this "
+    "warning: set TORCH_SPYRE_DOWNCAST_WARN=0, call torch.spyre.set_downcast_warning(False), or convert the "
+    "tensor to int32 before moving it to the device"
+)
 
 
 def device_format_for(host_dtype_name) -> str:
@@ -100,7 +112,6 @@ def reset_int64_warning() -> None:
 
 
 def _ints_to_device(x, name: str, fmt_name: str) -> np.ndarray:
-    global _int64_warned
     arr = as_integer_array(x, f"to_device({name})")
     lo, hi, container = ints.RANGES[fmt_name]
     if name != "int64":
@@ -113,14 +124,23 @@ def _ints_to_device(x, name: str, fmt_name: str) -> np.ndarray:
             f"(e.g. {arr[index]} at index {index}); Spyre narrows int64 to int32. Keep this tensor on the CPU, "
             "or rescale / offset the values so they fit"
         )
-    if not _int64_warned:
-        _int64_warned = True
-        warnings.warn(
-            "int64 data is narrowed to int32 on the Spyre device (as torch-spyre does); values are checked to fit",
-            Int64NarrowingWarning,
-            stacklevel=3,
-        )
+    warn_int64_narrowing(stacklevel=4)
     return arr.astype(container)
+
+
+def set_int64_warning_gate(gate) -> None:
+    """Install a callable returning whether the int64 warning is enabled (None: always enabled)."""
+    global _int64_warning_gate
+    _int64_warning_gate = gate
+
+
+def warn_int64_narrowing(stacklevel: int = 2) -> None:
+    """The once-per-process int64 -> int32 warning, unless the gate turns it off."""
+    global _int64_warned
+    if _int64_warned or (_int64_warning_gate is not None and not _int64_warning_gate()):
+        return
+    _int64_warned = True
+    warnings.warn(INT64_WARNING, Int64NarrowingWarning, stacklevel=stacklevel)
 
 
 def _check_int_range(arr: np.ndarray, name: str, fmt_name: str) -> np.ndarray:

@@ -13,7 +13,7 @@ from torch.utils._pytree import tree_map
 
 from aiu_sim.numerics import dl16, fp8, host
 from aiu_sim.numerics.errors import Int64NarrowingWarning, Int64RangeError
-from torch_spyre_emu.device.layout import SpyreTensorLayout, default_layout
+from torch_spyre_emu.device.layout import DataFormats, SpyreTensorLayout, default_layout
 from torch_spyre_emu.device.register import register
 from torch_spyre_emu.device.tensor import from_payload, payload
 from torch_spyre_emu.errors import SpyreDeviceError, SpyreError, SpyreLayoutError
@@ -261,12 +261,12 @@ def test_device_tensor_layout_and_image():
     x = torch.randn(5, 100, 150).half()
     s = x.to("spyre")
     lay = s.device_tensor_layout()
-    assert lay.device_size == (100, 3, 5, 64) and lay.stride_map == (150, 64, 15000, 1)
+    assert lay.device_size == [100, 3, 5, 64] and lay.stride_map == [150, 64, 15000, 1]
     image = s.device_image()
     assert image.shape == (100, 3, 5, 64)
     assert image[7, 1, 2, 5] == dl16_round(x)[2, 7, 69]
     assert (image[:, 2, :, 22:] == 0).all()  # stick padding is zeros
-    assert s.permute(2, 1, 0).device_tensor_layout() == default_layout((150, 100, 5), torch.float16)
+    assert s.permute(2, 1, 0).device_tensor_layout() == lay  # views keep the base layout (torch_spyre_api.md §3)
 
 
 def test_to_with_device_layout():
@@ -285,11 +285,11 @@ def test_to_with_a_layout_that_does_not_fit():
     with pytest.raises(SpyreLayoutError, match="reaches only"):
         x.to("spyre", device_layout=default_layout((4, 64), torch.float32))
     with pytest.raises(SpyreLayoutError, match="too few"):
-        x.to("spyre", device_layout=SpyreTensorLayout((64,) * 1 + (32,), (1, 1), "IEEE_FP32"))
+        x.to("spyre", device_layout=SpyreTensorLayout((64,) * 1 + (32,), (1, 1), DataFormats.IEEE_FP32))
     with pytest.raises(SpyreLayoutError, match="does not match"):
         x.to("spyre", device_layout=default_layout((8, 64), torch.float16))
-    with pytest.raises(SpyreLayoutError, match="only applies when moving a tensor to spyre"):
-        x.to("cpu", device_layout=default_layout((8, 64), torch.float32))
+    # as torch-spyre, .to(device_layout=) allocates on the current spyre device whatever device is named
+    assert x.to("cpu", device_layout=default_layout((8, 64), torch.float32)).device.type == "spyre"
     assert issubclass(SpyreLayoutError, SpyreError)
 
 

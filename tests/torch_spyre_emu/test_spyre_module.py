@@ -28,7 +28,7 @@ def test_device_count_from_env(monkeypatch):
     assert spyre.device_count() == 1
     monkeypatch.setenv("AIU_WORLD_SIZE", "4")
     assert spyre.device_count() == 4
-    monkeypatch.setenv("SPYRE_DEVICES", "2")  # SPYRE_DEVICES wins
+    monkeypatch.setenv("SPYRE_DEVICES", "0,1")  # SPYRE_DEVICES (a comma list of ids, as flex reads it) wins
     assert spyre.device_count() == 2
     monkeypatch.setenv("SPYRE_DEVICES", "two")
     with pytest.raises(SpyreDeviceError, match="SPYRE_DEVICES='two'"):
@@ -36,7 +36,7 @@ def test_device_count_from_env(monkeypatch):
 
 
 def test_set_and_current_device(monkeypatch):
-    monkeypatch.setenv("SPYRE_DEVICES", "2")
+    monkeypatch.setenv("SPYRE_DEVICES", "0,1")
     assert spyre.is_available() and spyre.current_device() == 0
     spyre.set_device(1)
     assert spyre.current_device() == 1
@@ -49,7 +49,7 @@ def test_set_and_current_device(monkeypatch):
 
 
 def test_current_device_is_per_thread(monkeypatch):
-    monkeypatch.setenv("SPYRE_DEVICES", "2")
+    monkeypatch.setenv("SPYRE_DEVICES", "0,1")
     spyre.set_device(1)
     seen = []
     worker = threading.Thread(target=lambda: seen.append(spyre.current_device()))
@@ -96,8 +96,8 @@ def test_rng_state_round_trip_and_fork_rng():
 
 def test_default_and_current_stream():
     s0 = spyre.current_stream()
-    assert s0.stream_id == 0 and s0 == spyre.default_stream() and s0.priority == 0
-    assert str(s0.device) == "spyre:0"
+    assert s0.id == 0 and s0 == spyre.default_stream() and s0.priority == 0
+    assert str(s0.device()) == "spyre:0"
 
 
 def test_stream_priority_and_pools():
@@ -107,8 +107,7 @@ def test_stream_priority_and_pools():
     assert low[32].stream_id == low[0].stream_id  # 32 low-priority streams, handed out round-robin
     assert 33 <= high.stream_id <= 64 and high.priority == -1
     assert spyre.Stream(priority=-5).priority == -1  # binary priority
-    with pytest.raises(SpyreDeviceError, match="binary priority"):
-        spyre.Stream(priority=1)
+    assert 33 <= spyre.Stream(priority=1).id <= 64  # any non-zero priority takes the second pool (torch-spyre)
 
 
 def test_stream_context_manager_nests_and_restores():
@@ -178,14 +177,16 @@ def test_peak_reset_and_stats_dict():
     assert spyre.max_memory_allocated() == base + 64 * 128
 
 
-def test_allocations_are_accounted_to_the_current_device(monkeypatch):
-    monkeypatch.setenv("SPYRE_DEVICES", "2")
+def test_allocator_stats_are_process_wide(monkeypatch):
+    # torch-spyre's allocator aggregates its stats over the process (csrc/spyre_allocator.cpp), so every device
+    # index reports the same numbers (this test said per device before the API digest)
+    monkeypatch.setenv("SPYRE_DEVICES", "0,1")
     gc.collect()
     before = spyre.memory_allocated(1)
     spyre.set_device(1)
     x = torch.zeros(10, device="spyre")
     assert x.device == torch.device("spyre:0")  # torch's Python backend only has index 0 tensors
-    assert spyre.memory_allocated(1) == before + 128
+    assert spyre.memory_allocated(1) == spyre.memory_allocated(0) == before + 128
     del x
     gc.collect()
     assert spyre.memory_allocated(1) == before

@@ -5,6 +5,8 @@ import pytest
 import torch
 
 from torch_spyre_emu.device.layout import (
+    DataFormats,
+    ElementArrangement,
     SpyreTensorLayout,
     dci,
     default_layout,
@@ -17,28 +19,28 @@ from torch_spyre_emu.errors import SpyreLayoutError
 
 def test_worked_example_rank3_fp16():
     lay = default_layout((5, 100, 150), torch.float16)
-    assert lay.device_size == (100, 3, 5, 64)
-    assert lay.stride_map == (150, 64, 15000, 1)  # 150 padded to 3 sticks = 192
-    assert lay.device_dtype == "SEN169_FP16"
-    assert lay.element_arrangement == "STANDARD"
+    assert lay.device_size == [100, 3, 5, 64]
+    assert lay.stride_map == [150, 64, 15000, 1]  # 150 padded to 3 sticks = 192
+    assert lay.device_dtype == DataFormats.SEN169_FP16
+    assert lay.element_arrangement == ElementArrangement.STANDARD
 
 
 def test_worked_example_rank2():
     lay = default_layout((1024, 256), torch.float16)
-    assert lay.device_size == (4, 1024, 64)
-    assert lay.stride_map == (64, 256, 1)
+    assert lay.device_size == [4, 1024, 64]
+    assert lay.stride_map == [64, 256, 1]
 
 
 def test_worked_example_scalar():
     lay = default_layout((), torch.float16)
-    assert lay.device_size == (1, 64)
-    assert lay.stride_map == (-1, -1)
+    assert lay.device_size == [1, 64]
+    assert lay.stride_map == [-1, -1]
 
 
 def test_worked_example_dim_order():
     lay = default_layout((5, 100, 150), torch.float16, dim_order=[1, 0, 2])
-    assert lay.device_size == (5, 3, 100, 64)
-    assert lay.stride_map == (15000, 64, 150, 1)
+    assert lay.device_size == [5, 3, 100, 64]
+    assert lay.stride_map == [15000, 64, 150, 1]
 
 
 def test_dci_worked_example():
@@ -64,15 +66,15 @@ def test_dci_worked_example():
 )
 def test_elements_per_stick_and_device_dtype(dtype, eps, fmt):
     lay = default_layout((3, 2 * eps + 1), dtype)
-    assert lay.device_size == (3, 3, eps)  # 2 sticks + 1 element -> 3 sticks
-    assert lay.device_dtype == fmt
-    assert lay.elems_per_stick == eps
+    assert lay.device_size == [3, 3, eps]  # 2 sticks + 1 element -> 3 sticks
+    assert lay.device_dtype == DataFormats[fmt]
+    assert lay.elems_per_stick() == eps
     assert lay.nbytes == 3 * 3 * 128
 
 
 def test_padding_only_in_the_stick_dimension():
     lay = default_layout((7, 3, 150), torch.float16)
-    assert lay.device_size == (3, 3, 7, 64)  # 7 and 3 stay as they are; 150 -> 3 sticks
+    assert lay.device_size == [3, 3, 7, 64]  # 7 and 3 stay as they are; 150 -> 3 sticks
     assert lay.nbytes == 3 * 3 * 7 * 128
 
 
@@ -86,14 +88,14 @@ def test_ranks_0_to_6(rank):
 
 def test_rank_1():
     lay = default_layout((100,), torch.float16)
-    assert lay.device_size == (2, 64)
-    assert lay.stride_map == (64, 1)
+    assert lay.device_size == [2, 64]
+    assert lay.stride_map == [64, 1]
 
 
 def test_size_one_dims_never_contribute():
     lay = default_layout((1, 100, 1), torch.float16)
-    assert lay.device_size == (100, 1, 1, 64)
-    assert lay.stride_map == (1, -1, -1, -1)
+    assert lay.device_size == [100, 1, 1, 64]
+    assert lay.stride_map == [1, -1, -1, -1]
 
 
 def test_rank_7_and_bad_dim_order_are_errors():
@@ -103,16 +105,18 @@ def test_rank_7_and_bad_dim_order_are_errors():
         default_layout((2, 3), torch.float16, dim_order=[0, 0])
 
 
-def test_layout_constructor_validates():
+def test_layout_validate_checks_device_form_layouts():
+    # the device-form constructor checks nothing, as torch-spyre's binding; validate() (run on every allocation
+    # with a layout) does
     with pytest.raises(SpyreLayoutError, match="in-stick"):
-        SpyreTensorLayout((4, 32), (32, 1), "SEN169_FP16")
+        SpyreTensorLayout((4, 32), (32, 1), "SEN169_FP16").validate()
     with pytest.raises(SpyreLayoutError, match="same length"):
-        SpyreTensorLayout((4, 64), (64,), "SEN169_FP16")
+        SpyreTensorLayout((4, 64), (64,), "SEN169_FP16").validate()
     with pytest.raises(SpyreLayoutError, match="unknown device_dtype"):
         SpyreTensorLayout((4, 64), (64, 1), "FP64")
     with pytest.raises(SpyreLayoutError, match="element_arrangement"):
         SpyreTensorLayout((4, 64), (64, 1), "SEN169_FP16", "ZIGZAG")
-    assert SpyreTensorLayout((4, 64), (64, 1), "dl16").device_dtype == "SEN169_FP16"
+    assert SpyreTensorLayout((4, 64), (64, 1), "dl16").device_dtype == DataFormats.SEN169_FP16
 
 
 def test_layout_that_does_not_fit_the_host_shape():
@@ -141,7 +145,7 @@ def test_device_image_places_values_and_zero_pads():
 def test_device_image_with_dim_order_and_scalar():
     values = np.arange(6, dtype=np.float32).reshape(2, 3) + 1
     lay = default_layout((2, 3), torch.float32, dim_order=[1, 0])  # host dims permuted to (3, 2)
-    assert lay.device_size == (1, 3, 32)
+    assert lay.device_size == [1, 3, 32]
     image = to_device_image(values, lay)
     assert image[0, 2, 1] == values[1, 2]
     np.testing.assert_array_equal(from_device_image(image, lay, (2, 3)), values)

@@ -20,7 +20,7 @@ from torch_spyre_emu.compiler.builder import Builder, HostSpec
 from torch_spyre_emu.compiler.context import CompileOptions, ProgramParts, module_path
 from torch_spyre_emu.compiler.lowering import Unavailable, find_lowering
 from torch_spyre_emu.compiler.views import TRef
-from torch_spyre_emu.errors import FallbackWarning, SpyreCompileError
+from torch_spyre_emu.errors import FallbackWarning, SpyreCompileError, fallback_message
 
 
 @dataclass
@@ -110,7 +110,7 @@ def _lower_node(b: Builder, node: fx.Node, env: dict, options: CompileOptions):
         import warnings
 
         warnings.warn(
-            f"{node.target}: no device lowering in the emulator yet; running it as a CPU island",
+            fallback_message(node.target, "cpu", "the emulator has no device lowering for it yet"),
             FallbackWarning,
             stacklevel=2,
         )

@@ -43,8 +43,8 @@ def device_format(dtype: torch.dtype | str) -> str:
         return numerics_host.device_format_for(host_dtype_name(dtype))
     except NumericsError as e:
         raise SpyreDeviceError(
-            f"{dtype} has no Spyre device format ({e}); convert the tensor first, e.g. .to(torch.float16) or "
-            ".to(torch.float32)"
+            f"Spyre backend does not support dtype {dtype}: {dtype} has no Spyre device format ({e}); convert the "
+            "tensor first, e.g. .to(torch.float16) or .to(torch.float32)"
         ) from e
 
 

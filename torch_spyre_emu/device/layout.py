@@ -11,95 +11,288 @@ module adds the torch-facing type, validation against a host shape, the device i
 
 from __future__ import annotations
 
+import enum
+import inspect
 import math
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 
 from aiu_sim.config import STICK_BYTES
 from aiu_sim.ir import layout as stick_math
 from aiu_sim.numerics.formats import FORMATS
 from torch_spyre_emu.errors import SpyreLayoutError
 
-# torch-spyre DataFormats names (e.g. SEN169_FP16) by aiu_sim storage-format name (e.g. dl16), from the registry.
-DATA_FORMATS = {f.name: f.device_name for f in FORMATS.values() if f.storage == f.name}
-_FORMAT_OF = {v: k for k, v in DATA_FORMATS.items()}
-ELEMENT_ARRANGEMENTS = ("STANDARD", "DL16_TO_FP32", "QFP8CH", "EXX2")
 MAX_HOST_RANK = 6
 
 
-@dataclass(frozen=True)
-class SpyreTensorLayout:
-    """Device-side layout of one tensor. `device_dtype` is a DataFormats name (e.g. "SEN169_FP16"); the
-    aiu_sim format name ("dl16") is accepted too and normalized."""
+class DataFormats(enum.Enum):
+    """torch-spyre's device data formats with their binding values (../shared/reference/torch_spyre_api.md §2)."""
 
-    device_size: tuple[int, ...]
-    stride_map: tuple[int, ...]
-    device_dtype: str
-    element_arrangement: str = "STANDARD"
+    SEN169_FP16 = 0
+    IEEE_FP32 = 1
+    INVALID = 2
+    SEN143_FP8 = 3
+    SEN152_FP8 = 4
+    SEN153_FP9 = 5
+    SENINT2 = 6
+    SENINT4 = 7
+    SENINT8 = 8
+    SENINT16 = 9
+    SENINT24 = 10
+    IEEE_INT64 = 11
+    IEEE_INT32 = 12
+    SENUINT32 = 13
+    SENUINT2 = 14
+    IEEE_FP16 = 15
+    BOOL = 16
+    BFLOAT16 = 17
+    SEN18F_FP24 = 18
 
-    def __post_init__(self) -> None:
-        size = tuple(int(s) for s in self.device_size)
-        strides = tuple(int(s) for s in self.stride_map)
-        dtype = DATA_FORMATS.get(self.device_dtype, self.device_dtype)
-        object.__setattr__(self, "device_size", size)
-        object.__setattr__(self, "stride_map", strides)
-        object.__setattr__(self, "device_dtype", dtype)
-        if dtype not in _FORMAT_OF:
-            raise SpyreLayoutError(
-                f"unknown device_dtype {self.device_dtype!r}; use one of {sorted(_FORMAT_OF)} "
-                f"(or the aiu_sim names {sorted(DATA_FORMATS)})"
-            )
-        if self.element_arrangement not in ELEMENT_ARRANGEMENTS:
-            raise SpyreLayoutError(
-                f"unknown element_arrangement {self.element_arrangement!r}; use one of {ELEMENT_ARRANGEMENTS}"
-            )
-        if len(size) != len(strides):
-            raise SpyreLayoutError(
-                f"device_size {size} and stride_map {strides} must have the same length (one stride per device dim)"
-            )
-        if not 2 <= len(size) <= MAX_HOST_RANK + 1:
-            raise SpyreLayoutError(
-                f"device_size {size} has {len(size)} dims; a layout has 2 to {MAX_HOST_RANK + 1} (host rank 0-6 "
-                "plus the in-stick dim)"
-            )
-        if any(s < 0 for s in size):
-            raise SpyreLayoutError(f"device_size {size} has a negative size")
-        if size[-1] != self.elems_per_stick:
-            raise SpyreLayoutError(
-                f"the last device dim is the in-stick index and must be {self.elems_per_stick} for {dtype}, "
-                f"got device_size {size}"
-            )
-        if any(s == 0 or s < -1 for s in strides):
-            raise SpyreLayoutError(
-                f"stride_map {strides} may only hold positive strides or -1 (synthetic dim)"
-            )
+    def __int__(self) -> int:  # pybind11 enums convert to int
+        return self.value
+
+    __index__ = __int__
+
+    def elems_per_stick(self) -> int:
+        """Elements per 128-byte stick."""
+        if self.name in _EXTRA_ELEMS_PER_STICK:
+            return _EXTRA_ELEMS_PER_STICK[self.name]
+        return stick_math.elems_per_stick(self.format)
 
     @property
     def format(self) -> str:
-        """The aiu_sim device-format name ("dl16", "fp32", ...)."""
-        return _FORMAT_OF[self.device_dtype]
+        """The aiu_sim format name ("dl16", "fp32", ...) of this DataFormat; raises for formats the emulator lacks."""
+        try:
+            return _FORMAT_OF[self.name]
+        except KeyError:
+            raise SpyreLayoutError(
+                f"DataFormats.{self.name} has no emulated device format; the emulator models "
+                f"{sorted(_FORMAT_OF)}"
+            ) from None
+
+
+class ElementArrangement(enum.Enum):
+    """How elements are packed in a stick (torch_spyre_api.md §2); the binding values are assumed to be 0-3."""
+
+    STANDARD = 0
+    DL16_TO_FP32 = 1
+    QFP8CH = 2
+    EXX2 = 3
+
+    def __int__(self) -> int:
+        return self.value
+
+    __index__ = __int__
+
+
+# aiu_sim storage-format name (e.g. "dl16") by DataFormats name, from the format registry.
+_FORMAT_OF = {f.device_name: f.name for f in FORMATS.values() if f.storage == f.name}
+DATA_FORMATS = {v: k for k, v in _FORMAT_OF.items()}  # aiu_sim name -> DataFormats name
+# Formats the registry does not model, whose stick count follows from their width alone (128 B / element bytes).
+_EXTRA_ELEMS_PER_STICK = {"IEEE_FP16": 64, "BFLOAT16": 64, "IEEE_INT64": 16, "SENINT2": 512, "SENUINT2": 512}
+# Pickle state version of torch-spyre's SpyreTensorLayout (csrc/module.cpp): v3 is written, v1 and v2 load.
+PICKLE_VERSION = 3
+
+
+def _data_format(value) -> DataFormats:
+    """A DataFormats from a member, its name, its int value or an aiu_sim format name ("dl16")."""
+    if isinstance(value, DataFormats):
+        return value
+    if isinstance(value, str):
+        name = DATA_FORMATS.get(value, value)
+        if name in DataFormats.__members__:
+            return DataFormats[name]
+    elif isinstance(value, int) and not isinstance(value, bool):
+        try:
+            return DataFormats(value)
+        except ValueError:
+            pass
+    raise SpyreLayoutError(
+        f"unknown device_dtype {value!r}; use a torch_spyre DataFormats member, e.g. DataFormats.SEN169_FP16 "
+        f"(or one of {sorted(DATA_FORMATS)})"
+    )
+
+
+def _arrangement(value) -> ElementArrangement:
+    if isinstance(value, ElementArrangement):
+        return value
+    if isinstance(value, str) and value in ElementArrangement.__members__:
+        return ElementArrangement[value]
+    raise SpyreLayoutError(
+        f"unknown element_arrangement {value!r}; use one of {[e.name for e in ElementArrangement]}"
+    )
+
+
+def _from_host(host_size, dtype): ...
+def _from_host_strides(host_size, host_strides, dtype, dim_order, element_arrangement=ElementArrangement.STANDARD): ...
+def _from_device(device_size, stride_map, device_dtype, element_arrangement=ElementArrangement.STANDARD): ...
+
+
+_CONSTRUCTORS = [inspect.signature(f) for f in (_from_host, _from_host_strides, _from_device)]
+
+
+class SpyreTensorLayout:
+    """Device-side layout of one tensor, as torch-spyre's binding (torch_spyre_api.md §2). Three constructors:
+
+        SpyreTensorLayout(host_size, dtype)                                  the default layout
+        SpyreTensorLayout(host_size, host_strides, dtype, dim_order, element_arrangement=STANDARD)
+        SpyreTensorLayout(device_size, stride_map, device_dtype, element_arrangement=STANDARD)   not validated
+
+    `dim_order` lists host dims by decreasing stride; its last entry is the stick dim. As in the real binding the
+    device-form constructor does not check its arguments: validate() does, and every allocation with a layout calls
+    it. device_size / stride_map read as lists (copies); `device_dtype` is a DataFormats member."""
+
+    __slots__ = ("_size", "_strides", "_dtype", "_arrangement")
+
+    def __init__(self, *args, **kwargs):
+        for i, sig in enumerate(_CONSTRUCTORS):
+            try:
+                bound = sig.bind(*args, **kwargs)
+            except TypeError:
+                continue
+            bound.apply_defaults()
+            a = bound.arguments
+            host_dtype = a.get("dtype")
+            if i < 2 and not isinstance(host_dtype, torch.dtype):
+                continue
+            if i == 0:
+                self._set(default_layout(a["host_size"], host_dtype))
+            elif i == 1:
+                dim_order = list(a["dim_order"])
+                if dim_order and dim_order[-1] == -1:
+                    raise SpyreLayoutError(
+                        f"dim_order {dim_order} ends in -1 (a sparse layout: one value per stick); the emulator "
+                        "does not model sparse layouts yet. Use a dense dim_order (a permutation of the host dims)"
+                    )
+                base = default_layout(a["host_size"], host_dtype, dim_order, host_strides=a["host_strides"])
+                self._set(base, _arrangement(a["element_arrangement"]))
+            else:
+                self._size = tuple(int(s) for s in a["device_size"])
+                self._strides = tuple(int(s) for s in a["stride_map"])
+                self._dtype = _data_format(a["device_dtype"])
+                self._arrangement = _arrangement(a["element_arrangement"])
+            return
+        raise TypeError(
+            "SpyreTensorLayout(): no constructor takes these arguments; use (host_size, dtype), "
+            "(host_size, host_strides, dtype, dim_order[, element_arrangement]) or "
+            "(device_size, stride_map, device_dtype[, element_arrangement])"
+        )
+
+    def _set(self, other: SpyreTensorLayout, arrangement=None) -> None:
+        self._size, self._strides, self._dtype = other._size, other._strides, other._dtype
+        self._arrangement = other._arrangement if arrangement is None else arrangement
+
+    # --- the binding's members ---------------------------------------------------------------------------------
+    @property
+    def device_size(self) -> list[int]:
+        return list(self._size)
 
     @property
+    def stride_map(self) -> list[int]:
+        return list(self._strides)
+
+    @property
+    def device_dtype(self) -> DataFormats:
+        return self._dtype
+
+    @property
+    def element_arrangement(self) -> ElementArrangement:
+        return self._arrangement
+
     def elems_per_stick(self) -> int:
-        return stick_math.elems_per_stick(self.format)
+        return self._dtype.elems_per_stick()
+
+    def with_element_arrangement(self, element_arrangement) -> SpyreTensorLayout:
+        return SpyreTensorLayout(self._size, self._strides, self._dtype, _arrangement(element_arrangement))
+
+    def __eq__(self, other) -> bool:
+        if not isinstance(other, SpyreTensorLayout):
+            return NotImplemented
+        return self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+    def _key(self):
+        return (self._size, self._strides, self._dtype, self._arrangement)
+
+    def __str__(self) -> str:
+        # the binding's exact form: a space before "=" only after stride_map; the arrangement is not printed
+        size = ", ".join(map(str, self._size))
+        strides = ", ".join(map(str, self._strides))
+        return (
+            f"SpyreTensorLayout(device_size=[{size}], stride_map =[{strides}], "
+            f"device_dtype=DataFormats.{self._dtype.name})"
+        )
+
+    __repr__ = __str__
+
+    def __getstate__(self):
+        return (PICKLE_VERSION, list(self._size), list(self._strides), self._dtype, self._arrangement)
+
+    def __setstate__(self, state) -> None:
+        version = state[0] if isinstance(state, tuple) and state else None
+        # v1 / v2 state: assumed (version, size, stride_map, dtype[, arrangement]); the digest only says they load
+        if version not in (1, 2, 3) or not 4 <= len(state) <= 5:
+            raise ValueError(
+                f"cannot unpickle SpyreTensorLayout state version {version!r}: versions 1, 2 and "
+                f"{PICKLE_VERSION} are supported"
+            )
+        self._size = tuple(int(s) for s in state[1])
+        self._strides = tuple(int(s) for s in state[2])
+        self._dtype = _data_format(state[3])
+        self._arrangement = _arrangement(state[4]) if len(state) == 5 else ElementArrangement.STANDARD
+
+    # --- emulator additions ------------------------------------------------------------------------------------
+    @property
+    def format(self) -> str:
+        """The aiu_sim device-format name ("dl16", "fp32", ...)."""
+        return self._dtype.format
 
     @property
     def nbytes(self) -> int:
         """Device bytes, padding included: whole sticks of 128 B."""
-        return math.prod(self.device_size[:-1]) * STICK_BYTES
+        return math.prod(self._size[:-1]) * STICK_BYTES
 
     def to_stick_layout(self) -> stick_math.StickLayout:
         """The same layout as aiu_sim's StickLayout, for building kernel programs."""
-        return stick_math.StickLayout(self.device_size, self.stride_map, self.format)
+        return stick_math.StickLayout(self._size, self._strides, self.format)
+
+    def validate(self) -> None:
+        """Raise SpyreLayoutError unless this is a well-formed layout (the real binding checks nothing here)."""
+        size, strides, dtype = self._size, self._strides, self._dtype
+        self.format  # noqa: B018  (raises for a format the emulator does not model)
+        if len(size) != len(strides):
+            raise SpyreLayoutError(
+                f"device_size {list(size)} and stride_map {list(strides)} must have the same length (one stride "
+                "per device dim)"
+            )
+        if not 2 <= len(size) <= MAX_HOST_RANK + 1:
+            raise SpyreLayoutError(
+                f"device_size {list(size)} has {len(size)} dims; a layout has 2 to {MAX_HOST_RANK + 1} (host rank "
+                "0-6 plus the in-stick dim)"
+            )
+        if any(s < 0 for s in size):
+            raise SpyreLayoutError(f"device_size {list(size)} has a negative size")
+        if size[-1] != self.elems_per_stick():
+            raise SpyreLayoutError(
+                f"the last device dim is the in-stick index and must be {self.elems_per_stick()} for "
+                f"DataFormats.{dtype.name}, got device_size {list(size)}"
+            )
+        if any(s == 0 or s < -1 for s in strides):
+            raise SpyreLayoutError(
+                f"stride_map {list(strides)} may only hold positive strides or -1 (synthetic dim)"
+            )
 
 
-def default_layout(shape, dtype, dim_order=None) -> SpyreTensorLayout:
+def default_layout(shape, dtype, dim_order=None, host_strides=None) -> SpyreTensorLayout:
     """torch-spyre's default (generic stick) layout of a host tensor of `shape` and torch `dtype` (ranks 0-6).
 
     Host dims (d0, ..., dr) are permuted by `dim_order` first, then laid out as d1, ..., d(r-1), tiles(dr), d0,
-    dr-in-stick; only the stick dim is padded. Size-1 host dims never contribute, so all their device dims get
-    stride -1 (canonical form)."""
+    dr-in-stick; only the stick dim is padded. stride_map holds `host_strides` (default: contiguous). Size-1 host
+    dims never contribute, so all their device dims get stride -1 (canonical form)."""
     from torch_spyre_emu.device.host_dtypes import device_format
 
     shape = tuple(int(s) for s in shape)
@@ -112,8 +305,10 @@ def default_layout(shape, dtype, dim_order=None) -> SpyreTensorLayout:
         raise SpyreLayoutError(
             f"dim_order {order} is not a permutation of range({len(shape)}) for shape {shape}"
         )
+    if host_strides is not None and len(host_strides) != len(shape):
+        raise SpyreLayoutError(f"host_strides {list(host_strides)} do not match host_size {list(shape)}")
     try:
-        base = stick_math.default_layout(shape, device_format(dtype), order)
+        base = stick_math.default_layout(shape, device_format(dtype), order, host_strides=host_strides)
     except ValueError as e:
         raise SpyreLayoutError(str(e)) from e
     strides = list(base.stride_map)
@@ -135,6 +330,7 @@ def host_dim_map(layout: SpyreTensorLayout, host_shape) -> tuple[_DimMap, ...]:
 
     Raises SpyreLayoutError naming the first inconsistency (wrong rank, stride that addresses no host dim,
     overlapping or missing coverage)."""
+    layout.validate()
     host_shape = tuple(int(s) for s in host_shape)
     if len(host_shape) > MAX_HOST_RANK:
         raise SpyreLayoutError(f"host rank {len(host_shape)} is not supported: layouts cover host ranks 0-6")
@@ -217,7 +413,7 @@ def to_device_image(values: np.ndarray, layout: SpyreTensorLayout) -> np.ndarray
 def from_device_image(image: np.ndarray, layout: SpyreTensorLayout, host_shape) -> np.ndarray:
     """Gather the logical values of a host tensor of `host_shape` back out of a device image."""
     host_shape = tuple(int(s) for s in host_shape)
-    if tuple(image.shape) != layout.device_size:
+    if list(image.shape) != layout.device_size:
         raise SpyreLayoutError(
             f"device image has shape {tuple(image.shape)}, layout says {layout.device_size}"
         )

@@ -1,14 +1,18 @@
-"""Device-memory accounting behind torch.spyre.memory_allocated / memory_stats.
+"""Device-memory accounting behind torch.spyre.memory_allocated / memory_stats (and torch.spyre.memory).
 
-Counts the bytes of each device allocation in its stick-padded layout (whole 128-byte sticks), the way the
-SpyreAllocator's deleter updates DeviceStats. There is no caching allocator, so reserved == allocated.
+Counts each device allocation's bytes as torch-spyre's SpyreAllocator does (torch_spyre_api.md §3,
+csrc/spyre_allocator.cpp): the storage size (stick padding included) rounded up to 128 B. Stats are process-wide
+aggregates, whichever device is asked about, and reserved equals allocated (no caching allocator).
 """
 
 from __future__ import annotations
 
 import threading
-from collections import defaultdict
 from dataclasses import dataclass
+
+from aiu_sim.config import STICK_BYTES
+
+ALLOCATION_ALIGNMENT = STICK_BYTES  # allocations round up to 128 B (torch_spyre_api.md §3)
 
 
 @dataclass
@@ -29,49 +33,62 @@ class _Counters:
 
 
 _lock = threading.Lock()
-_bytes: defaultdict[int, _Counters] = defaultdict(_Counters)
-_count: defaultdict[int, _Counters] = defaultdict(_Counters)
+_bytes = _Counters()
+_count = _Counters()
+
+
+def allocation_bytes(nbytes: int) -> int:
+    """The bytes an allocation of `nbytes` takes: rounded up to 128 B."""
+    return -(-int(nbytes) // ALLOCATION_ALIGNMENT) * ALLOCATION_ALIGNMENT
 
 
 def record_alloc(device: int, nbytes: int) -> None:
     with _lock:
-        _bytes[device].add(nbytes)
-        _count[device].add(1)
+        _bytes.add(nbytes)
+        _count.add(1)
 
 
 def record_free(device: int, nbytes: int) -> None:
     with _lock:
-        _bytes[device].sub(nbytes)
-        _count[device].sub(1)
+        _bytes.sub(nbytes)
+        _count.sub(1)
 
 
-def allocated(device: int) -> int:
+def allocated(device: int | None = None) -> int:
     with _lock:
-        return _bytes[device].current
+        return _bytes.current
 
 
-def peak(device: int) -> int:
+def peak(device: int | None = None) -> int:
     with _lock:
-        return _bytes[device].peak
+        return _bytes.peak
 
 
-def reset_peak(device: int) -> None:
+def reset_peak(device: int | None = None) -> None:
     with _lock:
-        _bytes[device].peak = _bytes[device].current
-        _count[device].peak = _count[device].current
+        _bytes.peak = _bytes.current
+        _count.peak = _count.current
 
 
-def stats(device: int) -> dict[str, int]:
-    """CUDA-style flat stats dict ("allocated_bytes.all.current", ...)."""
+def reset_accumulated(device: int | None = None) -> None:
     with _lock:
-        b, c = _bytes[device], _count[device]
+        _bytes.allocated = _bytes.freed = 0
+        _count.allocated = _count.freed = 0
+
+
+def stats(device: int | None = None) -> dict[str, int]:
+    """torch.accelerator-style flat stats dict ("allocated_bytes.all.current", ...); reserved == allocated."""
+    with _lock:
+        b, c = _bytes, _count
         out: dict[str, int] = {}
-        for prefix in ("allocated_bytes", "active_bytes", "reserved_bytes"):
+        for prefix in ("allocated_bytes", "active_bytes", "reserved_bytes", "requested_bytes"):
             for field in ("current", "peak", "allocated", "freed"):
                 out[f"{prefix}.all.{field}"] = getattr(b, field)
-        for prefix in ("allocation", "active"):
+        for prefix in ("allocation", "active", "segment"):
             for field in ("current", "peak", "allocated", "freed"):
                 out[f"{prefix}.all.{field}"] = getattr(c, field)
         out["num_alloc_retries"] = 0
         out["num_ooms"] = 0
-        return out
+        out["num_device_alloc"] = c.allocated
+        out["num_device_free"] = c.freed
+        return dict(sorted(out.items()))

@@ -16,6 +16,9 @@ from torch_spyre_emu.device import storage as device_storage
 from torch_spyre_emu.errors import SpyreDeviceError
 
 _META = torch._C.DispatchKeySet(torch._C.DispatchKey.Meta)
+# set_ runs the CPU kernel: it only sets metadata when the storage is large enough (spyre storages always are), while
+# the Meta kernel insists on resizing the storage, which a spyre storage (an opaque host token) does not allow.
+_SET = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
 
 
 def _run_op():
@@ -187,13 +190,13 @@ def inplace_view(op, args, kwargs):
     source = torch.ops.aten.as_strided.default.redispatch(
         _META, self, list(twin.shape), list(twin.stride()), twin.storage_offset()
     )
-    return torch.ops.aten.set_.source_Tensor.redispatch(_META, self, source)
+    return torch.ops.aten.set_.source_Tensor.redispatch(_SET, self, source)
 
 
 def fallback(keyset, op, *args, **kwargs):
     """PrivateUse1 boxed fallback: views stay local, everything else computes through run_op."""
     if op.overloadpacket is torch.ops.aten.set_:  # repoint at a (spyre) storage: metadata only
-        return op.redispatch(_META, *args, **kwargs)
+        return op.redispatch(_SET, *args, **kwargs)
     if torch.Tag.inplace_view in op.tags:
         return inplace_view(op, args, kwargs)
     if op.is_view:

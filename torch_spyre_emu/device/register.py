@@ -8,13 +8,15 @@ Mirrors torch-spyre's `_autoload` (STACK §1.1), but through torch's Python back
 from __future__ import annotations
 
 import threading
+import warnings
 
 import torch
 from torch.utils.backend_registration import _setup_privateuseone_for_python_backend
 
+from torch_spyre_emu import inductor
 from torch_spyre_emu.device import kernels as device_kernels
 from torch_spyre_emu.device import spyre_module, tensor_api
-from torch_spyre_emu.errors import SpyreDeviceError
+from torch_spyre_emu.errors import FallbackWarning, SpyreDeviceError
 
 DEVICE_NAME = "spyre"
 _lock = threading.Lock()
@@ -63,3 +65,6 @@ def register() -> None:
         )
         device_kernels.install()
         tensor_api.install()
+        inductor.install()  # plain torch.compile on spyre tensors reaches the emulated stack
+        # torch-spyre's ops/fallbacks.py shows each fallback message once (torch_spyre_api.md §5)
+        warnings.filterwarnings("once", category=FallbackWarning)

@@ -1,9 +1,10 @@
-"""The `torch.spyre` device module, mirroring torch-spyre's (STACK §1.1, §7): device selection, seeding,
-streams and memory statistics.
+"""The `torch.spyre` device module, mirroring torch-spyre's (../shared/reference/torch_spyre_api.md §1-§3):
+device state and lazy init, seeding, streams, memory statistics, AMP dtypes, the downcast-warning switch and the
+layout functions the real module reads from its `_C` extension.
 
-Device count comes from SPYRE_DEVICES or AIU_WORLD_SIZE (default 1), as the real hooks read it. torch's Python
-PrivateUse1 backend only places tensors on spyre:0, so set_device(i) selects which emulated card allocations are
-accounted to (one card per process, as multi-card runs use one process per card).
+Device count comes from SPYRE_DEVICES (a comma list of device ids) or AIU_WORLD_SIZE (default 1), as flex reads it.
+torch's Python PrivateUse1 backend only places tensors on spyre:0, so set_device(i) selects which emulated card is
+current (one card per process, as multi-card runs use one process per card).
 """
 
 from __future__ import annotations
@@ -13,77 +14,179 @@ import threading
 
 import torch
 
-from torch_spyre_emu.device import memory as device_memory
-from torch_spyre_emu.device.streams import Stream, StreamContext, current_stream, default_stream, set_stream
+from torch_spyre_emu.device import memory_api as memory
+from torch_spyre_emu.device.layout import DataFormats, ElementArrangement, SpyreTensorLayout
+from torch_spyre_emu.device.memory_api import (
+    max_memory_allocated,
+    max_memory_reserved,
+    memory_allocated,
+    memory_reserved,
+    memory_stats,
+    reset_accumulated_memory_stats,
+    reset_peak_memory_stats,
+)
+from torch_spyre_emu.device.streams import Stream, current_stream, default_stream, set_stream
+from torch_spyre_emu.device.tensor_api import (
+    as_strided_with_layout,
+    copy_tensor,
+    empty_with_layout,
+    get_device_dtype,
+    get_downcast_warning,
+    get_elem_in_stick,
+    get_spyre_tensor_layout,
+    set_downcast_warning,
+    set_spyre_tensor_layout,
+    spyre_empty_with_layout,
+)
 from torch_spyre_emu.errors import SpyreDeviceError
 
 __all__ = [
+    "DataFormats",
+    "ElementArrangement",
+    "SpyreTensorLayout",
     "Stream",
+    "as_strided_with_layout",
+    "copy_tensor",
     "current_device",
     "current_stream",
     "default_stream",
     "device_count",
+    "empty_with_layout",
+    "free_runtime",
+    "get_amp_supported_dtype",
+    "get_device_dtype",
+    "get_downcast_warning",
+    "get_elem_in_stick",
     "get_generator",
     "get_rng_state",
     "get_rng_state_all",
+    "get_spyre_tensor_layout",
     "initial_seed",
     "is_available",
     "is_initialized",
     "manual_seed",
     "manual_seed_all",
     "max_memory_allocated",
+    "max_memory_reserved",
+    "memory",
     "memory_allocated",
+    "memory_reserved",
     "memory_stats",
+    "reset_accumulated_memory_stats",
     "reset_peak_memory_stats",
     "seed",
     "seed_all",
     "set_device",
+    "set_downcast_warning",
     "set_rng_state",
     "set_rng_state_all",
+    "set_spyre_tensor_layout",
     "set_stream",
+    "spyre_empty_with_layout",
+    "start_runtime",
     "stream",
     "synchronize",
 ]
 
 _tls = threading.local()
 _seed_lock = threading.Lock()
+_init_lock = threading.Lock()
 _generators: dict[int, torch.Generator] = {}
+_initialized = False
+_in_bad_fork = False
 
 
-def is_available() -> bool:
-    return True
+def _after_fork_in_child() -> None:
+    global _in_bad_fork
+    if _initialized:
+        _in_bad_fork = True
 
 
-def is_initialized() -> bool:
-    return True
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _is_in_bad_fork() -> bool:
-    return False
+    return _in_bad_fork
+
+
+def is_available() -> bool:
+    """device_count() > 0; always True in a forked child or an Inductor subprocess (as the real module)."""
+    if _in_bad_fork or os.environ.get("IS_INDUCTOR_SPAWNED_SUBPROCESS") == "1":
+        return True
+    return device_count() > 0
+
+
+def is_initialized() -> bool:
+    """Lazy init ran (the first allocation, or any runtime call) and this is not a forked child."""
+    return _initialized and not _in_bad_fork
 
 
 def device_count() -> int:
-    """Number of emulated cards: SPYRE_DEVICES, else AIU_WORLD_SIZE, else 1."""
-    for var in ("SPYRE_DEVICES", "AIU_WORLD_SIZE"):
-        raw = os.environ.get(var)
-        if raw:
-            try:
-                n = int(raw)
-            except ValueError:
-                raise SpyreDeviceError(
-                    f"{var}={raw!r} is not a device count; set it to a positive integer"
-                ) from None
-            if n < 1:
-                raise SpyreDeviceError(f"{var}={raw!r} must be a positive integer")
-            return n
+    """Number of emulated cards: the ids in SPYRE_DEVICES (comma list), else AIU_WORLD_SIZE, else 1."""
+    raw = os.environ.get("SPYRE_DEVICES")
+    if raw:
+        ids = [part.strip() for part in raw.split(",") if part.strip()]
+        if not ids or not all(part.isdigit() for part in ids):
+            raise SpyreDeviceError(
+                f"SPYRE_DEVICES={raw!r} is not a comma-separated list of device ids; set it like SPYRE_DEVICES=0,1"
+            )
+        return len(ids)
+    raw = os.environ.get("AIU_WORLD_SIZE")
+    if raw:
+        try:
+            n = int(raw)
+        except ValueError:
+            raise SpyreDeviceError(
+                f"AIU_WORLD_SIZE={raw!r} is not a device count; set it to a positive integer"
+            ) from None
+        if n < 1:
+            raise SpyreDeviceError(f"AIU_WORLD_SIZE={raw!r} must be a positive integer")
+        return n
     return 1
+
+
+def _lazy_init() -> None:
+    """Apply the pending device (this thread's, else LOCAL_RANK, else 0) and start the runtime, once."""
+    global _initialized
+    if _initialized:
+        return
+    with _init_lock:
+        if _initialized:
+            return
+        index = getattr(_tls, "device", 0)
+        if index == 0 and os.environ.get("LOCAL_RANK", "").isdigit():
+            index = int(os.environ["LOCAL_RANK"])
+        _initialized = True
+        try:
+            _tls.device = _check_index(index)
+        except SpyreDeviceError:
+            _initialized = False
+            raise
+        start_runtime()
+
+
+def start_runtime() -> None:
+    """The real module starts its device runtime here; the emulated device needs nothing started."""
+
+
+def free_runtime() -> None:
+    """Counterpart of start_runtime (nothing to release in the emulator)."""
 
 
 def current_device() -> int:
     return getattr(_tls, "device", 0)
 
 
-def _device_index(device=None) -> int:
+def _check_index(index: int) -> int:
+    if not 0 <= index < device_count():
+        raise SpyreDeviceError(
+            f"spyre device {index} does not exist: {device_count()} device(s) "
+            "(set SPYRE_DEVICES=0,1,... or AIU_WORLD_SIZE for more)"
+        )
+    return index
+
+
+def _device_index(device=None, *, check: bool = True) -> int:
     """Validate a device given as None (current), an int, "spyre[:i]" or a torch.device."""
     if device is None:
         return current_device()
@@ -94,28 +197,37 @@ def _device_index(device=None) -> int:
         if device.type != "spyre":
             raise SpyreDeviceError(f"expected a spyre device, got {device}")
         index = current_device() if device.index is None else device.index
-    if not 0 <= index < device_count():
-        raise SpyreDeviceError(
-            f"spyre device {index} does not exist: {device_count()} device(s) "
-            "(set SPYRE_DEVICES or AIU_WORLD_SIZE for more)"
-        )
-    return index
+    return _check_index(index) if check else index
 
 
 def set_device(device) -> None:
-    _tls.device = _device_index(device)
+    """Before lazy init the index is only recorded (lazy init applies it); afterwards it must exist."""
+    _tls.device = _device_index(device, check=is_initialized())
 
 
 def synchronize(device=None) -> None:
-    """Wait for all work on `device`; every stream is idle once its work is launched (see streams.py)."""
-    current_stream(device).synchronize()
+    """Wait for all work on `device`; None means the current device only, as the real code does (the docs say all
+    devices). Work runs when it is launched (see streams.py), so there is never anything to wait for."""
+    _lazy_init()
+    _device_index(device)
 
 
-def stream(s: Stream | None) -> StreamContext:
-    return StreamContext(s)
+def stream(s: Stream | None):
+    """`with torch.spyre.stream(s):` returns `s` itself, as torch-spyre's does; None gives a no-op context."""
+    if s is None:
+        import contextlib
+
+        return contextlib.nullcontext()
+    return s
 
 
-# Seeding. Random ops on spyre run as CPU islands in torch-spyre, so each card's generator is a CPU generator.
+def get_amp_supported_dtype() -> list[torch.dtype]:
+    """The dtypes torch.autocast("spyre") may cast to."""
+    return [torch.float16, torch.bfloat16]
+
+
+# Seeding: one mt19937 per device (csrc/spyre_generator_impl.cpp); eager random ops draw on the CPU, so each card's
+# generator is a CPU generator (torch's CPU generator is an mt19937 too).
 def get_generator(device=None) -> torch.Generator:
     """The random generator of `device`, used by random ops on spyre tensors."""
     index = _device_index(device)
@@ -128,6 +240,7 @@ def get_generator(device=None) -> torch.Generator:
 
 
 def get_rng_state(device="spyre") -> torch.Tensor:
+    """The generator state of `device` as a uint8 CPU tensor."""
     return get_generator(device).get_state()
 
 
@@ -162,22 +275,5 @@ def manual_seed_all(seed: int) -> None:
         get_generator(i).manual_seed(int(seed))
 
 
-def initial_seed() -> int:
-    return get_generator().initial_seed()
-
-
-# Memory statistics (bytes in stick-padded device layout).
-def memory_allocated(device=None) -> int:
-    return device_memory.allocated(_device_index(device))
-
-
-def max_memory_allocated(device=None) -> int:
-    return device_memory.peak(_device_index(device))
-
-
-def reset_peak_memory_stats(device=None) -> None:
-    device_memory.reset_peak(_device_index(device))
-
-
-def memory_stats(device=None) -> dict[str, int]:
-    return device_memory.stats(_device_index(device))
+def initial_seed(device="spyre") -> int:
+    return get_generator(device).initial_seed()

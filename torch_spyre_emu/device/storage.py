@@ -9,6 +9,8 @@ The weakref finalizer on the storage object frees the accounted device bytes whe
 
 from __future__ import annotations
 
+import ctypes
+import mmap
 import weakref
 from dataclasses import dataclass
 
@@ -31,7 +33,22 @@ class DeviceStorage:
     base_shape: tuple[int, ...]
     base_strides: tuple[int, ...]
     device_index: int
-    nbytes: int  # device bytes, stick padding included
+    nbytes: int  # storage bytes (torch-spyre's size rule, stick padding included)
+    token: HostToken | None = None  # backs the torch storage's opaque data_ptr
+
+
+class HostToken:
+    """An opaque host address range of `nbytes` for a spyre storage's data_ptr, as torch-spyre's is a host token
+    rather than a device address. It is a private anonymous mapping: untouched pages cost no memory and read as
+    zeros, so torch code that does touch the bytes neither crashes nor sees device values."""
+
+    def __init__(self, nbytes: int):
+        self.nbytes = int(nbytes)
+        self._map = mmap.mmap(-1, max(self.nbytes, 1), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        self.address = ctypes.addressof(ctypes.c_char.from_buffer(self._map))
+
+    def storage(self) -> torch.UntypedStorage:
+        return torch._C._construct_storage_from_data_pointer(self.address, torch.device("spyre", 0), self.nbytes)
 
 
 def attach(t: torch.Tensor, storage: DeviceStorage) -> None:
@@ -40,8 +57,9 @@ def attach(t: torch.Tensor, storage: DeviceStorage) -> None:
     if getattr(holder, _ATTR, None) is not None:
         raise SpyreDeviceError("internal: this spyre tensor already owns device memory")
     setattr(holder, _ATTR, storage)
-    device_memory.record_alloc(storage.device_index, storage.nbytes)
-    weakref.finalize(holder, device_memory.record_free, storage.device_index, storage.nbytes)
+    allocated = device_memory.allocation_bytes(storage.nbytes)
+    device_memory.record_alloc(storage.device_index, allocated)
+    weakref.finalize(holder, device_memory.record_free, storage.device_index, allocated)
 
 
 def has_device_data(t: torch.Tensor) -> bool:

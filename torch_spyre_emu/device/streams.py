@@ -1,8 +1,8 @@
-"""torch.spyre.Stream: torch-spyre's SpyreStream API (csrc/spyre_stream.cpp, STACK §1.1).
+"""torch.spyre.Stream: torch-spyre's stream API (streams.py, csrc/spyre_stream.cpp; torch_spyre_api.md §1).
 
-Stream 0 is each device's default stream; new streams come round-robin from a pool of 32 low-priority and 32
-high-priority streams per device; priority is binary (0 = low, any negative value = high, as in CUDA); work on a
-stream runs in submission (FIFO) order. The emulator executes work synchronously when it is launched, so a stream
+Stream 0 is each device's default stream; new streams come round-robin from a pool of 32 priority-0 streams (ids
+1-32) and 32 streams for any other priority (ids 33-64), which report priority -1; work on a stream runs in
+submission (FIFO) order. There is no Event API, as in torch-spyre. The emulator executes work synchronously when it is launched, so a stream
 is always idle afterwards: query() is True and synchronize() returns at once, which preserves FIFO order trivially.
 """
 
@@ -27,22 +27,29 @@ class Stream:
         from torch_spyre_emu.device import spyre_module
 
         self.device_index = spyre_module._device_index(device)
-        if not isinstance(priority, int) or priority > 0:
-            raise SpyreDeviceError(
-                f"stream priority must be 0 (low) or a negative int (high), got {priority!r}; torch-spyre streams "
-                "have a binary priority"
-            )
-        self.priority = 0 if priority == 0 else -1
+        if not isinstance(priority, int) or isinstance(priority, bool):
+            raise SpyreDeviceError(f"stream priority must be an int (0, or another value for high), got {priority!r}")
+        self._priority = 0 if priority == 0 else -1
         if _stream_id is None:
-            high = self.priority < 0
+            high = self._priority != 0
             with _pool_lock:
                 slot = next(_next_in_pool[(self.device_index, high)]) % STREAMS_PER_PRIORITY
             _stream_id = 1 + slot + (STREAMS_PER_PRIORITY if high else 0)
-        self.stream_id = _stream_id
+        self._id = _stream_id
         self.launched = 0  # units of work run on this stream, in FIFO order
         self._prev: list[Stream] = []
 
     @property
+    def id(self) -> int:
+        return self._id
+
+    stream_id = id  # the emulator's earlier name
+
+    @property
+    def priority(self) -> int:
+        """0, or -1 for a stream created with any other priority."""
+        return self._priority
+
     def device(self):
         import torch
 
@@ -75,16 +82,13 @@ class Stream:
         _set_current(self._prev.pop())
 
     def __eq__(self, other) -> bool:
-        return isinstance(other, Stream) and (self.device_index, self.stream_id) == (
-            other.device_index,
-            other.stream_id,
-        )
+        return isinstance(other, Stream) and (self._id, self.device_index) == (other._id, other.device_index)
 
     def __hash__(self) -> int:
-        return hash((self.device_index, self.stream_id))
+        return hash((self._id, self.device_index))
 
     def __repr__(self) -> str:
-        return f"<torch.spyre.Stream device=spyre:{self.device_index} stream_id={self.stream_id} priority={self.priority}>"
+        return f"<torch_spyre.Stream device={self.device()} id={self._id}>"
 
 
 def default_stream(device=None) -> Stream:
@@ -116,19 +120,3 @@ def set_stream(stream: Stream) -> None:
     if not isinstance(stream, Stream):
         raise SpyreDeviceError(f"set_stream takes a torch.spyre.Stream, got {type(stream).__name__}")
     _set_current(stream)
-
-
-class StreamContext:
-    """`with torch.spyre.stream(s):` as in torch.cuda.stream; None leaves the current stream alone."""
-
-    def __init__(self, stream: Stream | None):
-        self.stream = stream
-
-    def __enter__(self):
-        if self.stream is not None:
-            self.stream.__enter__()
-        return self.stream
-
-    def __exit__(self, *exc) -> None:
-        if self.stream is not None:
-            self.stream.__exit__(*exc)

@@ -9,7 +9,7 @@ API for the compiler / eager path:
     payload(t)                    numpy view of t's device values in t's shape (writable)
     from_payload(values, dtype)   new spyre tensor holding already-device-format values (no second rounding)
     empty_with_layout(shape, dtype, layout)
-    device_tensor_layout(t), device_image(t)
+    device_tensor_layout(t), own_layout(t), device_image(t)
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from torch_spyre_emu.device import storage as device_storage
 from torch_spyre_emu.device.layout import SpyreTensorLayout, default_layout, host_dim_map, to_device_image
 from torch_spyre_emu.errors import SpyreDeviceError, SpyreLayoutError
 
-_META = torch._C.DispatchKeySet(torch._C.DispatchKey.Meta)
+_CPU = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
 
 
 def check_device(device) -> int:
@@ -54,28 +54,40 @@ def check_layout(layout: SpyreTensorLayout, shape, dtype: torch.dtype) -> None:
     host_dim_map(layout, tuple(shape))
 
 
+def storage_nbytes(shape, strides, dtype: torch.dtype, layout: SpyreTensorLayout) -> int:
+    """torch-spyre's storage size rule (torch_spyre_api.md §3, csrc/spyre_mem.cpp): the larger of the stick-padded
+    device bytes (128 B per stick) and the host bytes the tensor's elements span."""
+    span = 1 + sum((n - 1) * st for n, st in zip(shape, strides, strict=True)) if math.prod(shape) else 0
+    return max(layout.nbytes, span * dtype.itemsize)
+
+
 def new_tensor(
     shape, dtype: torch.dtype, strides=None, layout: SpyreTensorLayout | None = None
 ) -> torch.Tensor:
     """Allocate a zero-filled spyre tensor of `shape`/`dtype` (torch strides `strides`, default contiguous)."""
     from torch_spyre_emu.device import spyre_module
 
+    spyre_module._lazy_init()
     shape = tuple(int(s) for s in shape)
     strides = contiguous_strides(shape) if strides is None else tuple(int(s) for s in strides)
     if layout is None:
         layout = default_layout(shape, dtype)
     else:
         check_layout(layout, shape, dtype)
-    t = torch._C._acc.create_empty_tensor(list(shape), dtype)
-    if strides != tuple(t.stride()):
-        # Non-contiguous torch strides (e.g. preserve_format copies): set metadata through the Meta kernel.
-        t = torch.ops.aten.as_strided.default.redispatch(_META, t, list(shape), list(strides), 0)
+    nbytes = storage_nbytes(shape, strides, dtype, layout)
+    token = device_storage.HostToken(nbytes)
+    t = torch._C._acc.create_empty_tensor([0], dtype)
+    # The torch storage is an opaque host token of the storage's size (its data_ptr is no device address, as in
+    # torch-spyre): sizes, strides and nbytes() are as the real stack reports them.
+    t = torch.ops.aten.set_.source_Storage_storage_offset.redispatch(
+        _CPU, t, token.storage(), 0, list(shape), list(strides)
+    )
     span = 1 + sum((n - 1) * s for n, s in zip(shape, strides, strict=True)) if math.prod(shape) else 0
     buffer = np.zeros(span, dtype=host_dtypes.payload_numpy_dtype(dtype))
     device_storage.attach(
         t,
         device_storage.DeviceStorage(
-            buffer, layout, shape, strides, spyre_module.current_device(), nbytes=layout.nbytes
+            buffer, layout, shape, strides, spyre_module.current_device(), nbytes=nbytes, token=token
         ),
     )
     return t
@@ -114,8 +126,13 @@ def _is_storage_base(t: torch.Tensor, storage: device_storage.DeviceStorage) -> 
 
 
 def device_tensor_layout(t: torch.Tensor) -> SpyreTensorLayout:
-    """The SpyreTensorLayout of `t`. A strided view of another tensor has no device layout of its own; it gets
-    the default layout for its shape, which is what it is stored in once materialized (e.g. .contiguous())."""
+    """The SpyreTensorLayout of `t`'s allocation; views keep their base's layout, as in torch-spyre."""
+    return device_storage.get(t).layout
+
+
+def own_layout(t: torch.Tensor) -> SpyreTensorLayout:
+    """The layout `t`'s values are in when `t` is materialized: its allocation's for the tensor it was allocated
+    as, the default layout for its shape for a strided view (e.g. after .contiguous())."""
     storage = device_storage.get(t)
     if _is_storage_base(t, storage):
         return storage.layout
@@ -124,4 +141,4 @@ def device_tensor_layout(t: torch.Tensor) -> SpyreTensorLayout:
 
 def device_image(t: torch.Tensor) -> np.ndarray:
     """The stick-padded device array of `t` (shape layout.device_size; padding positions are zero)."""
-    return to_device_image(payload(t), device_tensor_layout(t))
+    return to_device_image(payload(t), own_layout(t))

@@ -1,21 +1,127 @@
-"""torch.Tensor additions torch-spyre monkey-patches in (torch_spyre/_monkey_patch.py, STACK §1.1):
-`t.device_tensor_layout()`, `t.to("spyre", device_layout=...)`, and a repr that reads the values from the device
-instead of running printing ops on it. Also `t.device_image()`, the emulator's view of the padded device array, and
-deepcopy / pickling through a clone / CPU copy (spyre storages hold no host bytes).
+"""torch.Tensor additions torch-spyre monkey-patches in (torch_spyre/_monkey_patch.py; torch_spyre_api.md §2-§3):
+`t.device_tensor_layout()`, `t.to(device_layout=...)`, `torch.empty(size, device_layout=...)`, and a repr that reads
+the values from the device instead of running printing ops on it. Also `t.device_image()`, the emulator's view of
+the padded device array, and deepcopy / pickling through a clone / CPU copy (spyre storages hold no host bytes).
+
+It also holds the functions torch.spyre reads from the real `_C` extension: get_device_dtype, get_elem_in_stick,
+get/set_spyre_tensor_layout, the *_with_layout allocators, copy_tensor and the downcast-warning switch.
 """
 
 from __future__ import annotations
 
 import copy
 import functools
+import os
 
 import torch
 
+from aiu_sim.numerics import host as numerics_host
+from torch_spyre_emu.device import host_dtypes
 from torch_spyre_emu.device import storage as device_storage
 from torch_spyre_emu.device import tensor as spyre_tensor
-from torch_spyre_emu.errors import SpyreLayoutError
+from torch_spyre_emu.device.layout import DATA_FORMATS, DataFormats, SpyreTensorLayout
+from torch_spyre_emu.errors import SpyreDeviceError, SpyreLayoutError
 
 _installed = False
+
+# --- the downcast (int64 -> int32) warning switch -----------------------------------------------------------------
+DOWNCAST_WARN_ENV = "TORCH_SPYRE_DOWNCAST_WARN"
+_DOWNCAST_OFF = ("0", "false", "off")  # the values that disable it (torch_spyre_api.md §3)
+_downcast_warning: bool | None = None  # set_downcast_warning's choice; None: the environment decides
+
+
+def get_downcast_warning() -> bool:
+    """Whether the int64 -> int32 downcast warning is enabled (default: yes, unless TORCH_SPYRE_DOWNCAST_WARN is
+    "0", "false" or "off")."""
+    if _downcast_warning is not None:
+        return _downcast_warning
+    return os.environ.get(DOWNCAST_WARN_ENV, "").strip().lower() not in _DOWNCAST_OFF
+
+
+def set_downcast_warning(enabled: bool) -> None:
+    global _downcast_warning
+    _downcast_warning = bool(enabled)
+
+
+# --- layout functions of torch_spyre._C ----------------------------------------------------------------------------
+
+
+def get_device_dtype(dtype: torch.dtype) -> DataFormats:
+    """The DataFormats a torch dtype is stored in (csrc/types_mapping.h); INVALID for float64, complex and the
+    other dtypes the device has no format for. Mapping int64 gives the one-time downcast warning."""
+    try:
+        fmt = host_dtypes.device_format(dtype)
+    except SpyreDeviceError:
+        return DataFormats.INVALID
+    if dtype == torch.int64:
+        numerics_host.warn_int64_narrowing(stacklevel=3)
+    return DataFormats[DATA_FORMATS[fmt]]
+
+
+def get_elem_in_stick(dtype: torch.dtype) -> int:
+    """Elements of `dtype` per 128-byte stick (64 for float16)."""
+    return host_dtypes.elems_per_stick(dtype)
+
+
+def get_spyre_tensor_layout(t: torch.Tensor) -> SpyreTensorLayout:
+    """The layout of spyre tensor `t`; raises for any other tensor."""
+    if not isinstance(t, torch.Tensor) or not device_storage.has_device_data(t):
+        where = t.device if isinstance(t, torch.Tensor) else type(t).__name__
+        raise SpyreDeviceError(
+            f"get_spyre_tensor_layout needs a spyre tensor, got one on {where}; move it with .to('spyre')"
+        )
+    return spyre_tensor.device_tensor_layout(t)
+
+
+def set_spyre_tensor_layout(t: torch.Tensor, stl: SpyreTensorLayout) -> None:
+    """Record `stl` as the layout of `t`'s allocation (metadata only: the emulator keeps values in host order)."""
+    storage = device_storage.get(t)
+    spyre_tensor.check_layout(stl, storage.base_shape, t.dtype)
+    storage.layout = stl
+
+
+def spyre_empty_with_layout(size, stride, dtype: torch.dtype, stl: SpyreTensorLayout) -> torch.Tensor:
+    """A new spyre tensor of `size` / `stride` stored in layout `stl`."""
+    return spyre_tensor.new_tensor(tuple(size), dtype, tuple(stride), layout=stl)
+
+
+def empty_with_layout(
+    size, stl: SpyreTensorLayout, dtype=None, device=None, pin_memory=False, memory_format=None
+) -> torch.Tensor:
+    """torch_spyre._C.empty_with_layout: a contiguous spyre tensor of `size` in layout `stl`."""
+    if pin_memory:
+        raise SpyreDeviceError("empty_with_layout: spyre tensors cannot be pinned; pass pin_memory=False")
+    if memory_format not in (None, torch.contiguous_format):
+        raise SpyreDeviceError(
+            f"empty_with_layout: spyre tensors are allocated contiguous, not {memory_format}; pass "
+            "memory_format=torch.contiguous_format"
+        )
+    spyre_tensor.check_device(device)
+    return spyre_tensor.new_tensor(tuple(size), dtype or torch.get_default_dtype(), layout=stl)
+
+
+def as_strided_with_layout(t: torch.Tensor, size, stride, offset, stl: SpyreTensorLayout) -> torch.Tensor:
+    """A view of `t` with `size` / `stride` / `offset`. The emulator keeps one layout per allocation, so `stl` must
+    be that of `t`'s allocation."""
+    if stl != spyre_tensor.device_tensor_layout(t):
+        raise SpyreLayoutError(
+            f"as_strided_with_layout: {stl} differs from the layout of the tensor's allocation "
+            f"({spyre_tensor.device_tensor_layout(t)}); the emulator keeps one layout per allocation. Copy into a "
+            "tensor allocated with empty_with_layout instead"
+        )
+    return t.as_strided(size, stride, offset)
+
+
+def copy_tensor(src: torch.Tensor, dst: torch.Tensor, non_blocking: bool = False) -> torch.Tensor:
+    """Copy `src` into `dst` (host <-> device or device <-> device); copies are always blocking here."""
+    return dst.copy_(src)
+
+
+def _device_tensor_layout(self) -> SpyreTensorLayout | None:
+    """Tensor.device_tensor_layout(): None for tensors that are not spyre tensors with device data (CPU, fake)."""
+    if not device_storage.has_device_data(self):
+        return None
+    return spyre_tensor.device_tensor_layout(self)
 
 
 def _to(original):
@@ -23,26 +129,48 @@ def _to(original):
     def to(self, *args, device_layout=None, **kwargs):
         if device_layout is None:
             return original(self, *args, **kwargs)
-        device, dtype, non_blocking, memory_format = torch._C._nn._parse_to(*args, **kwargs)
-        if device is None or device.type != "spyre":
-            raise SpyreLayoutError(
-                f"device_layout= only applies when moving a tensor to spyre, not to {device or self.device}; "
-                "call .to('spyre', device_layout=layout)"
-            )
+        # As torch-spyre: allocate on the current device whatever device is named, copy (blocking) into it; a
+        # spyre tensor already in that layout is returned as it is unless copy=True.
+        copy_requested = bool(kwargs.pop("copy", False))
+        _, dtype, _, _ = torch._C._nn._parse_to(*args, **kwargs)
         dtype = dtype or self.dtype
-        spyre_tensor.check_device(device)
-        out = spyre_tensor.empty_with_layout(tuple(self.shape), dtype, device_layout)
+        if (
+            not copy_requested
+            and dtype == self.dtype
+            and device_storage.has_device_data(self)
+            and spyre_tensor.device_tensor_layout(self) == device_layout
+        ):
+            return self
+        out = spyre_tensor.new_tensor(tuple(self.shape), dtype, layout=device_layout)
         return out.copy_(self)  # differentiable, like .to()
 
     return to
+
+
+def _empty(original):
+    @functools.wraps(original)
+    def empty(*size, device_layout=None, **kwargs):
+        if device_layout is None:
+            return original(*size, **kwargs)
+        if len(size) == 1 and isinstance(size[0], list | tuple | torch.Size):
+            size = tuple(size[0])
+        spyre_tensor.check_device(kwargs.get("device"))
+        dtype = kwargs.get("dtype") or torch.get_default_dtype()
+        out = spyre_tensor.new_tensor(tuple(size), dtype, layout=device_layout)
+        return out.requires_grad_(bool(kwargs.get("requires_grad", False)))
+
+    return empty
 
 
 def _str(original):
     @functools.wraps(original)
     def _spyre_str(self, *, tensor_contents=None):
         if tensor_contents is None and self.numel() > 0 and device_storage.has_device_data(self):
-            with torch.no_grad():
-                host = self.detach().to("cpu")
+            try:
+                with torch.no_grad():
+                    host = self.detach().to("cpu")
+            except Exception:  # as torch-spyre: a tensor whose copy fails prints its metadata only
+                return f"SpyreTensor(shape={tuple(self.shape)}, dtype={self.dtype}, device={self.device})"
             tensor_contents = torch._tensor_str._tensor_str(host, len("tensor("))
         return original(self, tensor_contents=tensor_contents)
 
@@ -91,9 +219,11 @@ def install() -> None:
     if _installed:
         return
     torch.Tensor.to = _to(torch.Tensor.to)
+    torch.empty = _empty(torch.empty)
     torch._tensor_str._str = _str(torch._tensor_str._str)
     torch.Tensor.__deepcopy__ = _deepcopy(torch.Tensor.__deepcopy__)
     torch.Tensor._reduce_ex_internal = _reduce(torch.Tensor._reduce_ex_internal)
-    torch.Tensor.device_tensor_layout = spyre_tensor.device_tensor_layout
+    torch.Tensor.device_tensor_layout = _device_tensor_layout
     torch.Tensor.device_image = spyre_tensor.device_image
+    numerics_host.set_int64_warning_gate(get_downcast_warning)
     _installed = True

@@ -5,15 +5,11 @@ complex) get None; the support check turns those into fallbacks or errors."""
 
 from __future__ import annotations
 
-import warnings
-
 import torch
 import torch.fx as fx
 
-from aiu_sim.numerics.errors import Int64NarrowingWarning
+from aiu_sim.numerics import host as numerics_host
 from torch_spyre_emu.device.host_dtypes import TORCH_TO_FORMAT
-
-_warned = {"int64": False}
 
 
 def legalize_dtypes(gm: fx.GraphModule, options=None) -> fx.GraphModule:
@@ -25,14 +21,8 @@ def legalize_dtypes(gm: fx.GraphModule, options=None) -> fx.GraphModule:
             if not isinstance(v, torch.Tensor):
                 fmts.append(None)
                 continue
-            if v.dtype == torch.int64 and not _warned["int64"]:
-                _warned["int64"] = True
-                warnings.warn(
-                    "int64 tensors are stored as int32 on Spyre (values outside the int32 range are an error), as torch-spyre "
-                    "does with TORCH_SPYRE_DOWNCAST_WARN",
-                    Int64NarrowingWarning,
-                    stacklevel=2,
-                )
+            if v.dtype == torch.int64:
+                numerics_host.warn_int64_narrowing(stacklevel=2)  # the one once-per-process warning
             fmts.append(TORCH_TO_FORMAT.get(v.dtype))
         node.meta["spyre_format"] = fmts if isinstance(val, list | tuple) else fmts[0]
     return gm

@@ -29,7 +29,7 @@ from torch_spyre_emu.compiler.context import (
     module_path,
 )
 from torch_spyre_emu.device.host_dtypes import TORCH_TO_FORMAT
-from torch_spyre_emu.errors import FallbackWarning, SpyreUnsupportedOpError
+from torch_spyre_emu.errors import FallbackWarning, SpyreUnsupportedOpError, fallback_message
 
 aten = torch.ops.aten
 UNSUPPORTED_META = "spyre_unsupported"  # gm.meta key: every op that does not run on the device
@@ -179,15 +179,17 @@ def support_check(gm: fx.GraphModule, options: CompileOptions) -> fx.GraphModule
             f"graph {options.name!r} has {len(errors)} op(s) that do not run on Spyre in {mode}:\n  {lines}\n{hint}",
             errors,
         )
-    fallbacks = [u for u in found if u.status == "fallback"]
-    if fallbacks:
-        lines = "\n  ".join(u.describe() for u in _dedup(fallbacks))
-        warnings.warn(
-            f"graph {options.name!r}: {len(fallbacks)} op(s) run as CPU islands:\n  {lines}",
-            FallbackWarning,
-            stacklevel=2,
-        )
+    for u in _dedup([u for u in found if u.status == "fallback"]):
+        # torch-spyre's form, "{op} is falling back to cpu" (torch_spyre_api.md §5), one warning per op
+        warnings.warn(fallback_message(u.op, "cpu", _detail(u, options)), FallbackWarning, stacklevel=2)
     return gm
+
+
+def _detail(u: UnsupportedOp, options) -> str:
+    where = f"in {u.where}" if u.where else f"in graph {options.name!r}"
+    shapes = ", ".join(str(list(s)) for s in u.shapes)
+    reason = f": {u.reason}" if u.reason else ""
+    return f"{where}, dtypes {list(u.dtypes)}, shapes {shapes}, capability {u.capability!r}{reason}"
 
 
 def _dedup(ops: list[UnsupportedOp]) -> list[UnsupportedOp]:

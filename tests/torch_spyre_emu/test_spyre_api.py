@@ -1,0 +1,422 @@
+"""The torch.spyre API as the real stack offers it, one test per item of ../shared/reference/torch_spyre_api.md
+§1-§3 and §5 (written from the digest, so code written against torch-spyre runs on the emulator unchanged)."""
+
+import copy
+import gc
+import os
+import pickle
+import subprocess
+import sys
+import warnings
+
+import pytest
+import torch
+
+import torch_spyre_emu  # noqa: F401  (registers the device)
+from aiu_sim.numerics import host as numerics_host
+
+spyre = torch.spyre
+
+
+@pytest.fixture(autouse=True)
+def _device_0():
+    yield
+    spyre.set_device(0)
+
+
+# --- imports as in the real stack -------------------------------------------------------------------------------
+
+
+def test_layout_names_import_from_torch_spyre_and_its_c_module():
+    from torch.spyre import DataFormats, ElementArrangement, SpyreTensorLayout, get_device_dtype  # noqa: F401
+
+    from torch_spyre._C import SpyreTensorLayout as FromC
+    from torch_spyre.streams import Stream
+
+    assert FromC is SpyreTensorLayout and Stream is spyre.Stream
+
+
+def test_fallback_warning_is_one_class_importable_where_the_real_stack_defines_it():
+    from torch_spyre.ops.fallbacks import FallbackWarning
+    from torch_spyre_emu.errors import FallbackWarning as Ours
+
+    assert FallbackWarning is Ours and issubclass(FallbackWarning, UserWarning)
+
+
+# --- §1 device state ------------------------------------------------------------------------------------------
+
+
+def test_is_available_and_device_count_from_flex_variables(monkeypatch):
+    monkeypatch.delenv("AIU_WORLD_SIZE", raising=False)
+    monkeypatch.setenv("SPYRE_DEVICES", "0,1,2")
+    assert spyre.device_count() == 3 and spyre.is_available()
+    monkeypatch.delenv("SPYRE_DEVICES")
+    monkeypatch.setenv("AIU_WORLD_SIZE", "2")
+    assert spyre.device_count() == 2
+
+
+def _run(code: str, **env) -> str:
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **env},
+        timeout=120,
+        check=True,
+    )
+    return out.stdout.strip()
+
+
+def test_lazy_init_applies_the_pending_device_or_local_rank_once():
+    code = (
+        "import torch, torch_spyre_emu; s = torch.spyre; a = s.is_initialized(); s.set_device(1); "
+        "torch.zeros(2, device='spyre'); print(a, s.is_initialized(), s.current_device())"
+    )
+    assert _run(code, AIU_WORLD_SIZE="2") == "False True 1"
+    code = "import torch, torch_spyre_emu; torch.zeros(2, device='spyre'); print(torch.spyre.current_device())"
+    assert _run(code, AIU_WORLD_SIZE="2", LOCAL_RANK="1") == "1"
+
+
+def test_set_device_after_init_checks_the_index(monkeypatch):
+    torch.zeros(1, device="spyre")  # lazy init has run
+    with pytest.raises(RuntimeError, match="spyre device 5 does not exist"):
+        spyre.set_device(5)
+
+
+def test_forked_child_is_not_initialized_but_available():
+    torch.zeros(1, device="spyre")
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child reports and exits at once
+        os.write(write, f"{spyre.is_initialized()} {spyre.is_available()}".encode())
+        os._exit(0)
+    os.waitpid(pid, 0)
+    assert os.read(read, 100).decode() == "False True"
+
+
+# --- §1 RNG ---------------------------------------------------------------------------------------------------
+
+
+def test_rng_functions_take_the_real_arguments():
+    spyre.manual_seed(11)
+    assert spyre.initial_seed(device="spyre") == 11
+    state = spyre.get_rng_state(device="spyre")
+    assert state.dtype == torch.uint8 and state.device.type == "cpu"
+    a = torch.randn(3, generator=spyre.get_generator())
+    spyre.set_rng_state(state, device="spyre")
+    assert torch.equal(torch.randn(3, generator=spyre.get_generator()), a)
+    spyre.manual_seed_all(11)
+    assert spyre.initial_seed() == 11
+
+
+# --- §1 AMP, streams, no Event --------------------------------------------------------------------------------
+
+
+def test_amp_supported_dtypes():
+    assert spyre.get_amp_supported_dtype() == [torch.float16, torch.bfloat16]
+
+
+def test_stream_ids_pools_repr_and_equality():
+    s = spyre.Stream()
+    assert 1 <= s.id <= 32 and s.priority == 0
+    hi = spyre.Stream(priority=7)
+    assert 33 <= hi.id <= 64 and hi.priority == -1
+    assert spyre.default_stream().id == 0
+    assert repr(s) == f"<torch_spyre.Stream device=spyre:0 id={s.id}>"
+    assert s.device() == torch.device("spyre:0")
+    assert s == spyre.Stream(_stream_id=s.id) and s != hi
+    assert s.query() and s.synchronize() is None
+
+
+def test_stream_is_a_context_manager_and_stream_returns_it():
+    s = spyre.Stream()
+    assert spyre.stream(s) is s
+    with spyre.stream(s):
+        assert spyre.current_stream() == s
+    assert spyre.current_stream() == spyre.default_stream()
+
+
+def test_synchronize_with_none_syncs_the_current_device():
+    spyre.synchronize()
+    spyre.synchronize(0)
+    with pytest.raises(RuntimeError, match="does not exist"):
+        spyre.synchronize(9)
+
+
+def test_there_is_no_event_api_nor_device_properties():
+    assert not hasattr(spyre, "Event") and not hasattr(spyre, "get_device_properties")
+
+
+# --- §1 memory statistics -------------------------------------------------------------------------------------
+
+
+def test_memory_stats_count_stick_padded_storage_rounded_to_128_bytes():
+    gc.collect()
+    base = spyre.memory_allocated()
+    x = torch.empty(3, 100, dtype=torch.float16, device="spyre")  # 3 rows x 2 sticks of 64 fp16
+    assert spyre.memory_allocated() == base + 3 * 2 * 128
+    i = torch.zeros(50, dtype=torch.int64, device="spyre")  # 50 * 8 B = 400 > 2 sticks; rounded up to 512
+    assert spyre.memory_allocated() == base + 768 + 512
+    assert spyre.memory.memory_allocated() == spyre.memory_allocated()
+    assert spyre.memory_reserved() == spyre.memory_allocated()  # reserved equals allocated
+    stats = spyre.memory.memory_stats()
+    assert stats["allocated_bytes.all.current"] == stats["reserved_bytes.all.current"] == base + 1280
+    del x, i
+    gc.collect()
+    assert spyre.memory_allocated() == base
+
+
+# --- §2 layouts -----------------------------------------------------------------------------------------------
+
+
+def test_data_formats_enum_values_and_elems_per_stick():
+    df = spyre.DataFormats
+    assert (df.SEN169_FP16.value, df.IEEE_FP32.value, df.INVALID.value, df.IEEE_INT32.value) == (0, 1, 2, 12)
+    assert (df.BFLOAT16.value, df.SEN18F_FP24.value, df.SENUINT32.value) == (17, 18, 13)
+    assert int(df.SENINT8) == 8
+    assert (df.SEN169_FP16.elems_per_stick(), df.IEEE_FP32.elems_per_stick(), df.SENINT8.elems_per_stick()) == (
+        64,
+        32,
+        128,
+    )
+
+
+def test_element_arrangement_enum():
+    assert [e.name for e in spyre.ElementArrangement] == ["STANDARD", "DL16_TO_FP32", "QFP8CH", "EXX2"]
+
+
+@pytest.mark.parametrize(
+    "dtype, fmt",
+    [
+        (torch.float16, "SEN169_FP16"),
+        (torch.bfloat16, "SEN169_FP16"),
+        (torch.bool, "SEN169_FP16"),
+        (torch.float32, "IEEE_FP32"),
+        (torch.int8, "SENINT8"),
+        (torch.int16, "SENINT16"),
+        (torch.int32, "IEEE_INT32"),
+        (torch.int64, "IEEE_INT32"),
+        (torch.uint8, "SENUINT32"),
+        (torch.float8_e4m3fn, "SEN143_FP8"),
+        (torch.float64, "INVALID"),
+        (torch.complex64, "INVALID"),
+    ],
+)
+def test_get_device_dtype_is_the_types_mapping_table(dtype, fmt):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert spyre.get_device_dtype(dtype) == spyre.DataFormats[fmt]
+
+
+def test_get_elem_in_stick():
+    assert [spyre.get_elem_in_stick(d) for d in (torch.float16, torch.float32, torch.int8)] == [64, 32, 128]
+
+
+def test_default_constructor_matches_the_worked_example():
+    stl = spyre.SpyreTensorLayout([5, 100, 150], torch.float16)
+    assert stl.device_size == [100, 3, 5, 64] and stl.stride_map == [150, 64, 15000, 1]
+    assert stl.device_dtype == spyre.DataFormats.SEN169_FP16
+    assert stl.element_arrangement == spyre.ElementArrangement.STANDARD
+    assert stl.elems_per_stick() == 64
+    assert spyre.SpyreTensorLayout([100], torch.float16).device_size == [2, 64]
+    scalar = spyre.SpyreTensorLayout([], torch.float16)
+    assert scalar.device_size == [1, 64] and scalar.stride_map == [-1, -1]
+
+
+def test_dim_order_constructor():
+    stl = spyre.SpyreTensorLayout([5, 100, 150], [15000, 150, 1], torch.float16, [1, 0, 2])
+    assert stl.device_size == [5, 3, 100, 64] and stl.stride_map == [15000, 64, 150, 1]
+    eb = spyre.SpyreTensorLayout(
+        [5, 100, 150], [15000, 150, 1], torch.float16, [0, 1, 2], spyre.ElementArrangement.EXX2
+    )
+    assert eb.element_arrangement == spyre.ElementArrangement.EXX2
+
+
+def test_device_form_constructor_is_not_validated():
+    stl = spyre.SpyreTensorLayout([4, 32], [32, 1], spyre.DataFormats.SEN169_FP16)  # 32 is no fp16 stick
+    assert stl.device_size == [4, 32]
+
+
+def test_str_and_repr_are_the_exact_binding_form():
+    stl = spyre.SpyreTensorLayout([5, 100, 150], torch.float16)
+    text = (
+        "SpyreTensorLayout(device_size=[100, 3, 5, 64], stride_map =[150, 64, 15000, 1], "
+        "device_dtype=DataFormats.SEN169_FP16)"
+    )
+    assert str(stl) == repr(stl) == text
+
+
+def test_equality_and_hash_cover_all_four_fields():
+    a = spyre.SpyreTensorLayout([4, 64], torch.float16)
+    b = spyre.SpyreTensorLayout(a.device_size, a.stride_map, a.device_dtype)
+    assert a == b and hash(a) == hash(b)
+    c = a.with_element_arrangement(spyre.ElementArrangement.DL16_TO_FP32)
+    assert c != a and c.device_size == a.device_size
+    assert len({a, b, c}) == 2
+
+
+def test_pickle_state_version_3_and_older_versions():
+    stl = spyre.SpyreTensorLayout([5, 100, 150], torch.float16)
+    state = stl.__getstate__()
+    assert state[0] == 3 and state[1:4] == ([100, 3, 5, 64], [150, 64, 15000, 1], spyre.DataFormats.SEN169_FP16)
+    assert pickle.loads(pickle.dumps(stl)) == stl
+    assert copy.deepcopy(stl) == stl and copy.copy(stl) == stl
+    old = spyre.SpyreTensorLayout.__new__(spyre.SpyreTensorLayout)
+    old.__setstate__((1, [2, 64], [64, 1], spyre.DataFormats.SEN169_FP16))
+    assert old.device_size == [2, 64]
+    with pytest.raises(ValueError, match="version 9"):
+        old.__setstate__((9, [2, 64], [64, 1], spyre.DataFormats.SEN169_FP16))
+
+
+def test_get_spyre_tensor_layout_raises_for_a_cpu_tensor():
+    s = torch.randn(5, 100, 150, dtype=torch.float16).to("spyre")
+    assert spyre.get_spyre_tensor_layout(s) == spyre.SpyreTensorLayout([5, 100, 150], torch.float16)
+    with pytest.raises(RuntimeError, match="spyre tensor"):
+        spyre.get_spyre_tensor_layout(torch.zeros(3))
+
+
+def test_set_spyre_tensor_layout():
+    s = torch.zeros(4, 64).to("spyre")
+    stl = spyre.SpyreTensorLayout([4, 64], [64, 1], torch.float32, [1, 0])
+    spyre.set_spyre_tensor_layout(s, stl)
+    assert s.device_tensor_layout() == stl
+
+
+def test_empty_with_layout_and_friends():
+    stl = spyre.SpyreTensorLayout([8, 64], [64, 1], torch.float16, [1, 0])
+    a = spyre.empty_with_layout([8, 64], stl, torch.float16, torch.device("spyre"), False, torch.contiguous_format)
+    assert a.device.type == "spyre" and a.shape == (8, 64) and a.device_tensor_layout() == stl
+    b = spyre.spyre_empty_with_layout([8, 64], [64, 1], torch.float16, stl)
+    assert b.device_tensor_layout() == stl
+    v = spyre.as_strided_with_layout(b, [4, 64], [64, 1], 64, stl)
+    assert v.shape == (4, 64) and v.storage_offset() == 64
+    host = torch.randn(8, 64, dtype=torch.float16)
+    spyre.copy_tensor(host, b)
+    back = torch.empty(8, 64, dtype=torch.float16)
+    spyre.copy_tensor(b, back)
+    assert torch.equal(back, b.cpu())
+
+
+def test_tensor_device_tensor_layout_is_none_off_the_device():
+    assert torch.zeros(3).device_tensor_layout() is None
+    with torch._subclasses.fake_tensor.FakeTensorMode():
+        fake = torch.empty(3, device="spyre")
+    assert fake.device_tensor_layout() is None
+    assert torch.zeros(3).to("spyre").device_tensor_layout() == spyre.SpyreTensorLayout([3], torch.float32)
+
+
+def test_to_with_device_layout_allocates_on_spyre_and_reuses_an_equal_layout():
+    stl = spyre.SpyreTensorLayout([4, 64], [64, 1], torch.float32, [1, 0])
+    x = torch.randn(4, 64)
+    s = x.to(device_layout=stl)  # no device named: the current spyre device
+    assert s.device.type == "spyre" and s.device_tensor_layout() == stl and torch.equal(s.cpu(), x)
+    assert s.to(device_layout=stl) is s
+    again = s.to(device_layout=stl, copy=True)
+    assert again is not s and torch.equal(again.cpu(), x)
+    other = s.to(device_layout=spyre.SpyreTensorLayout([4, 64], torch.float32))
+    assert other is not s and torch.equal(other.cpu(), x)
+
+
+def test_torch_empty_takes_device_layout():
+    stl = spyre.SpyreTensorLayout([4, 64], [64, 1], torch.float16, [1, 0])
+    e = torch.empty([4, 64], dtype=torch.float16, device="spyre", device_layout=stl)
+    assert e.device.type == "spyre" and e.device_tensor_layout() == stl
+    assert torch.empty(2, 3).device.type == "cpu"  # without device_layout torch.empty is unchanged
+
+
+# --- §3 device tensors ----------------------------------------------------------------------------------------
+
+
+def test_repr_is_the_cpu_repr_plus_the_device():
+    x = torch.tensor([[1.0, 2.0], [3.0, 4.0]])
+    assert repr(x.to("spyre")) == repr(x)[:-1] + ", device='spyre:0')"
+
+
+def test_data_ptr_is_a_nonzero_opaque_token():
+    a = torch.zeros(4, device="spyre")
+    b = torch.zeros(4, device="spyre")
+    assert a.data_ptr() != 0 and b.data_ptr() != 0 and a.data_ptr() != b.data_ptr()
+    assert a[1:].data_ptr() == a.data_ptr() + 4  # views are offsets into the same storage
+
+
+@pytest.mark.parametrize(
+    "shape, dtype, nbytes",
+    [
+        ((3, 100), torch.float16, 3 * 2 * 128),  # stick padding wins
+        ((50,), torch.int64, 50 * 8),  # host bytes win (int64 is int32 on the device)
+        ((), torch.float32, 128),  # one stick
+        ((10,), torch.bool, 128),
+    ],
+)
+def test_storage_nbytes_rule(shape, dtype, nbytes):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        t = torch.empty(shape, dtype=dtype, device="spyre")
+    assert t.untyped_storage().nbytes() == nbytes
+
+
+def test_unsupported_dtypes_fail_as_in_the_real_stack():
+    with pytest.raises(RuntimeError, match="Spyre backend does not support dtype torch.float64"):
+        torch.zeros(3, dtype=torch.float64, device="spyre")
+    with pytest.raises(RuntimeError, match="Spyre backend does not support dtype torch.complex64"):
+        torch.zeros(3, dtype=torch.complex64).to("spyre")
+
+
+def test_fp32_stays_fp32_without_a_warning():
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        s = torch.randn(4).to("spyre")
+    assert spyre.get_spyre_tensor_layout(s).device_dtype == spyre.DataFormats.IEEE_FP32 and not caught
+
+
+def test_int64_warning_wording_fires_once():
+    numerics_host.reset_int64_warning()
+    with pytest.warns(UserWarning, match="does not support int64") as record:
+        torch.tensor([1, 2]).to("spyre")
+        torch.tensor([3]).to("spyre")
+    assert len([w for w in record if "int64" in str(w.message)]) == 1
+    assert "TORCH_SPYRE_DOWNCAST_WARN" in str(record[0].message)
+
+
+def test_downcast_warning_controls():
+    assert spyre.get_downcast_warning() is True
+    try:
+        spyre.set_downcast_warning(False)
+        assert spyre.get_downcast_warning() is False
+        numerics_host.reset_int64_warning()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            torch.tensor([1, 2]).to("spyre")
+        assert not caught
+    finally:
+        spyre.set_downcast_warning(True)
+
+
+@pytest.mark.parametrize("value", ["0", "false", "off"])
+def test_downcast_warning_env_switch(value):
+    code = (
+        "import warnings, torch, torch_spyre_emu; warnings.simplefilter('always'); "
+        "import warnings as w\nwith w.catch_warnings(record=True) as c:\n    w.simplefilter('always'); "
+        "torch.tensor([1]).to('spyre')\nprint(torch.spyre.get_downcast_warning(), len(c))"
+    )
+    assert _run(code, TORCH_SPYRE_DOWNCAST_WARN=value) == "False 0"
+
+
+# --- §5 fallbacks ---------------------------------------------------------------------------------------------
+
+
+def test_fallback_warning_has_the_real_form_and_shows_once():
+    from torch_spyre.ops.fallbacks import FallbackWarning
+
+    x = torch.randn(4, 64, dtype=torch.float16).to("spyre")
+    with pytest.warns(FallbackWarning, match=r"^aten\.sin is falling back to cpu"):
+        torch.sin(x)
+    code = (
+        "import warnings, torch, torch_spyre_emu\n"
+        "x = torch.ones(4, 64, dtype=torch.float16).to('spyre')\n"
+        "with warnings.catch_warnings(record=True) as c:\n"
+        "    warnings.filterwarnings('once', category=torch_spyre_emu.errors.FallbackWarning)\n"
+        "    torch.sin(x); torch.sin(x)\n"
+        "print(len(c))"
+    )
+    assert _run(code) == "1"

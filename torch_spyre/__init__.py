@@ -1,0 +1,10 @@
+"""The real stack's module paths, backed by the emulator, so code written against torch-spyre imports unchanged.
+
+`torch_spyre` here is a thin alias package: `torch_spyre.X` is `torch.spyre.X` (torch_spyre_emu.device.spyre_module),
+`torch_spyre._C` holds the layout bindings, `torch_spyre.streams` the stream API, `torch_spyre.ops.fallbacks`
+FallbackWarning. Only the paths listed in ../shared/reference/torch_spyre_api.md exist; nothing here holds logic.
+"""
+
+import torch_spyre_emu  # noqa: F401  (registers the spyre device)
+from torch_spyre_emu.device.spyre_module import *  # noqa: F403
+from torch_spyre_emu.device.spyre_module import __all__  # noqa: F401
