@@ -40,17 +40,20 @@ except ValueError:
 
 
 def hardware_config() -> HardwareConfig:
-    """The HardwareConfig the compiler targets now."""
+    """The HardwareConfig the compiler targets now, with torch_spyre._inductor.config's sencores and
+    dxp_lx_frac_avail applied when they are set (torch_spyre_emu.inductor_config)."""
+    from torch_spyre_emu import inductor_config
+
     hw = hardware
     if hw is None:
-        return preset("spyre")
-    if isinstance(hw, str):
-        return preset(hw)
-    if isinstance(hw, HardwareConfig):
-        return hw
-    raise TypeError(
-        f"torch_spyre_emu.config.hardware must be a HardwareConfig, a preset name or None, got {hw!r}"
-    )
+        hw = preset("spyre")
+    elif isinstance(hw, str):
+        hw = preset(hw)
+    elif not isinstance(hw, HardwareConfig):
+        raise TypeError(
+            f"torch_spyre_emu.config.hardware must be a HardwareConfig, a preset name or None, got {hw!r}"
+        )
+    return inductor_config.apply_to_hardware(hw)
 
 
 @contextlib.contextmanager

@@ -52,6 +52,8 @@ class CompileOptions:
     hardware: HardwareConfig = field(default_factory=stack_config.hardware_config)
     # group kernels into bundles launched once (passes/bundle.py; torch_spyre_emu.config.fuse)
     fuse: bool = field(default_factory=lambda: stack_config.fuse)
+    # place buffers in LX (passes/lx_planning.py; torch_spyre._inductor.config.lx_planning)
+    lx_planning: bool = field(default_factory=lambda: _inductor_config().lx_planning_enabled())
     # placeholder indices of the parameters and of the spyre tensors (both device-resident)
     weight_inputs: frozenset[int] = frozenset()
     device_inputs: frozenset[int] = frozenset()
@@ -64,6 +66,12 @@ class CompileOptions:
     def key(self) -> tuple:
         """Every option by value: the capability snapshot by its content_key, the hardware config by its token."""
         return tuple(_by_value(getattr(self, f.name)) for f in fields(self))
+
+
+def _inductor_config():
+    from torch_spyre_emu import inductor_config
+
+    return inductor_config
 
 
 def _by_value(option: object) -> object:

@@ -35,6 +35,8 @@ def _regions(k: Kernel, buffers: dict[str, Buffer]) -> dict[str, list]:
 
 
 def lx_planning(parts: ProgramParts, options: CompileOptions) -> ProgramParts:
+    if not options.lx_planning:  # torch_spyre._inductor.config.lx_planning = 0: everything stays in DRAM
+        return parts
     steps, buffers = parts.steps, parts.buffers
     capacity = options.hardware.lx_allocatable_bytes
     pinned: set[str] = set(parts.dram_buffers)

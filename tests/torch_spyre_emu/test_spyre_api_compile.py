@@ -1,0 +1,111 @@
+"""Plain torch.compile and torch_spyre._inductor.config, as the real stack offers them (torch_spyre_api.md §6)."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.fx as fx
+
+import torch_spyre_emu
+from torch_spyre_emu.compiler.context import CompileOptions
+from torch_spyre_emu.compiler.pipeline import compile_fn
+from torch_spyre_emu.errors import SpyreConfigError
+
+
+def _mlp():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 64)).half()
+
+
+def test_plain_torch_compile_on_a_model_moved_to_spyre_runs_the_emulated_stack():
+    model = _mlp().to("spyre")
+    x = torch.randn(4, 64, dtype=torch.float16).to("spyre")
+    torch._dynamo.reset()
+    plain = torch.compile(model)(x)
+    assert plain.device.type == "spyre"
+    assert torch_spyre_emu.last_profile().kernels  # it ran on the simulated device
+    torch._dynamo.reset()
+    aliased = torch.compile(model, backend="spyre")(x)
+    assert torch.equal(plain.cpu(), aliased.cpu())
+
+
+def test_plain_torch_compile_of_a_function_on_spyre_tensors():
+    a = torch.randn(8, 64, dtype=torch.float16).to("spyre")
+    torch._dynamo.reset()
+    got = torch.compile(lambda t: torch.relu(t) * 2)(a)
+    torch._dynamo.reset()
+    want = torch.compile(lambda t: torch.relu(t) * 2, backend="spyre")(a)
+    assert got.device.type == "spyre" and torch.equal(got.cpu(), want.cpu())
+
+
+def test_inductor_config_module_is_importable_where_the_real_stack_has_it():
+    import torch_spyre_emu.inductor_config as ours
+    from torch_spyre._inductor import config
+
+    assert config is ours
+    assert (config.sencores, config.lx_planning, config.dxp_lx_frac_avail, config.layout_solver) == (
+        32,
+        1,
+        0.2,
+        "greedy",
+    )
+    with config.patch(sencores=4):
+        assert config.sencores == 4
+    assert config.sencores == 32
+
+
+def _run(code: str, **env) -> str:
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env={**os.environ, **env}, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    return out.stdout.strip()
+
+
+def test_inductor_options_read_their_environment_variables():
+    code = (
+        "import torch_spyre._inductor.config as c, torch_spyre_emu.config as e; "
+        "print(c.sencores, c.lx_planning, c.hbm_planning, c.ignore_work_division_hints, e.hardware_config().num_cores)"
+    )
+    env = {"SENCORES": "4", "LX_PLANNING": "true", "SPYRE_INDUCTOR_MEMORY_PLAN": "yes", "SPYRE_INDUCTOR_IGNORE_HINTS": "1"}
+    # booleans are on only for exactly "1", except hbm_planning, which takes true/yes too
+    assert _run(code, **env) == "4 0 1 1 4"
+
+
+def _graph():
+    def f(x, w):
+        return torch.relu(x @ w) + 1
+
+    return fx.symbolic_trace(f), [torch.randn(64, 128, dtype=torch.float16), torch.randn(128, 256, dtype=torch.float16)]
+
+
+def test_sencores_sets_the_cores_work_is_divided_over():
+    from torch_spyre._inductor import config
+
+    x = torch.randn(64, 128, dtype=torch.float16).to("spyre")
+    w = torch.randn(128, 256, dtype=torch.float16).to("spyre")
+    with config.patch(sencores=4):
+        torch._dynamo.reset()
+        torch.compile(lambda a, b: a @ b)(x, w)
+    assert max(k.cores for k in torch_spyre_emu.last_profile().kernels) <= 4
+
+
+def test_lx_planning_off_keeps_every_buffer_in_dram():
+    from torch_spyre._inductor import config
+
+    gm, args = _graph()
+    planned = compile_fn(gm, args, CompileOptions(name="lx_on"))
+    with config.patch(lx_planning=0):
+        unplanned = compile_fn(gm, args, CompileOptions(name="lx_off"))
+    assert any(b.placement == "lx" for b in planned.program.buffers.values())
+    assert all(b.placement == "dram" for b in unplanned.program.buffers.values())
+
+
+def test_an_option_the_emulator_does_not_model_is_a_clear_error():
+    from torch_spyre._inductor import config
+
+    gm, args = _graph()
+    with config.patch(layout_solver="ilp"), pytest.raises(SpyreConfigError, match="layout_solver='ilp'.*not modelled"):
+        compile_fn(gm, args, CompileOptions(name="bad"))
