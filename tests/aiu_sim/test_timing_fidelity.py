@@ -142,6 +142,46 @@ def test_decode_matmul_split_over_m_is_bound_by_each_cores_lx_port():
     assert t.unit_utilization["lx"] > 0.9
 
 
+def softmax_program(cores, in_lx):
+    """TS-SP's (512, 1024) fp16 softmax; in LX it runs in place (the planner reuses buffers in place, STACK §1.5):
+    input and output together would overflow one core's 1.6 MiB."""
+    n = 512 * 1024 * 2 // cores
+    x = Buffer("x", "dl16", (512, 1024), **({"placement": "lx", "lx_bytes_per_core": n} if in_lx else {}))
+    bufs = [x] if in_lx else [x, Buffer("y", "dl16", (512, 1024))]
+    out = "x" if in_lx else "y"
+    split = {"r": cores} if cores > 1 else {}
+    k = Kernel(
+        "softmax",
+        "softmax",
+        [Arg("x", ("r", "c"))],
+        [Arg(out, ("r", "c"))],
+        {"r": 512, "c": 1024},
+        None,
+        ("c",),
+        split,
+    )
+    return KernelProgram("softmax", bufs, [k])
+
+
+@pytest.mark.parametrize("cores", [1, 4])
+def test_an_lx_resident_softmax_is_bound_by_its_sfp_passes_not_by_g_of_n(cores):
+    """g(n) is a fit for kernels streaming from DRAM; an operand in LX costs no DRAM time at all, so the kernel is
+    bound by the SFP: 512 x 1024 elements x (3 plain + 1 exp at 4x) passes / (2 corelets x 64 lanes) per cycle."""
+    t = body(softmax_program(cores, in_lx=True))
+    assert t.dram_read == t.dram_write == 0
+    passes = 3 + SPYRE.sfp_transcendental_cost
+    sfp_ns = 512 * 1024 / cores * passes / (SPYRE.corelets_per_core * SPYRE.sfp_lanes) / SPYRE.core_clock_ghz
+    assert t.duration_ns == pytest.approx(sfp_ns, rel=0.02)
+    assert t.unit_utilization["sfp"] > 0.98
+
+
+def test_the_same_softmax_streaming_from_dram_on_one_core_pays_g_of_1():
+    t = body(softmax_program(1, in_lx=False))
+    bound = (t.dram_read + t.dram_write) / (SPYRE.dram_effective_gbps * SPYRE.dram_fraction(1))
+    assert t.duration_ns == pytest.approx(bound, rel=0.1)
+    assert t.duration_ns > 4 * body(softmax_program(1, in_lx=True)).duration_ns
+
+
 # --- runtime costs outside kernels -------------------------------------------------------------------------------
 
 
