@@ -10,6 +10,7 @@ pixel values at the config's image size. Audio: log-mel features or a waveform. 
 from __future__ import annotations
 
 import inspect
+import re
 
 import torch
 
@@ -90,15 +91,90 @@ def _modality(names: set[str]) -> str:
     return "text"
 
 
-def make_inputs(model, config, variant: str = "default", seed: int = 0, causal: bool = False):
-    """(inputs, modality, pad_mask): what model(**inputs) takes, the modality, and the [batch, seq] real-position
-    mask of the token inputs (None when there are none)."""
+def _cfg_int(config, *names, default=None):
+    for cfg in (
+        config,
+        config.get_text_config(),
+        getattr(config, "vision_config", None),
+        getattr(config, "audio_config", None),
+    ):
+        for n in names:
+            v = getattr(cfg, n, None) if cfg is not None else None
+            if isinstance(v, int) and not isinstance(v, bool):
+                return v
+    return default
+
+
+def _fill(name: str, config, g: torch.Generator, seq: int):
+    """A dummy for a required argument, by its name (census §3 "Other required arguments"); None if unknown."""
+    hidden = _cfg_int(config, "hidden_size", "d_model", "embed_dim", default=64)
+    if name == "bbox":
+        xy = torch.randint(0, 500, (BATCH, seq, 2), generator=g)
+        return torch.cat([xy, xy + torch.randint(1, 500, (BATCH, seq, 2), generator=g)], -1)
+    if name.endswith("input_ids"):
+        return token_ids(config, (BATCH, seq), g)
+    if name.endswith("_mask"):
+        return torch.ones(BATCH, seq, dtype=torch.long)
+    if name in ("token_type_ids",) or name.endswith("_type_ids"):
+        return torch.zeros(BATCH, seq, dtype=torch.long)
+    if name == "visual_feats":
+        return torch.randn(BATCH, 4, _cfg_int(config, "visual_feat_dim", default=hidden), generator=g)
+    if name == "visual_pos":
+        return torch.rand(BATCH, 4, _cfg_int(config, "visual_pos_dim", default=4), generator=g)
+    if name.endswith("_embeds") or name == "hidden_states":
+        return torch.randn(BATCH, seq, hidden, generator=g)
+    if name.startswith("pixel_values"):
+        h, w = _image_size(config)
+        return torch.randn(BATCH, _channels(config), h, w, generator=g)
+    if name == "image_sizes":
+        h, w = _image_size(config)
+        return torch.tensor([[h, w]] * BATCH)
+    return None
+
+
+def _time_series(config, params: dict, g: torch.Generator) -> list[dict]:
+    """The past/future API of the time-series models (census §3), in the two layouts they use."""
+    ctx = (
+        _cfg_int(config, "context_length", default=None)
+        or _cfg_int(config, "prediction_length", default=8)
+        or 8
+    )
+    pred = _cfg_int(config, "prediction_length", default=4) or 4
+    lags = getattr(config, "lags_sequence", None) or [0]
+    n_feat = _cfg_int(config, "num_time_features", default=0) or 0
+    n_ch = _cfg_int(config, "num_input_channels", "input_size", default=1) or 1
+    past = ctx + max(lags)
+    extra = {}
+    if "past_time_features" in params:
+        extra["past_time_features"] = torch.randn(BATCH, past, n_feat, generator=g)
+    if "future_time_features" in params:
+        extra["future_time_features"] = torch.randn(BATCH, pred, n_feat, generator=g)
+    if "past_observed_mask" in params:
+        extra["past_observed_mask"] = None
+    shaped = []
+    for shape in ((BATCH, past) if n_ch == 1 else (BATCH, past, n_ch), (BATCH, ctx, n_ch)):
+        d = {"past_values": torch.randn(*shape, generator=g), **extra}
+        if "past_observed_mask" in params:
+            d["past_observed_mask"] = torch.ones_like(d["past_values"])
+        if "future_values" in params and "future_time_features" in d:
+            d["future_values"] = torch.randn(BATCH, pred, *shape[2:], generator=g)
+        shaped.append(d)
+    return shaped
+
+
+def candidates(model, config, seed: int = 0, causal: bool = False):
+    """Input sets to try, in order: (inputs, pad_mask). The first is what people pass; the others are the other
+    layouts a modality comes in (audio), or the text-only path of a multimodal model (census §4: 63 models)."""
     params = _params(model)
     required = _required(params)
     main = getattr(model, "main_input_name", "input_ids")
     g = torch.Generator().manual_seed(seed + 1)
     inputs: dict = {}
     pad_mask = None
+    if "past_values" in params:
+        for d in _time_series(config, params, g):
+            yield d, None
+        return
     # every input the model names that we know how to make: a multimodal model (CLIP) gets text and image
     wants = set(required) | {main} | (set(params) & {"input_ids", "pixel_values", "input_features"})
     if "input_ids" in wants:
@@ -121,18 +197,90 @@ def make_inputs(model, config, variant: str = "default", seed: int = 0, causal: 
         inputs["decoder_input_ids"] = token_ids(config, (BATCH, DECODER_SEQ), g)
     if "pixel_values" in wants:
         h, w = _image_size(config)
-        inputs["pixel_values"] = torch.randn(BATCH, _channels(config), h, w, generator=g)
+        frames = _cfg_int(config, "num_frames", default=None)
+        shape = (BATCH, frames, _channels(config), h, w) if frames else (BATCH, _channels(config), h, w)
+        inputs["pixel_values"] = torch.randn(*shape, generator=g)
+    mels = _cfg_int(config, "num_mel_bins", "feature_size", "n_mels", default=80)
+    frames = 2 * (_cfg_int(config, "max_source_positions", default=100) or 100)
     if "input_features" in wants:
-        mels = int(getattr(config, "num_mel_bins", 80) or 80)
-        frames = 2 * int(getattr(config, "max_source_positions", 100) or 100)
         inputs["input_features"] = torch.randn(BATCH, mels, frames, generator=g)
     if "input_values" in wants:
         inputs["input_values"] = torch.randn(BATCH, WAVE, generator=g)
-    if "use_cache" in params and not getattr(config, "is_encoder_decoder", False) and causal:
+    if "use_cache" in params and (causal or getattr(config, "is_encoder_decoder", False)):
         inputs["use_cache"] = False  # one static prefill program, no cache object in the graph
-    elif "use_cache" in params and getattr(config, "is_encoder_decoder", False):
-        inputs["use_cache"] = False
-    missing = [n for n in required if n not in inputs]
-    if missing:
-        raise ValueError(f"no dummy input for required forward argument(s) {missing}")
+    # optional in the signature, required in practice (LayoutLM-style models raise "You have to specify bbox")
+    for name in [n for n in ("bbox",) if n in params] + required:
+        if name not in inputs:
+            value = _fill(name, config, g, SEQ)
+            if value is None:
+                raise ValueError(f"no dummy input for required forward argument {name!r}")
+            inputs[name] = value
+    yield inputs, pad_mask
+    # the other audio layouts (census §3): features [B,T,C] and [B,1,T,C]; waveforms [B,C,T] and [B,T,F]
+    if "input_features" in inputs:
+        feats = inputs["input_features"]
+        yield {**inputs, "input_features": feats.transpose(1, 2).contiguous()}, pad_mask
+        yield {**inputs, "input_features": feats.transpose(1, 2).unsqueeze(1).contiguous()}, pad_mask
+        yield {**inputs, "input_features": torch.randn(BATCH, 200, mels, generator=g)}, pad_mask
+    if "input_values" in inputs:
+        channels = _cfg_int(config, "audio_channels", "num_channels", "in_channels", default=1)
+        yield {**inputs, "input_values": torch.randn(BATCH, channels, WAVE, generator=g)}, pad_mask
+        yield {**inputs, "input_values": torch.randn(BATCH, 200, mels, generator=g)}, pad_mask
+    media = [k for k in ("pixel_values", "input_features", "input_values") if k in inputs]
+    if media and "input_ids" in inputs and not set(media) & set(required):
+        yield {k: v for k, v in inputs.items() if k not in media}, pad_mask
+
+
+_FEATURES_RE = re.compile(r"tokens:\s*(\d+),\s*features:?\s*(\d+)")
+
+
+def _image_token_id(config) -> int | None:
+    for cfg in (config, config.get_text_config()):
+        for n in ("image_token_id", "image_token_index", "image_token", "img_token_id", "image_pad_token_id"):
+            v = getattr(cfg, n, None)
+            if isinstance(v, int) and not isinstance(v, bool):
+                return v
+    return None
+
+
+def _with_image_tokens(inputs: dict, pad_mask, per_row: int, token: int):
+    """input_ids with `per_row` image tokens inserted after the padding of each row (mask extended to match)."""
+    ids = inputs["input_ids"]
+    img = torch.full((ids.shape[0], per_row), token, dtype=ids.dtype)
+    out = dict(inputs, input_ids=torch.cat([ids[:, :PAD], img, ids[:, PAD:]], 1))
+    if "attention_mask" in inputs:
+        m = inputs["attention_mask"]
+        out["attention_mask"] = torch.cat([m[:, :PAD], torch.ones_like(img), m[:, PAD:]], 1)
+        pad_mask = out["attention_mask"].bool()
+    return out, pad_mask
+
+
+def fit_inputs(model, config, variant: str = "default", seed: int = 0, causal: bool = False):
+    """(inputs, modality, pad_mask): the first candidate that runs forward on the CPU. A VLM that reports
+    "tokens: X, features: Y" gets Y image tokens and is tried again (census §3). Raises the last error."""
+    last: BaseException | None = None
+    for inputs, pad_mask in candidates(model, config, seed=seed, causal=causal):
+        for _ in range(3):
+            try:
+                with torch.no_grad():
+                    model(**inputs)
+                return inputs, _modality({k for k, v in inputs.items() if v is not None}), pad_mask
+            except Exception as e:  # noqa: BLE001 - each failure says which candidate to try next
+                last = e
+                hit = _FEATURES_RE.search(str(e))
+                token = _image_token_id(config)
+                if not (hit and token is not None and "input_ids" in inputs):
+                    break
+                features = int(hit.group(2))
+                hidden = _cfg_int(config, "hidden_size", default=1) or 1
+                if features % hidden == 0 and features // hidden >= BATCH and features > 4096:
+                    features //= hidden  # some models report numel, not a token count
+                per_row = max(1, features // BATCH) if features % BATCH == 0 else features
+                inputs, pad_mask = _with_image_tokens(inputs, pad_mask, per_row, token)
+    raise last if last is not None else ValueError("no input candidates")
+
+
+def make_inputs(model, config, variant: str = "default", seed: int = 0, causal: bool = False):
+    """(inputs, modality, pad_mask) of the first candidate, without running the model."""
+    inputs, pad_mask = next(iter(candidates(model, config, seed=seed, causal=causal)))
     return inputs, _modality(set(inputs)), pad_mask

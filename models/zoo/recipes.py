@@ -16,14 +16,17 @@ ZooBuildError. Per-family overrides live in OVERRIDES, each with the reason it i
 from __future__ import annotations
 
 import dataclasses
+import functools
+import json
 import math
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
 from models.zoo import catalog
-from models.zoo.inputs import make_inputs
+from models.zoo.inputs import fit_inputs
 
 LEVELS = ("tiny", "tiny_keep_vocab", "no_width", "width_no_layers", "layers_experts_only", "default")
 # What each level shrinks (census §3 step 8): layers, widths (and heads with them), experts, vocab.
@@ -35,12 +38,16 @@ _LEVEL_PARTS = {
     "layers_experts_only": {"layers", "experts"},
     "default": set(),
 }
-PARAM_CAP = 300_000_000  # census §3 step 8: a level whose model has more parameters is skipped
+# A level whose model has more parameters is skipped. The census (§3 step 8) capped at 300 M for CPU forwards; the
+# emulator computes every value bit-exactly, so one model past 100 M would take minutes of the sweep's budget, and
+# only 11 of the census's 492 models were above it.
+PARAM_CAP = 100_000_000
 STICK = 64  # fp16 elements per 128-byte stick (../shared/reference/torch_spyre_stack.md §2)
 LAYERS = 2  # layers kept (more only to keep every layer kind, up to MAX_LAYERS)
 MAX_LAYERS = 4
 EXPERTS, TOP_K = 4, 2
 VOCAB = {"default": 1024, "ragged": 1000}  # ragged: a vocab that is not whole sticks, as GPT-2's 50257 is not
+PREDICTION = 4  # time-series prediction_length
 MIN_WIDTH = 2 * STICK  # default variant: no width below two sticks (bloom's default hidden_size is 64)
 
 
@@ -329,6 +336,8 @@ def _shrink_experts(d: dict) -> None:
     for k in _TOPK_KEYS:
         if isinstance(d.get(k), int) and not isinstance(d.get(k), bool):
             d[k] = min(d[k], TOP_K)
+        elif k in d and d[k] is None:  # census §3 step 5: a missing top-k is 2 when experts exist
+            d[k] = TOP_K
     for k in _GROUP_KEYS:
         if isinstance(d.get(k), int) and d[k] > 1:
             d[k] = 1
@@ -366,7 +375,20 @@ def _fields(cfg) -> dict:
         names = [f.name for f in dataclasses.fields(cfg)]
     else:
         names = list(cfg.to_dict())
-    return {n: getattr(cfg, n) for n in names if n not in _SKIP_FIELDS and hasattr(cfg, n)}
+    out = {}
+    for n in names:
+        if n in _SKIP_FIELDS:
+            continue
+        if n in vars(
+            cfg
+        ):  # the stored value: per-layer (heterogeneous) configs refuse getattr of global fields
+            out[n] = vars(cfg)[n]
+            continue
+        try:
+            out[n] = getattr(cfg, n)
+        except Exception:  # noqa: BLE001 - a derived attribute that cannot be read is not a field to rebuild
+            pass
+    return out
 
 
 def _shrink_config(cfg, parts: set[str], variant: str, tokens: _TokenMap | None):
@@ -375,6 +397,11 @@ def _shrink_config(cfg, parts: set[str], variant: str, tokens: _TokenMap | None)
 
     d = _fields(cfg)
     for k, v in list(d.items()):
+        if isinstance(v, PreTrainedConfig) and v.model_type == "timm_backbone":
+            # census §3 step 7: timm is not installed (and would download weights); a native ResNet stands in
+            from transformers import ResNetConfig
+
+            v = ResNetConfig(out_features=["stage1", "stage2", "stage3", "stage4"])
         if isinstance(v, PreTrainedConfig):
             sub = _shrink_config(v, parts, variant, tokens)
             sub["model_type"] = v.model_type
@@ -394,8 +421,8 @@ def _shrink_config(cfg, parts: set[str], variant: str, tokens: _TokenMap | None)
     for k in ("use_pretrained_backbone", "use_timm_backbone"):  # census §3 step 7: no downloads
         if d.get(k):
             d[k] = False
-    if "prediction_length" in d and isinstance(d.get("prediction_length"), int):
-        d["prediction_length"] = min(d["prediction_length"], 4)
+    if "prediction_length" in d:  # census §3 step 7: time-series models predict 4 steps
+        d["prediction_length"] = min(d["prediction_length"] or PREDICTION, PREDICTION)
     return d
 
 
@@ -535,15 +562,13 @@ def _try_level(model_type: str, level: str, variant: str, seed: int) -> ZooModel
         )
     model = _seeded(cls, config, seed)
     family = _family(model_type, config, is_lm)
-    inputs, modality, pad_mask = make_inputs(
+    inputs, modality, pad_mask = fit_inputs(
         model,
         config,
         variant=variant,
         seed=seed,
         causal=is_lm or family in ("decoder", "moe_decoder", "ssm", "hybrid"),
     )
-    with torch.no_grad():
-        model(**inputs)  # the level must run forward on the CPU (census §3 step 8)
     return ZooModel(
         model_type=model_type,
         variant=variant,
@@ -561,17 +586,52 @@ def _try_level(model_type: str, level: str, variant: str, seed: int) -> ZooModel
     )
 
 
-def build(model_type: str, variant: str = "default", seed: int = 0, levels=LEVELS) -> ZooModel:
+def _no_level_helps(e: Exception) -> bool:
+    """Failures no recipe level changes: a missing package, or a forward argument we cannot make."""
+    return isinstance(e, ImportError) or "no dummy input for required forward argument" in str(e)
+
+
+LEVELS_FILE = Path(__file__).with_name("levels.json")
+
+
+@functools.cache
+def recorded_levels() -> dict:
+    """{variant: {model_type: level or None}} measured with the installed transformers version (levels.json, written
+    by `python -m models.zoo.recipes --record`), or {} when it was measured with another version."""
+    import transformers
+
+    try:
+        data = json.loads(LEVELS_FILE.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data.get("levels", {}) if data.get("transformers") == transformers.__version__ else {}
+
+
+def _ladder(model_type: str, variant: str, levels) -> tuple[list[str], str | None]:
+    """The levels to try, the recorded one first; a type recorded as building on no level tries only the first
+    (the full ladder of such a type costs tens of seconds and changed nothing when it was recorded)."""
+    rec = recorded_levels().get(variant, {})
+    if levels is not None or model_type not in rec:
+        return list(levels or LEVELS), None
+    level = rec[model_type]
+    if level is None:
+        return [LEVELS[0]], f"recorded in {LEVELS_FILE.name}: no level built it"
+    return [level] + [x for x in LEVELS if x != level], None
+
+
+def build(model_type: str, variant: str = "default", seed: int = 0, levels=None) -> ZooModel:
     """A tiny random-weight model of `model_type`: the first recipe level that validates, stays under PARAM_CAP and
-    runs forward on the CPU. Raises ZooBuildError with every level's reason when none does."""
+    runs forward on the CPU. `levels`: the levels to try, in order (default: the ladder, with the level recorded in
+    levels.json first). Raises ZooBuildError with every level's reason when none does."""
     if variant not in catalog.VARIANTS:
         raise ValueError(f"unknown zoo variant {variant!r}; the variants are {catalog.VARIANTS}")
     if model_type not in catalog.model_types():
         raise ZooBuildError(
             model_type, "not a model type of the installed transformers (see zoo.model_types())"
         )
+    ladder, note = _ladder(model_type, variant, levels)
     reasons = []
-    for level in levels:
+    for level in ladder:
         try:
             return _try_level(model_type, level, variant, seed)
         except ZooBuildError as e:
@@ -579,5 +639,39 @@ def build(model_type: str, variant: str = "default", seed: int = 0, levels=LEVEL
             if "not exported" in e.reason:
                 break
         except Exception as e:  # noqa: BLE001 - every failure of a level is a reason to try the next
-            reasons.append(f"{level}: {type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}")
-    raise ZooBuildError(model_type, "; ".join(reasons))
+            first = next((line for line in str(e).splitlines() if line.strip()), "")
+            reasons.append(f"{level}: {type(e).__name__}: {first[:300]}")
+            if _no_level_helps(e):
+                break
+    raise ZooBuildError(model_type, "; ".join(reasons + ([note] if note else [])))
+
+
+def record(variant: str, out: Path = LEVELS_FILE, types=None) -> dict:
+    """Build every type (or `types`) of `variant` with the full ladder and write the winning levels to levels.json
+    (the other variant's entries are kept). Minutes per variant; each type in this process."""
+    import transformers
+
+    try:
+        data = json.loads(out.read_text())
+    except (OSError, ValueError):
+        data = {}
+    if data.get("transformers") != transformers.__version__:
+        data = {"transformers": transformers.__version__, "levels": {}}
+    table = data["levels"].setdefault(variant, {})
+    for t in types or catalog.model_types():
+        try:
+            table[t] = build(t, variant, levels=LEVELS).recipe_level
+        except ZooBuildError:
+            table[t] = None
+    data["levels"][variant] = dict(sorted(table.items()))
+    out.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+    recorded_levels.cache_clear()
+    return data
+
+
+if __name__ == "__main__":  # python -m models.zoo.recipes --record VARIANT [TYPE ...]: refresh levels.json
+    import sys
+
+    if len(sys.argv) < 3 or sys.argv[1] != "--record":
+        sys.exit("usage: python -m models.zoo.recipes --record {default|ragged} [MODEL_TYPE ...]")
+    record(sys.argv[2], types=sys.argv[3:] or None)
