@@ -1,4 +1,4 @@
-"""Greedy decoding on emulated Spyre with static shapes: one prefill program and one decode program.
+"""Greedy decoding on emulated Spyre with static shapes: one prefill shape and one decode shape.
 
 Spyre binaries are static-shape: every new shape is a new compiled program. `model.generate` grows its KV
 cache by one position per token (a recompile per step) and slices logits in-graph, so this module runs its
@@ -15,7 +15,9 @@ own loop, the way IBM's hf-adapters do ("64-token decode blocks"):
   argmax over the logits.
 
 The step runs the patched HuggingFace decoder layers (adapters.apply: RMSNorm, RoPE-as-matmul, explicit
-attention ...), then the final norm and LM head on the one row whose next token is wanted.
+attention ...), then the final norm and LM head on the one row whose next token is wanted. Each shape compiles one
+decoder-block program shared by every layer and one head program (StaticStep, blocks=True), so dynamo traces one
+layer and compile time does not grow with depth.
 """
 
 from __future__ import annotations
@@ -68,8 +70,13 @@ def device_copy(causal_lm: nn.Module, dtype: torch.dtype = torch.float16) -> nn.
 class _BlendCache:
     """Duck-typed transformers cache for one compiled step: K/V written into fixed-size buffers by a blend."""
 
-    def __init__(self, kv: tuple[torch.Tensor, ...], write: torch.Tensor, keep: torch.Tensor):
+    def __init__(
+        self, kv: tuple[torch.Tensor, ...], write: torch.Tensor, keep: torch.Tensor, one_layer: bool = False
+    ):
         self.kv, self.write, self.keep = kv, write, keep
+        # one_layer: kv is one layer's (K, V), whatever layer_idx the attention passes, so that every layer's
+        # block traces to the same graph (dynamo then has no per-layer constant to guard on)
+        self.one_layer = one_layer
         self.out: list[torch.Tensor] = []
 
     def _blend(self, buf: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
@@ -78,29 +85,57 @@ class _BlendCache:
         return buf * self.keep + torch.matmul(self.write, new)
 
     def update(self, key_states, value_states, layer_idx, *args, **kwargs):
-        k = self._blend(self.kv[2 * layer_idx], key_states)
-        v = self._blend(self.kv[2 * layer_idx + 1], value_states)
+        slot = 0 if self.one_layer else 2 * layer_idx
+        k = self._blend(self.kv[slot], key_states)
+        v = self._blend(self.kv[slot + 1], value_states)
         self.out += [k, v]
         return k, v
 
 
-class StaticStep(nn.Module):
-    """The device program: decoder layers over a static cache, final norm, LM head on one selected row."""
+def _decoder_block(layer, hidden, cos, sin, mask, write, keep, k, v):
+    """One decoder layer over its own K/V buffers: the graph compiled once and shared by every layer."""
+    cache = _BlendCache((k, v), write, keep, one_layer=True)
+    hidden = layer(hidden, attention_mask=mask, position_embeddings=(cos, sin), cache=cache)
+    return (hidden, *cache.out)
 
-    def __init__(self, causal_lm: nn.Module):
+
+def _head(norm, lm_head, select, hidden):
+    if hidden.shape[1] > 1:
+        hidden = torch.matmul(select, hidden)  # [1, 1, H]: the last real prompt position
+    return lm_head(norm(hidden))
+
+
+class StaticStep(nn.Module):
+    """The device work of one step: decoder layers over a static cache, final norm, LM head on one selected row.
+
+    blocks=True (what StaticGreedy compiles): one compiled graph per decoder layer, the same graph for every layer
+    (the layer is an argument, so dynamo lifts its weights as inputs), and one for the norm and head, as IBM's
+    hf-adapters compile decoder blocks (blocks.py): dynamo traces one layer, not all of them, and the compiler
+    builds one block program. Each program's results come back to the host between layers. blocks=False runs the
+    same code as it is (eager, or as one whole-model graph when torch.compile'd)."""
+
+    def __init__(self, causal_lm: nn.Module, blocks: bool = False):
         super().__init__()
         self.layers = causal_lm.model.layers
         self.norm = causal_lm.model.norm
         self.lm_head = causal_lm.lm_head
+        self.blocks = blocks
+        if blocks:
+            self._block = torch.compile(_decoder_block, backend="spyre", dynamic=False)
+            self._head = torch.compile(_head, backend="spyre", dynamic=False)
+            self._spyre_compiled = True  # profile() runs it as it is: its graphs are compiled already
 
     def forward(self, hidden, cos, sin, mask, select, write, keep, *kv):
+        if self.blocks:
+            out: list[torch.Tensor] = []
+            for i, layer in enumerate(self.layers):
+                hidden, k, v = self._block(layer, hidden, cos, sin, mask, write, keep, kv[2 * i], kv[2 * i + 1])
+                out += [k, v]
+            return (self._head(self.norm, self.lm_head, select, hidden), *out)
         cache = _BlendCache(kv, write, keep)
         for layer in self.layers:
             hidden = layer(hidden, attention_mask=mask, position_embeddings=(cos, sin), cache=cache)
-        if hidden.shape[1] > 1:
-            hidden = torch.matmul(select, hidden)  # [1, 1, H]: the last real prompt position
-        logits = self.lm_head(self.norm(hidden))
-        return (logits, *cache.out)
+        return (_head(self.norm, self.lm_head, select, hidden), *cache.out)
 
 
 @dataclass
@@ -152,8 +187,10 @@ class Generation:
 class StaticGreedy:
     """Greedy decoding of a patched fp16 LlamaForCausalLM on emulated Spyre with two static programs."""
 
-    def __init__(self, causal_lm: nn.Module, compile: bool = True):
-        """compile=False runs the same step eagerly on the CPU (a reference for the loop's logic, no timing)."""
+    def __init__(self, causal_lm: nn.Module, compile: bool = True, blocks: bool = True):
+        """compile=False runs the same step eagerly on the CPU (a reference for the loop's logic, no timing).
+        blocks=False compiles the whole step as one graph (dynamo traces every layer) instead of one decoder block
+        shared by all layers plus the head (StaticStep)."""
         self.lm = causal_lm
         cfg = causal_lm.config
         self.layers = cfg.num_hidden_layers
@@ -161,8 +198,9 @@ class StaticGreedy:
         self.head_dim = causal_lm.model.layers[0].self_attn.head_dim
         self.dtype = causal_lm.lm_head.weight.dtype
         self.compiled = compile
-        step = StaticStep(causal_lm)
-        self.step = torch.compile(step, backend="spyre", dynamic=False) if compile else step
+        self.blocks = compile and blocks
+        step = StaticStep(causal_lm, blocks=self.blocks)
+        self.step = torch.compile(step, backend="spyre", dynamic=False) if compile and not blocks else step
 
     # --- host side ---------------------------------------------------------------------------------
     def host_inputs(self, ids: torch.Tensor, start: int, cache_len: int, last: int) -> tuple:
@@ -192,8 +230,10 @@ class StaticGreedy:
         if not self.compiled:
             with torch.no_grad():
                 return self.step(*args), None
-        if profiled:
-            rep = torch_spyre_emu.profile(self.step, *args, mode="both", trace_path=trace_dir)
+        if profiled or self.blocks:  # a step of blocks runs several graphs: only profile() reports them all
+            rep = torch_spyre_emu.profile(
+                self.step, *args, mode="both", trace_path=trace_dir if profiled else None
+            )
             return rep.outputs, rep
         with torch.no_grad():
             out = self.step(*args)

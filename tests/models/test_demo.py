@@ -1,7 +1,8 @@
 """`spyre-emu demo`: bad input, the MiniLM demo end to end, the static-shape decode loop, and (slow) the SmolLM2 demo.
 
 The decode loop is checked on a tiny random Llama against CPU fp32 greedy decoding, and for its one property that
-makes decoding affordable on Spyre: exactly two compiled programs (prefill, decode) whatever the number of tokens.
+makes decoding affordable on Spyre: two shapes (prefill, decode) whatever the number of tokens, each one decoder-block
+program shared by every layer plus the head.
 """
 
 from __future__ import annotations
@@ -124,7 +125,10 @@ def test_static_greedy_on_spyre_agrees_with_cpu_and_compiles_two_programs(tiny_p
     assert (gen.prompt_pad, gen.cache_len) == (64, 64)
     assert [s.kind for s in gen.steps] == ["prefill"] + ["decode"] * 7
     programs = {tuple(s.report.programs) for s in gen.steps}
-    assert len(programs) == 2, programs  # one prefill program, one decode program reused by every step
+    assert len(programs) == 2, programs  # one prefill program set, one decode program set reused by every step
+    for step in gen.steps[:2]:  # one decoder-block program run by every layer, then the head's
+        names = step.report.programs
+        assert len(names) == model.config.num_hidden_layers + 1 and len(set(names[:-1])) == 1, names
     decode_us = {round(s.sim_us, 6) for s in gen.decodes}
     assert len(decode_us) == 1 and decode_us.pop() > 0
 
