@@ -313,7 +313,7 @@ def _child(
     torch.set_num_threads(threads)
     numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
     if mode == "meta":
-        _send(conn, {"meta": _metadata(task)})
+        _send(conn, {"meta": _metadata(task)})  # None: nothing builds it
         return
     try:
         if where:
@@ -378,6 +378,7 @@ class _Outcome:
     """What one supervised process gave: its messages, or how it ended without them."""
 
     meta: dict | None = None
+    meta_sent: bool = False  # the child sent its metadata (None where nothing builds the model)
     record: dict | None = None  # run_one's record, from the child
     failure: dict | None = None  # the parent's record of a process that gave none (killed, crashed)
     filtered: bool = False
@@ -403,10 +404,10 @@ def _supervise(task: Task, mode: str, timeout_s: float, mem_gb: float, threads: 
         name=f"zoo:{task.model_type}",
     )
     out = _Outcome()
-    start = time.monotonic()
     with _live_lock:
         _live.add(proc)
-    proc.start()
+    proc.start()  # the first start waits for the fork server's imports: not the model's time
+    start = time.monotonic()
     send.close()  # the child holds the only write end: EOF on recv means it died
     try:
         while True:
@@ -442,7 +443,7 @@ def _supervise(task: Task, mode: str, timeout_s: float, mem_gb: float, threads: 
                     out.filtered = True
                     break
                 if "meta" in message:
-                    out.meta = message["meta"]
+                    out.meta, out.meta_sent = message["meta"], True
                     if mode == "meta":
                         break
                     continue
@@ -461,7 +462,8 @@ def _supervise(task: Task, mode: str, timeout_s: float, mem_gb: float, threads: 
             out.tail = _tail(log)
         with contextlib.suppress(OSError):
             os.unlink(log)
-    if out.record is None and out.failure is None and mode == "run" and not out.filtered:
+    answered = out.record is not None or out.filtered or (mode == "meta" and out.meta_sent)
+    if not answered and out.failure is None:
         out.failure = _died(task, out.exitcode, out.wall)
     return out
 
@@ -489,7 +491,11 @@ def run_isolated(
         record["error"]["output_tail"] = run.tail
         meta = run.meta
         if meta is None:
-            meta = _supervise(task, "meta", META_TIMEOUT_S, mem_gb, threads, {}).meta
+            pass_ = _supervise(task, "meta", META_TIMEOUT_S, mem_gb, threads, {})
+            meta = pass_.meta
+            if meta is None:  # say why, so a record without metadata is not a mystery
+                why = pass_.failure["reason"] if pass_.failure else "no recipe level builds it"
+                record["error"]["metadata"] = f"the build-only process gave no metadata: {why}"
         record.update(meta or {})
     record["process"] = {
         "wall_s": round(run.wall, 3),

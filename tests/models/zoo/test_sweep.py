@@ -105,7 +105,7 @@ def test_a_killed_sweep_loses_nothing_and_resume_finishes_it(tmp_path):
     assert llama["model_type"] == "llama" and llama["class"] == "timeout"
     assert llama["error"]["type"] == "Timeout" and llama["process"]["wall_s"] < 3 + sw.EXIT_GRACE_S + 2
     # killed before its record, it still has its metadata (from a build-only process)
-    assert llama["family"] == "decoder" and llama["model_class"] == "LlamaForCausalLM"
+    assert llama["family"] == "decoder" and llama["model_class"] == "LlamaForCausalLM", llama["error"]
     assert all(r["class"] in CLASSES for r in records)
 
 
