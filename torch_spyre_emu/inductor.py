@@ -11,10 +11,12 @@ device; torch_spyre._inductor.config (torch_spyre_emu.inductor_config) does.
 from __future__ import annotations
 
 import functools
+import logging
 
 import torch
 
 _installed = False
+_log = logging.getLogger("spyre.inductor")
 
 
 def _has_spyre_tensor(example_inputs) -> bool:
@@ -34,6 +36,7 @@ def install() -> None:
         if _has_spyre_tensor(inputs_):
             from torch_spyre_emu.compiler import spyre_backend
 
+            _log.info("compiling a graph of %d nodes for spyre", len(model_.graph.nodes))
             return spyre_backend(model_, inputs_)
         return original(self, model_, inputs_)
 

@@ -1,5 +1,6 @@
 """Plain torch.compile and torch_spyre._inductor.config, as the real stack offers them (torch_spyre_api.md §6)."""
 
+import logging
 import os
 import subprocess
 import sys
@@ -109,3 +110,49 @@ def test_an_option_the_emulator_does_not_model_is_a_clear_error():
     gm, args = _graph()
     with config.patch(layout_solver="ilp"), pytest.raises(SpyreConfigError, match="layout_solver='ilp'.*not modelled"):
         compile_fn(gm, args, CompileOptions(name="bad"))
+
+
+# --- logging (torch_spyre_api.md §6) ---------------------------------------------------------------------------
+
+
+def test_torch_logs_takes_the_spyre_components_in_the_real_forms():
+    code = (
+        "import logging, os, torch\n"
+        "from torch_spyre.logging_config import get_effective_config\n"
+        "c = get_effective_config()\n"
+        "print(c['spyre.inductor'], c['spyre.runtime'], c['spyre.device'], c['spyre'], os.environ.get('TORCH_LOGS'))\n"
+        "x = torch.ones(2, 3).to('spyre')\n"
+        "torch.compile(lambda t: t + 1)(x)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "TORCH_LOGS": "+spyre.inductor,-spyre.runtime,spyre.device:DEBUG,graph_breaks"},
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    # torch's own entries stay for torch; the spyre ones are applied and taken out
+    assert out.stdout.strip() == "INFO DISABLED DEBUG WARNING graph_breaks"
+    assert "[INFO] [spyre.inductor] compiling a graph" in out.stderr
+    assert "[DEBUG] [spyre.device] allocate [2, 3]" in out.stderr
+
+
+def test_logging_api_and_defaults():
+    from torch_spyre import logging_config as lc
+
+    assert set(lc.COMPONENTS) >= {"spyre", "spyre.inductor.codegen", "spyre.runtime", "spyre.execution", "spyre.device"}
+    before = lc.get_effective_config()
+    assert before["spyre.execution"] == "WARNING"
+    try:
+        lc.enable("spyre.runtime")
+        assert lc.get_log_level("spyre.runtime") == logging.INFO
+        lc.disable("spyre.runtime")
+        assert lc.get_effective_config()["spyre.runtime"] == "DISABLED"
+        lc.set_log_level("DEBUG", "spyre.inductor")
+        assert lc.get_log_level("spyre.inductor.lowering") == logging.DEBUG  # sub-components follow
+    finally:
+        for name, level in before.items():
+            lc.set_log_level(level, name)
+    with pytest.raises(ValueError, match="unknown spyre log component"):
+        lc.enable("spyre.nope")

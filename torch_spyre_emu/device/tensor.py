@@ -14,6 +14,7 @@ API for the compiler / eager path:
 
 from __future__ import annotations
 
+import logging
 import math
 
 import numpy as np
@@ -26,6 +27,7 @@ from torch_spyre_emu.device.layout import SpyreTensorLayout, default_layout, hos
 from torch_spyre_emu.errors import SpyreDeviceError, SpyreLayoutError
 
 _CPU = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
+_log = logging.getLogger("spyre.device")
 
 
 def check_device(device) -> int:
@@ -75,6 +77,8 @@ def new_tensor(
     else:
         check_layout(layout, shape, dtype)
     nbytes = storage_nbytes(shape, strides, dtype, layout)
+    if _log.isEnabledFor(logging.DEBUG):
+        _log.debug("allocate %s %s: %d bytes, %s", list(shape), dtype, nbytes, layout)
     token = device_storage.HostToken(nbytes)
     t = torch._C._acc.create_empty_tensor([0], dtype)
     # The torch storage is an opaque host token of the storage's size (its data_ptr is no device address, as in
