@@ -22,6 +22,15 @@ WAVE = 4000  # waveform samples (census §3)
 IMAGE_FALLBACK = 64
 
 
+def text_config(config):
+    """config.get_text_config(), or the decoder's where several sub-configs are text configs (MusicGen has a text
+    encoder and a decoder, and get_text_config() refuses to choose)."""
+    try:
+        return config.get_text_config()
+    except ValueError:
+        return config.get_text_config(decoder=True)
+
+
 def _params(model) -> dict:
     return dict(inspect.signature(model.forward).parameters)
 
@@ -36,7 +45,7 @@ def _required(params: dict) -> list[str]:
 
 def _special_ids(config) -> set[int]:
     ids = set()
-    for cfg in {id(c): c for c in (config, config.get_text_config())}.values():
+    for cfg in {id(c): c for c in (config, text_config(config))}.values():
         for k, v in cfg.to_dict().items():
             if k.endswith("token_id") or k.endswith("token_ids") or k.endswith("token_index"):
                 vals = v if isinstance(v, list | tuple) else [v]
@@ -45,7 +54,7 @@ def _special_ids(config) -> set[int]:
 
 
 def token_ids(config, shape, g: torch.Generator) -> torch.Tensor:
-    vocab = int(getattr(config.get_text_config(), "vocab_size", 0) or 1000)
+    vocab = int(getattr(text_config(config), "vocab_size", 0) or 1000)
     ids = torch.randint(0, vocab, shape, generator=g)
     special = _special_ids(config)
     if special:
@@ -94,7 +103,7 @@ def _modality(names: set[str]) -> str:
 def _cfg_int(config, *names, default=None):
     for cfg in (
         config,
-        config.get_text_config(),
+        text_config(config),
         getattr(config, "vision_config", None),
         getattr(config, "audio_config", None),
     ):
@@ -184,9 +193,9 @@ def candidates(model, config, seed: int = 0, causal: bool = False):
             mask[1, :PAD] = 0
         else:
             mask[1, SEQ - PAD :] = 0
-        pad_id = getattr(config.get_text_config(), "pad_token_id", None)
+        pad_id = getattr(text_config(config), "pad_token_id", None)
         if isinstance(pad_id, int) and 0 <= pad_id < int(
-            getattr(config.get_text_config(), "vocab_size", 0) or 0
+            getattr(text_config(config), "vocab_size", 0) or 0
         ):
             ids[mask == 0] = pad_id
         inputs["input_ids"] = ids
@@ -235,7 +244,7 @@ _FEATURES_RE = re.compile(r"tokens:\s*(\d+),\s*features:?\s*(\d+)")
 
 
 def _image_token_id(config) -> int | None:
-    for cfg in (config, config.get_text_config()):
+    for cfg in (config, text_config(config)):
         for n in ("image_token_id", "image_token_index", "image_token", "img_token_id", "image_pad_token_id"):
             v = getattr(cfg, n, None)
             if isinstance(v, int) and not isinstance(v, bool):

@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 from models.zoo import catalog
-from models.zoo.inputs import fit_inputs
+from models.zoo.inputs import fit_inputs, text_config
 
 LEVELS = ("tiny", "tiny_keep_vocab", "no_width", "width_no_layers", "layers_experts_only", "default")
 # What each level shrinks (census §3 step 8): layers, widths (and heads with them), experts, vocab.
@@ -470,7 +470,7 @@ def _model_class(model_type: str, config):
 
     name = catalog.base_class_name(model_type)
     lm = catalog.causal_lm_class_name(model_type)
-    text_only = config.get_text_config() is config
+    text_only = text_config(config) is config
     if (
         lm
         and text_only
@@ -490,7 +490,7 @@ _SSM = ("mamba", "rwkv", "xlstm", "falcon_mamba", "s4", "hyena")
 def _family(model_type: str, config, is_decoder_lm: bool) -> str:
     """Architecture shape, orthogonal to modality: decoder | moe_decoder | ssm | hybrid | encoder |
     encoder_decoder | other."""
-    text = config.get_text_config()
+    text = text_config(config)
     kinds = {str(x) for x in (getattr(text, "layer_types", None) or [])}
     has_experts = any(isinstance(getattr(text, k, None), int) and getattr(text, k) > 1 for k in _EXPERT_KEYS)
     if getattr(config, "is_encoder_decoder", False):
@@ -508,7 +508,7 @@ def _family(model_type: str, config, is_decoder_lm: bool) -> str:
 
 
 def _dims(config) -> dict:
-    text = config.get_text_config()
+    text = text_config(config)
     d = _fields(text)
     out = {}
     for name, keys in (

@@ -126,3 +126,60 @@ def test_unknown_type_and_variant_are_clear_errors():
     with pytest.raises(ValueError, match="unknown zoo variant 'odd'; the variants are") as info:
         build("gpt2", "odd")
     assert all(v in str(info.value) for v in VARIANTS)
+
+
+@pytest.mark.parametrize(
+    ("model_type", "modality", "keys"),
+    [
+        ("patchtst", "time_series", {"past_values"}),  # the past/future API
+        (
+            "llava",
+            "multimodal",
+            {"input_ids", "pixel_values"},
+        ),  # image tokens inserted from the model's error
+        ("detr", "vision", {"pixel_values"}),  # a timm backbone replaced by a native ResNet
+        ("layoutlm", "text", {"input_ids", "bbox"}),  # a required-in-practice argument filled by name
+    ],
+)
+def test_the_broadened_recipe(model_type, modality, keys):
+    z = build(model_type)
+    assert z.modality == modality and keys <= set(z.inputs)
+    if model_type == "llava":
+        token = z.model.config.image_token_id
+        assert (z.inputs["input_ids"] == token).sum() > 0
+        assert z.inputs["attention_mask"].shape == z.inputs["input_ids"].shape
+
+
+def test_a_missing_package_stops_the_ladder():
+    from models.zoo.recipes import LEVELS
+
+    with pytest.raises(ZooBuildError) as info:
+        build("dinat", levels=LEVELS)  # needs natten, which no recipe level changes
+    assert "ImportError" in info.value.reason and info.value.reason.count("ImportError") == 1
+
+
+def test_recorded_levels_come_first(monkeypatch, tmp_path):
+    import json
+
+    import transformers
+
+    from models.zoo import recipes
+
+    table = {
+        "transformers": transformers.__version__,
+        "levels": {"default": {"gpt2": "no_width", "dinat": None}},
+    }
+    (tmp_path / "levels.json").write_text(json.dumps(table))
+    monkeypatch.setattr(recipes, "LEVELS_FILE", tmp_path / "levels.json")
+    recipes.recorded_levels.cache_clear()
+    try:
+        assert build("gpt2").recipe_level == "no_width"
+        with pytest.raises(ZooBuildError, match="recorded in levels.json: no level built it"):
+            build("dinat")
+        assert build("gpt2", levels=("tiny",)).recipe_level == "tiny"  # explicit levels are exactly those
+        table["transformers"] = "0.0.1"  # measured with another version: ignored
+        (tmp_path / "levels.json").write_text(json.dumps(table))
+        recipes.recorded_levels.cache_clear()
+        assert build("gpt2").recipe_level == "tiny"
+    finally:
+        recipes.recorded_levels.cache_clear()
