@@ -13,7 +13,8 @@ where torch-spyre's default layout puts host dim 0 -- and that dim has more than
 matmul with more than one batch on the core elsewhere in the layout runs at `bmm_batch_outer_efficiency` (TS-CM's
 460-490 MAC/ns/core with the batch outermost). A projection -- no batch dim, one operand of rank >= 3 against a rank-2
 one, x (B, M, K) @ w (K, N) -- runs at `projection_small_batch_efficiency` (705 MAC/ns/core, B <= 4) or
-`projection_large_batch_efficiency` (470) (HW §3, TS-CM). B is the product of the rank-3 operand's leading host dims;
+`projection_large_batch_efficiency` (470) (HW §3, TS-CM). B is the product of the rank-3 operand's leading dims, as
+the kernel's argument sees it (through a view);
 B = 1 counts as 2-D (an assumption: a size-1 dim contributes nothing to the layout, STACK §2). TS-CM measured these
 as whole-kernel rates; modelling them as PT efficiency (like the default-layout penalty) is an assumption.
 
@@ -119,10 +120,11 @@ def matmul_layout(
         return "bmm batch inner"
     if any(extents.get(d, 1) > 1 for d in dims.batch):
         return "bmm batch outer"
-    ranks = [buffers[a.buffer].rank for a in kernel.inputs]
+    # the operands as the kernel sees them (a view folds dims: (1, S, 8, 4, 128) read as (1, S, 4096) is rank 3)
+    shapes = [arg_shape(a, buffers[a.buffer]) for a in kernel.inputs]
+    ranks = [len(s) for s in shapes]
     if sorted(ranks)[0] <= 2 < sorted(ranks)[-1]:
-        big = buffers[kernel.inputs[ranks.index(max(ranks))].buffer]
-        batch = math.prod(big.shape[:-2])
+        batch = math.prod(shapes[ranks.index(max(ranks))][:-2])
         if batch > 1:
             small = batch <= config.projection_small_batch_max
             return "projection small batch" if small else "projection large batch"

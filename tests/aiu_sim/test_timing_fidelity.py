@@ -57,6 +57,26 @@ def test_a_size_one_leading_dim_counts_as_2d():
     assert rate(body(projection(1, m=2048))) == pytest.approx(rate(as_2d), rel=0.01)
 
 
+def test_the_projection_batch_is_counted_on_the_arguments_view():
+    """Attention output (1, S, 8, 4, 128) read through a view as (1, S, 4096) is B = 1, not B = S x 8."""
+    bufs = [
+        Buffer("attn", "dl16", (1, 512, 8, 4, 128)),
+        Buffer("w", "dl16", (4096, 1024)),
+        Buffer("o", "dl16", (1, 512, 1024)),
+    ]
+    kern = Kernel(
+        "o_proj",
+        "matmul",
+        [Arg("attn", ("b", "m", "k"), view=(1, 512, 4096)), Arg("w", ("k", "n"))],
+        [Arg("o", ("b", "m", "n"))],
+        {"b": 1, "m": 512, "n": 1024, "k": 4096},
+        reduce_dims=("k",),
+        split={"n": 8},
+    )
+    as_2d = body(matmul_program(512, 4096, 1024, {"n": 8}))
+    assert rate(body(KernelProgram("o_proj", bufs, [kern]))) == pytest.approx(rate(as_2d), rel=0.01)
+
+
 def test_batch_outermost_bmm_sits_between_the_default_layout_and_2d():
     bufs = [
         Buffer("a", "dl16", (512, 64, 512)),
