@@ -19,7 +19,7 @@ import torch
 from torch_spyre_emu.compiler.capture import on_host_device
 from torch_spyre_emu.compiler.context import CompileOptions
 from torch_spyre_emu.compiler.pipeline import Compiled, compile_fn
-from torch_spyre_emu.errors import FallbackWarning, SpyreDeviceError
+from torch_spyre_emu.errors import FallbackWarning, SpyreDeviceError, user_stacklevel
 
 aten = torch.ops.aten
 _CACHE: dict[tuple, tuple[Compiled, list[str]]] = {}  # signature -> (program, its FallbackWarning messages)
@@ -80,7 +80,7 @@ def run_op(func, args, kwargs):
         hit = _CACHE[key] = _compile_keeping_fallback_warnings(func, args, kwargs, tensors, options)
     compiled, fallbacks = hit
     for message in fallbacks:
-        warnings.warn(message, FallbackWarning, stacklevel=2)
+        warnings.warn(message, FallbackWarning, stacklevel=user_stacklevel())  # at user code, as torch-spyre
     with call_generator(generator):
         return run_and_record(compiled, tensors)
 

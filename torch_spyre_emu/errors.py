@@ -63,11 +63,11 @@ def warn_fallback(op, fallback_device: str = "cpu", detail: str = "") -> None:
     import warnings
 
     warnings.warn(
-        fallback_message(op, fallback_device, detail), FallbackWarning, stacklevel=_user_stacklevel()
+        fallback_message(op, fallback_device, detail), FallbackWarning, stacklevel=user_stacklevel()
     )
 
 
-def _user_stacklevel() -> int:
+def user_stacklevel() -> int:
     """The warnings stacklevel of the caller's first frame outside torch and torch_spyre(_emu)."""
     import os
     import sys

@@ -420,3 +420,104 @@ def test_fallback_warning_has_the_real_form_and_shows_once():
         "print(len(c))"
     )
     assert _run(code) == "1"
+
+
+# --- §4 torch.ops.spyre ---------------------------------------------------------------------------------------
+
+
+def _half(*shape):
+    return torch.randn(*shape, dtype=torch.float16).to("spyre")
+
+
+@pytest.mark.parametrize(
+    "name, args",
+    [
+        ("softplus", lambda x: (x,)),
+        ("gelu", lambda x: (x,)),
+        ("clamp", lambda x: (x, -1.0, 1.0)),
+        ("logical_not", lambda x: (x,)),
+        ("exx2", lambda x: (x, 1.0, True)),
+        ("layernormscale", lambda x: (x, 1e-5)),
+        ("batched_matmul", lambda x: (x, x.t())),
+        ("restickify", lambda x: (x,)),
+        ("qfp8ch", lambda x: (x,)),
+    ],
+)
+def test_compile_only_custom_ops_raise_outside_compile(name, args):
+    with pytest.raises(RuntimeError, match=f"spyre::{name} is a compile-only op"):
+        getattr(torch.ops.spyre, name)(*args(_half(4, 64)))
+
+
+def test_compile_only_custom_ops_have_shapes_for_tracing():
+    with torch._subclasses.fake_tensor.FakeTensorMode():
+        x = torch.empty(4, 64, dtype=torch.float16)
+        assert torch.ops.spyre.exx2(x, 1.0, False).shape == (4,)  # drops the last dim
+        assert torch.ops.spyre.qfp8ch(x).dtype == torch.float8_e4m3fn
+        assert torch.ops.spyre.dequantize_fp8_with_scale(x, x).dtype == torch.float16
+        assert torch.ops.spyre.batched_matmul(x, x.t()).shape == (4, 4)
+
+
+def test_custom_op_norms_take_a_one_dim_normalized_shape():
+    x = _half(4, 64)
+    ref = torch.nn.functional.layer_norm(x, [64])
+    assert torch.equal(torch.ops.spyre.layer_norm(x, [64]).cpu(), ref.cpu())
+    assert torch.ops.spyre.rms_norm(x, [64], None, 1e-5).shape == (4, 64)
+    with pytest.raises(RuntimeError, match="1-D normalized_shape"):
+        torch.ops.spyre.layer_norm(_half(2, 4, 64), [4, 64])
+
+
+def test_custom_op_topk_takes_2d_input():
+    x = _half(4, 64)
+    values = torch.ops.spyre.topkvalue(x, 3, 1)
+    index = torch.ops.spyre.topkindex(x, 3, 1)
+    assert values.shape == (4, 3) and index.dtype == torch.int64
+    assert torch.equal(values.cpu(), torch.topk(x.cpu(), 3, 1).values)
+    with pytest.raises(RuntimeError, match="2-D input"):
+        torch.ops.spyre.topkvalue(_half(2, 4, 64), 3, 2)
+
+
+def test_custom_op_silu_empty_constant():
+    x = _half(4, 64)
+    assert torch.equal(torch.ops.spyre.silu(x).cpu(), torch.nn.functional.silu(x).cpu())
+    e = torch.ops.spyre.empty([2, 3], torch.device("spyre"), torch.float16)
+    assert e.device.type == "spyre" and e.dtype == torch.float16 and e.shape == (2, 3)
+    c = torch.ops.spyre.constant(2.5, torch.float16, torch.device("spyre"))
+    assert c.item() == 2.5 and c.dim() == 0
+
+
+def test_custom_op_overwrite_mutates_and_overwrite_f_is_functional():
+    x = _half(4, 64)
+    out = torch.zeros(4, 128, dtype=torch.float16).to("spyre")
+    assert torch.ops.spyre.overwrite(x, out, [1], [64]) is None
+    assert torch.equal(out.cpu()[:, 64:], x.cpu()) and not out.cpu()[:, :64].any()
+    base = torch.zeros(8, 64, dtype=torch.float16).to("spyre")
+    new = torch.ops.spyre.overwrite_f(x, base, [0], [4])
+    assert torch.equal(new.cpu()[4:], x.cpu()) and not base.cpu().any()
+
+
+def test_custom_op_copy_from_d2d_writes_dst():
+    x = _half(4, 64)
+    dst = torch.empty_like(x)
+    torch.ops.spyre.copy_from_d2d(x, dst)
+    assert torch.equal(dst.cpu(), x.cpu())
+
+
+def test_cpu_backed_custom_ops_warn_and_return_to_the_device():
+    from torch_spyre.ops.fallbacks import FallbackWarning
+
+    x = _half(4, 64)
+    with pytest.warns(FallbackWarning, match="spyre.reshape_via_cpu is falling back to cpu"):
+        r = torch.ops.spyre.reshape_via_cpu(x, [8, 32])
+    assert r.device.type == "spyre" and torch.equal(r.cpu(), x.cpu().reshape(8, 32))
+    with pytest.warns(FallbackWarning, match="spyre.to_dtype_cpu"):
+        assert torch.ops.spyre.to_dtype_cpu(x, torch.float32).dtype == torch.float32
+    with pytest.warns(FallbackWarning, match="spyre.unfold"):
+        u = torch.ops.spyre.unfold(_half(1, 2, 6, 6), [3, 3])
+    assert u.shape == (1, 18, 16) and u.device.type == "spyre"
+    ints = torch.arange(12, dtype=torch.int32).reshape(3, 4).to("spyre")
+    with pytest.warns(FallbackWarning, match="spyre.max_dim_int64_fallback"):
+        values, index = torch.ops.spyre.max_dim_int64_fallback(ints, 1)
+    assert values.cpu().tolist() == [3, 7, 11] and index.cpu().tolist() == [3, 3, 3]
+    with pytest.warns(FallbackWarning, match="spyre.min_dim_int64_fallback"):
+        values, _ = torch.ops.spyre.min_dim_int64_fallback(ints, 0, True)
+    assert values.shape == (1, 4)
