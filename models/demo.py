@@ -159,7 +159,6 @@ def run_chat(
         )
     if checkpoint is None:
         run.start()
-    traces = out / "traces"
     wall: dict[str, float] = {}
     with _quiet_loaders(), progress(console) as bar, torch_spyre_emu.config.use_hardware(hw):
         t0 = time.perf_counter()
@@ -209,7 +208,7 @@ def run_chat(
             eos_token_id=tok.eos_token_id,
             text=lambda token: tok.decode([token]),
             resume_from=checkpoint,
-            trace_dir=str(traces),
+            trace_dir=None,  # the step's traces are written from its report, all its programs in one file
             on_step=on_step,
         )
         wall["generate"] = time.perf_counter() - t0
@@ -243,15 +242,40 @@ def run_chat(
         wall_s=wall,
     )
     result.files = _write_chat_files(result, out)
-    shutil.rmtree(traces, ignore_errors=True)
     return result
 
 
 def _move_trace(rep: ProfileReport, dest: Path) -> Path | None:
+    """The report's Perfetto trace at `dest`: a one-program report's own file, moved; else one trace of all its
+    programs one after the other (a decode step runs a decoder-block program per layer, then the head's)."""
+    if len(rep.timing_reports) > 1:
+        return _merged_trace(rep, dest)
     if rep.trace_path and Path(rep.trace_path).exists():
         shutil.move(rep.trace_path, dest)
         return dest
     return None
+
+
+def _merged_trace(rep: ProfileReport, dest: Path) -> Path:
+    from aiu_sim.timing.trace import trace_events
+
+    events, seen, t0 = [], set(), 0.0
+    for timing in rep.timing_reports:
+        for e in trace_events(timing):
+            if e.get("ph") == "M":  # track names: the same tracks for every program
+                key = json.dumps(e, sort_keys=True)
+                if key in seen:
+                    continue
+                seen.add(key)
+            elif "ts" in e:
+                e = {**e, "ts": e["ts"] + t0}
+            events.append(e)
+        t0 += timing.total_us
+    other = {"programs": rep.programs, "total_us": rep.total_us, "generator": "models.demo"}
+    dest.write_text(
+        json.dumps({"traceEvents": events, "displayTimeUnit": "ns", "otherData": other}, separators=(",", ":"))
+    )
+    return dest
 
 
 def _write_chat_files(r: ChatResult, out: Path) -> dict[str, Path]:

@@ -133,6 +133,20 @@ def test_static_greedy_on_spyre_agrees_with_cpu_and_compiles_two_programs(tiny_p
     assert len(decode_us) == 1 and decode_us.pop() > 0
 
 
+def test_a_step_trace_holds_every_program_of_the_step(tiny_pair, tmp_path):
+    from models.demo import _move_trace
+
+    _, model = tiny_pair
+    gen = StaticGreedy(model).generate(torch.zeros(1, 5, dtype=torch.long), 2)
+    for step in gen.steps:
+        rep = step.report
+        doc = json.loads(_move_trace(rep, tmp_path / f"{step.kind}.json").read_text())
+        ends = [e["ts"] + e.get("dur", 0) for e in doc["traceEvents"] if "ts" in e]
+        assert doc["otherData"]["programs"] == rep.programs and len(rep.programs) > 1
+        # the programs one after another: the last one's events end where the step's time does
+        assert rep.total_us - rep.timing_reports[-1].total_us < max(ends) <= rep.total_us + 1e-6
+
+
 def test_static_greedy_refuses_a_cache_beyond_the_model_positions(tiny_pair):
     _, model = tiny_pair
     with pytest.raises(GenerationError, match="256 positions"):
