@@ -473,7 +473,12 @@ def main() -> None:
     parser.add_argument("--reduced", action="store_true", help="smaller shapes and fewer points (CI)")
     parser.add_argument("--config", default="spyre", help="hardware preset")
     args = parser.parse_args()
-    print(format_report(points(preset(args.config), reduced=args.reduced)))
+    config = preset(args.config)
+    if config.num_cores < 32:
+        parser.error(
+            f"the measurements ran on Spyre's 32 cores; preset {args.config!r} has {config.num_cores}"
+        )
+    print(format_report(points(config, reduced=args.reduced)))
 
 
 if __name__ == "__main__":

@@ -132,6 +132,11 @@ def simulate(
     previous = None
     for index, step in enumerate(program.steps):
         if isinstance(step, Kernel):
+            if step.cores and max(step.cores) >= config.num_cores:  # a program built for a bigger chip
+                raise ProgramError(
+                    f"kernel {step.name!r} runs on core {max(step.cores)}, but config {config.name!r} has "
+                    f"{config.num_cores} cores; rebuild (recompile) the program for this config"
+                )
             launch = launch_ns if opens_bundle(step, previous) else 0.0
             key = (config_token, record_intervals, kernel_key(step, buffers))
             timing, hit = cache.get_or_time(

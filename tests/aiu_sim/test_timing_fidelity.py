@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from test_timing_kernels import SETTINGS, elementwise, matmuls  # rootdir-relative, as numerics_reference
 
 from aiu_sim.config import ASSUMPTION_RANGES, preset
-from aiu_sim.errors import ConfigError
+from aiu_sim.errors import ConfigError, ProgramError
 from aiu_sim.ir.program import Arg, Buffer, HostOp, Kernel, KernelProgram, arg_bytes
 from aiu_sim.timing import KernelCache, simulate
 from aiu_sim.timing.band import simulate_band
@@ -310,3 +310,8 @@ def test_a_faster_unit_costs_at_most_the_documented_bound_on_a_grid_of_split_mat
                         ):
                             worst = max(worst, body(program, faster).duration_ns / base - 1)
     assert worst <= ANOMALY_BOUND
+
+
+def test_a_program_built_for_more_cores_is_a_clear_error_on_a_smaller_chip():
+    with pytest.raises(ProgramError, match="runs on core 31, but config 'small' has 4 cores"):
+        simulate(matmul_program(64, 64, 2048, {"n": 32}), preset("small"))
