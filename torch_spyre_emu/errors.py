@@ -23,6 +23,11 @@ class SpyreDeviceError(SpyreError, RuntimeError):
     """A device request cannot be met (bad device index, dtype with no device format, bad stream priority...)."""
 
 
+class SpyreUnsupportedDtypeError(SpyreDeviceError, ValueError):
+    """A dtype with no device format (float64, complex): a RuntimeError where torch-spyre's C++ checks raise, a
+    ValueError where its Python (load_model_to_spyre) does."""
+
+
 # --- compiler / coverage (torch_spyre_emu.compiler, torch_spyre_emu.capabilities) -------------------------------
 
 

@@ -521,3 +521,35 @@ def test_cpu_backed_custom_ops_warn_and_return_to_the_device():
     with pytest.warns(FallbackWarning, match="spyre.min_dim_int64_fallback"):
         values, _ = torch.ops.spyre.min_dim_int64_fallback(ints, 0, True)
     assert values.shape == (1, 4)
+
+
+# --- §9 model loading -----------------------------------------------------------------------------------------
+
+
+def test_module_to_spyre_lays_linear_weights_out_with_dim_order_1_0():
+    m = torch.nn.Sequential(torch.nn.Linear(8, 100), torch.nn.LayerNorm(100)).half()
+    ref = {k: v.clone() for k, v in m.state_dict().items()}
+    m.to("spyre")
+    w = m[0].weight
+    assert isinstance(w, torch.nn.Parameter) and w.requires_grad and w.shape == (100, 8)
+    assert w.device_tensor_layout() == spyre.SpyreTensorLayout([100, 8], [8, 1], torch.float16, [1, 0])
+    assert w.device_tensor_layout().device_size == [2, 8, 64]  # sticks along out_features
+    assert m[0].bias.device_tensor_layout() == spyre.SpyreTensorLayout([100], torch.float16)
+    assert m[1].weight.device_tensor_layout() == spyre.SpyreTensorLayout([100], torch.float16)
+    for k, v in m.state_dict().items():
+        assert torch.equal(v.cpu(), ref[k].cpu()) or v.dtype == torch.float16, k
+
+
+def test_load_model_to_spyre_is_idempotent_and_takes_a_dtype():
+    from torch_spyre.model_utils import load_model_to_spyre
+
+    m = torch.nn.Linear(64, 32)
+    load_model_to_spyre(m, torch.float16)
+    assert m.weight.dtype == m.bias.dtype == torch.float16 and m.weight.device.type == "spyre"
+    w = m.weight
+    assert load_model_to_spyre(m, torch.float16) is m and m.weight is w
+
+
+def test_loading_a_float64_model_is_a_value_error():
+    with pytest.raises(ValueError, match="Spyre backend does not support dtype torch.float64"):
+        torch.nn.Linear(4, 4).double().to("spyre")

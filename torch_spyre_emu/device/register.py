@@ -14,7 +14,7 @@ import torch
 from torch.utils.backend_registration import _setup_privateuseone_for_python_backend
 
 from torch_spyre_emu import inductor, logging_config
-from torch_spyre_emu.device import custom_ops, spyre_module, tensor_api
+from torch_spyre_emu.device import custom_ops, model_loading, spyre_module, tensor_api
 from torch_spyre_emu.device import kernels as device_kernels
 from torch_spyre_emu.errors import FallbackWarning, SpyreDeviceError
 
@@ -66,6 +66,7 @@ def register() -> None:
         device_kernels.install()
         tensor_api.install()
         custom_ops.install()  # torch.ops.spyre.*
+        model_loading.patch_module_to_for_spyre()  # Module.to("spyre"): Linear weights in dim_order [1, 0]
         inductor.install()  # plain torch.compile on spyre tensors reaches the emulated stack
         logging_config.configure_from_env()  # before torch validates TORCH_LOGS (see logging_config.py)
         # torch-spyre's ops/fallbacks.py shows each fallback message once (torch_spyre_api.md §5)
