@@ -75,6 +75,7 @@ class ProfileReport:
     )
     weights_prep_us: float = 0.0  # their one-time simulated device time, not part of total_us
     timing_reports: list = field(default_factory=list)
+    kernel_programs: list = field(default_factory=list, repr=False)  # the timed programs, for band()
     mode: str = "both"
 
     @property
@@ -86,6 +87,17 @@ class ProfileReport:
     def host_us(self) -> float:
         """Time in host copies and CPU islands (PCIe copies and the islands' host compute)."""
         return sum(s.duration_us for s in self.steps if s.op in ("h2d", "d2h") or s.op.startswith("host"))
+
+    def band(self, fields: list[str] | None = None):
+        """The total time as a band over the config's assumed parameters (aiu_sim.timing.band): every program
+        this profile timed, re-timed with each assumption at its low and high value. `.format()` prints it."""
+        from aiu_sim.timing.band import simulate_band
+
+        if not self.kernel_programs:
+            raise ValueError(
+                "this profile timed nothing (functional mode); profile with mode='timing' or 'both'"
+            )
+        return simulate_band(self.kernel_programs, self.timing_reports[0].config, fields)
 
     @property
     def host_runtime_us(self) -> dict[str, float]:
@@ -184,7 +196,7 @@ def _report(records: list[tuple], outputs, mode: str) -> ProfileReport:
     kernels: list[KernelRecord] = []
     steps: list[KernelRecord] = []
     t0 = 0.0
-    traces, programs, timing_reports = [], [], []
+    traces, programs, timing_reports, kernel_programs = [], [], [], []
     up_n, up_b, up_us = 0, 0, 0.0
     prep_n, prep_us = 0, 0.0
     for compiled, result, uploads, trace_path in records:
@@ -198,6 +210,7 @@ def _report(records: list[tuple], outputs, mode: str) -> ProfileReport:
         if timing is None:
             continue
         timing_reports.append(timing)
+        kernel_programs.append(compiled.program)
         for s in timing.steps:
             util, units = _util(s)
             rec = KernelRecord(
@@ -234,6 +247,7 @@ def _report(records: list[tuple], outputs, mode: str) -> ProfileReport:
         weights_prep_kernels=prep_n,
         weights_prep_us=prep_us,
         timing_reports=timing_reports,
+        kernel_programs=kernel_programs,
         mode=mode,
     )
 

@@ -51,17 +51,23 @@ class Band:
 
 
 def simulate_band(
-    program: KernelProgram, config: HardwareConfig | str | None = None, fields: list[str] | None = None
+    program: KernelProgram | list[KernelProgram],
+    config: HardwareConfig | str | None = None,
+    fields: list[str] | None = None,
 ) -> Band:
-    """The band of `program`'s simulated time over the assumed fields (default: all of ASSUMPTION_RANGES)."""
-    cfg = load_config(config if config is not None else program.config)
+    """The band of `program`'s simulated time over the assumed fields (default: all of ASSUMPTION_RANGES). A list
+    of programs (the graphs of one profiled call, run one after another) is timed as their sum."""
+    programs = program if isinstance(program, list) else [program]
+    if not programs:
+        raise ConfigError("simulate_band needs at least one program")
+    cfg = load_config(config if config is not None else programs[0].config)
     names = list(ASSUMPTION_RANGES) if fields is None else list(fields)
     unknown = [n for n in names if n not in ASSUMPTION_RANGES]
     if unknown:
         raise ConfigError(f"no assumption range for {unknown}; fields with one: {sorted(ASSUMPTION_RANGES)}")
 
     def total(c: HardwareConfig) -> float:
-        return simulate(program, c, record_intervals=False).total_us
+        return sum(simulate(p, c, record_intervals=False).total_us for p in programs)
 
     nominal = total(cfg)
     rows, fast, slow = [], {}, {}
@@ -74,4 +80,5 @@ def simulate_band(
         fast[name], slow[name] = (lo, hi) if t_lo <= t_hi else (hi, lo)
     low = min(nominal, total(cfg.replace(**fast))) if names else nominal
     high = max(nominal, total(cfg.replace(**slow))) if names else nominal
-    return Band(program.name, nominal, low, high, tuple(rows))
+    name = programs[0].name if len(programs) == 1 else f"{len(programs)} programs"
+    return Band(name, nominal, low, high, tuple(rows))

@@ -133,6 +133,17 @@ def test_profile_reports_host_runtime_outside_kernels_on_its_own_line():
     assert slow.total_us == pytest.approx(base.total_us + 25.0 * len(slow.programs))
 
 
+def test_profile_band_brackets_the_simulated_total():
+    """issue 14 §2: the assumed parameters at their low and high values give a band around the total."""
+    x = torch.randn(64, 256, dtype=torch.float16)
+    fn = torch.compile(lambda t: t * t + 1.0, backend="spyre")
+    rep = torch_spyre_emu.profile(fn, x, mode="timing")
+    band = rep.band()
+    assert band.nominal_us == pytest.approx(rep.total_us)
+    assert band.low_us <= rep.total_us <= band.high_us
+    assert "kernel_launch_overhead_us" in band.format()
+
+
 def test_debug_level_1_prints_program(capsys):
     old = config.debug
     config.debug = 1
