@@ -394,7 +394,7 @@ def _stack_points(config: HardwareConfig, reduced: bool) -> list[Point]:
                 150.0,
                 "GB/s of weights",
                 "AH-GR (HW §6)",
-                f"'weights stream at roughly 150 GB/s'; split {t.plan and _split(t)}",
+                f"'weights stream at roughly 150 GB/s'; stack's split, {len(t.cores)} cores",
             )
         )
     if not reduced:
@@ -414,10 +414,6 @@ def _stack_points(config: HardwareConfig, reduced: bool) -> list[Point]:
             )
         )
     return out
-
-
-def _split(timing) -> str:
-    return f"{len(timing.cores)} cores"
 
 
 def rms_by_class(pts: list[Point]) -> dict[str, tuple[float, int]]:
