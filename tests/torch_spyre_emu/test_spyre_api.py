@@ -70,9 +70,9 @@ def _run(code: str, **env) -> str:
 def test_lazy_init_applies_the_pending_device_or_local_rank_once():
     code = (
         "import torch, torch_spyre_emu; s = torch.spyre; a = s.is_initialized(); s.set_device(1); "
-        "torch.zeros(2, device='spyre'); print(a, s.is_initialized(), s.current_device())"
+        "b = s.current_device(); torch.zeros(2, device='spyre'); print(a, b, s.is_initialized(), s.current_device())"
     )
-    assert _run(code, AIU_WORLD_SIZE="2") == "False True 1"
+    assert _run(code, AIU_WORLD_SIZE="2") == "False 0 True 1"  # recorded before init, applied by it
     code = "import torch, torch_spyre_emu; torch.zeros(2, device='spyre'); print(torch.spyre.current_device())"
     assert _run(code, AIU_WORLD_SIZE="2", LOCAL_RANK="1") == "1"
 
@@ -114,6 +114,11 @@ def test_rng_functions_take_the_real_arguments():
 
 def test_amp_supported_dtypes():
     assert spyre.get_amp_supported_dtype() == [torch.float16, torch.bfloat16]
+    with torch.autocast("spyre", dtype=torch.bfloat16):  # torch reads the list through torch.spyre
+        assert torch.is_autocast_enabled("spyre")
+    with pytest.warns(UserWarning, match="spyre autocast, but the target dtype is not supported"):
+        with torch.autocast("spyre", dtype=torch.float32):
+            pass
 
 
 def test_stream_ids_pools_repr_and_equality():

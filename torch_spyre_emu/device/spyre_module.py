@@ -153,7 +153,7 @@ def _lazy_init() -> None:
     with _init_lock:
         if _initialized:
             return
-        index = getattr(_tls, "device", 0)
+        index = getattr(_tls, "pending", 0)
         if index == 0 and os.environ.get("LOCAL_RANK", "").isdigit():
             index = int(os.environ["LOCAL_RANK"])
         _initialized = True
@@ -201,8 +201,12 @@ def _device_index(device=None, *, check: bool = True) -> int:
 
 
 def set_device(device) -> None:
-    """Before lazy init the index is only recorded (lazy init applies it); afterwards it must exist."""
-    _tls.device = _device_index(device, check=is_initialized())
+    """Before lazy init the index is only recorded (lazy init applies it, and current_device() stays 0 until
+    then); afterwards it must exist."""
+    if is_initialized():
+        _tls.device = _device_index(device)
+    else:
+        _tls.pending = _device_index(device, check=False)
 
 
 def synchronize(device=None) -> None:
