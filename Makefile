@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 PIP := $(BIN)/pip
 
-.PHONY: demo test install install-dev lint bench
+.PHONY: demo test install install-dev lint bench notebooks
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -39,3 +39,8 @@ bench: install
 	$(BIN)/python benchmarks/bench_numerics.py
 	$(BIN)/python benchmarks/bench_sim.py
 	$(BIN)/python benchmarks/bench_stack.py
+
+# Executes every notebook in full mode (SmolLM2 and full-size Llama shapes: tens of minutes on two cores) and writes
+# the outputs back with a stamp of the code they came from; commit the notebooks afterwards.
+notebooks: install-dev
+	$(BIN)/python notebooks/execute.py
