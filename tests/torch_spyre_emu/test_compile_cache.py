@@ -75,6 +75,8 @@ def test_hit_is_bit_identical_in_outputs_and_timing(disk_cache, compiles):
     assert len(compiles) == 1, "the second compile did not hit the cache"
     assert torch.equal(out, again) and out.dtype == again.dtype
     assert rep2.total_us == rep.total_us and steps2 == steps
+    # the weight preparation program (W^T restickify) ran again for the new Compiled, timed from the entry
+    assert rep.weights_prep_kernels > 0 and rep2.weights_prep_us == rep.weights_prep_us
     assert len(rep.kernels) > 0 and len(cache.entries()) == 1
     # another shape is another program
     _run(model, torch.randn(8, 64, dtype=torch.float16))

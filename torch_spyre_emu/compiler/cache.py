@@ -41,7 +41,7 @@ import torch
 import torch.fx as fx
 
 # Bump when what an entry holds changes: old entries then stop matching.
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 MAGIC = b"spyre-emu compile cache\n"
 DEFAULT_MAX_MB = (
     2048  # an assumption: a SmolLM2 prefill + decode pair is ~ tens of MB; SPYRE_EMU_CACHE_MAX_MB
@@ -203,7 +203,7 @@ def entry_path(key_text: str) -> Path:
 class Entry:
     program: object  # KernelProgram
     lowered: object  # codegen.Lowered
-    prep: tuple | None  # (program, outputs, weights) of the WeightPrep
+    prep: tuple | None  # (program, outputs, weights, timings) of the WeightPrep
     main_reads: frozenset[str]
     mutated_inputs: tuple[int, ...]
     warnings: list[tuple[type, str]]
@@ -234,7 +234,9 @@ def pack(compiled, warnings_seen: list[tuple[type, str]]) -> Entry:
     return Entry(
         program=compiled.program,
         lowered=compiled.lowered,
-        prep=(prep.program, list(prep.outputs), list(prep.weights)) if prep is not None else None,
+        prep=(prep.program, list(prep.outputs), list(prep.weights), dict(prep.timings))
+        if prep is not None
+        else None,
         main_reads=compiled.main_reads,
         mutated_inputs=tuple(compiled.mutated_inputs),
         warnings=list(warnings_seen),
@@ -249,9 +251,9 @@ def unpack(entry: Entry, options):
     entry.program.name = options.name
     prep = None
     if entry.prep is not None:
-        program, outputs, weights = entry.prep
+        program, outputs, weights, timings = entry.prep
         program.name = f"{options.name}_weight_prep"
-        prep = WeightPrep(program, outputs, weights)
+        prep = WeightPrep(program, outputs, weights, timings=dict(timings))
     compiled = Compiled(
         entry.program,
         entry.lowered,
@@ -311,7 +313,7 @@ class Slot:
         self.path = entry_path(self.key_text)
         self.options = options
         self.entry: Entry | None = None
-        self.stored_timings: frozenset = frozenset()
+        self.stored_timings: tuple = ()
 
     def load(self):
         """The cached Compiled, its compile-time warnings given again; None when there is no usable entry."""
@@ -328,7 +330,7 @@ class Slot:
             return None
         _touch(self.path)
         self.entry = entry
-        self.stored_timings = frozenset(entry.timings)
+        self.stored_timings = _timing_keys(entry.timings, entry.prep[3] if entry.prep else {})
         for category, message in entry.warnings:
             warnings.warn(message, category, stacklevel=3)
         return unpack(entry, self.options)
@@ -339,9 +341,12 @@ class Slot:
 
     def update_timings(self, compiled) -> None:
         """Write the entry again when a run added a timing report (the first run of a mode on this chip)."""
-        if self.entry is None or frozenset(compiled.timings) <= self.stored_timings:
+        prep_timings = compiled.prep.timings if compiled.prep is not None else {}
+        if self.entry is None or _timing_keys(compiled.timings, prep_timings) == self.stored_timings:
             return
         self.entry.timings = dict(compiled.timings)
+        if self.entry.prep is not None:
+            self.entry.prep = (*self.entry.prep[:3], dict(prep_timings))
         self._write()
 
     def _write(self) -> None:
@@ -358,8 +363,12 @@ class Slot:
             )
             self.entry = None  # do not try again on every call
             return
-        self.stored_timings = frozenset(self.entry.timings)
+        self.stored_timings = _timing_keys(self.entry.timings, self.entry.prep[3] if self.entry.prep else {})
         prune(max_bytes(), keep=self.path)
+
+
+def _timing_keys(timings: dict, prep_timings: dict) -> tuple:
+    return (frozenset(timings), frozenset(prep_timings))
 
 
 def _touch(path: Path) -> None:
@@ -442,12 +451,13 @@ def compile_cached(gm: fx.GraphModule, args: list, options, build):
     hit = slot.load()
     if hit is not None:
         return hit, slot
-    with warnings.catch_warnings(record=True) as seen:
-        warnings.simplefilter("always")
-        compiled = build()
-    # given once now as the compile gave them, and again on every hit
-    replay = [(w.category, str(w.message)) for w in seen]
-    for category, message in replay:
-        warnings.warn(message, category, stacklevel=3)
+    try:
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            compiled = build()
+    finally:  # given now as the compile gave them (also when it raised), and again on every hit
+        replay = [(w.category, str(w.message)) for w in seen]
+        for category, message in replay:
+            warnings.warn(message, category, stacklevel=3)
     slot.store(compiled, replay)
     return compiled, slot

@@ -62,6 +62,9 @@ class WeightPrep:
     outputs: list[str]
     weights: list
     cache: dict = field(default_factory=dict)
+    # (config token, run mode) -> its TimingReport: the same program on the same chip for every set of weights
+    # (every layer of compile_blocks), so it is timed once (runtime.prepared_weights)
+    timings: dict = field(default_factory=dict, repr=False, compare=False)
 
 
 @dataclass
