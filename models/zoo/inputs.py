@@ -86,7 +86,7 @@ def _channels(config) -> int:
 
 def _modality(names: set[str]) -> str:
     media = set()
-    if names & {"pixel_values", "pixel_values_videos", "images"}:
+    if names & {"pixel_values", "pixel_values_videos", "images", "grid_thw", "image_grid_thw"}:
         media.add("vision")
     if names & {"input_features", "input_values", "audio_values", "input_audio_features"}:
         media.add("audio")
@@ -141,6 +141,19 @@ def _fill(name: str, config, g: torch.Generator, seq: int):
     return None
 
 
+def _flat_patches(config, g: torch.Generator, side: int = 4):
+    """(patches, grid_thw) for BATCH images of side x side patches, one temporal patch: rows of
+    channels * temporal_patch_size * patch_size^2 values, as Qwen-VL processors flatten them."""
+    channels = _cfg_int(config, "in_channels", "num_channels", default=3) or 3
+    temporal = _cfg_int(config, "temporal_patch_size", default=1) or 1
+    patch = _cfg_int(config, "patch_size", default=14) or 14
+    merge = _cfg_int(config, "spatial_merge_size", default=2) or 2
+    side = max(side, merge) // merge * merge
+    grid = torch.tensor([[1, side, side]] * BATCH)
+    rows = BATCH * side * side
+    return torch.randn(rows, channels * temporal * patch * patch, generator=g), grid
+
+
 def _time_series(config, params: dict, g: torch.Generator) -> list[dict]:
     """The past/future API of the time-series models (census §3), in the two layouts they use."""
     ctx = (
@@ -186,6 +199,8 @@ def candidates(model, config, seed: int = 0, causal: bool = False):
         return
     # every input the model names that we know how to make: a multimodal model (CLIP) gets text and image
     wants = set(required) | {main} | (set(params) & {"input_ids", "pixel_values", "input_features"})
+    # main_input_name defaults to input_ids even where forward() takes none (it may take only **kwargs, though)
+    wants = (wants & set(params)) or {main}
     if "input_ids" in wants:
         ids = token_ids(config, (BATCH, SEQ), g)
         mask = torch.ones(BATCH, SEQ, dtype=torch.long)
@@ -194,9 +209,7 @@ def candidates(model, config, seed: int = 0, causal: bool = False):
         else:
             mask[1, SEQ - PAD :] = 0
         pad_id = getattr(text_config(config), "pad_token_id", None)
-        if isinstance(pad_id, int) and 0 <= pad_id < int(
-            getattr(text_config(config), "vocab_size", 0) or 0
-        ):
+        if isinstance(pad_id, int) and 0 <= pad_id < int(getattr(text_config(config), "vocab_size", 0) or 0):
             ids[mask == 0] = pad_id
         inputs["input_ids"] = ids
         if "attention_mask" in params:
@@ -217,8 +230,12 @@ def candidates(model, config, seed: int = 0, causal: bool = False):
         inputs["input_values"] = torch.randn(BATCH, WAVE, generator=g)
     if "use_cache" in params and (causal or getattr(config, "is_encoder_decoder", False)):
         inputs["use_cache"] = False  # one static prefill program, no cache object in the graph
-    # optional in the signature, required in practice (LayoutLM-style models raise "You have to specify bbox")
-    for name in [n for n in ("bbox",) if n in params] + required:
+    grid = next((n for n in ("grid_thw", "image_grid_thw") if n in required), None)
+    if grid is not None:  # Qwen-VL-style towers: flattened patches plus their (t, h, w) grid (census §3)
+        patches = next(n for n in ("hidden_states", "pixel_values") if n in params)
+        inputs[patches], inputs[grid] = _flat_patches(config, g)
+    # optional in the signature, required in practice ("You have to specify bbox", "visual_feats cannot be None")
+    for name in [n for n in ("bbox", "visual_feats", "visual_pos") if n in params] + required:
         if name not in inputs:
             value = _fill(name, config, g, SEQ)
             if value is None:
