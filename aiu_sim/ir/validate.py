@@ -19,6 +19,7 @@ from aiu_sim.ir.program import (
     core_slices,
     stick_dims,
 )
+from aiu_sim.numerics.formats import STICK_BYTES
 
 
 def validate_program(program: KernelProgram, config: HardwareConfig | None = None) -> None:
@@ -92,9 +93,9 @@ def _check_buffer(buf: Buffer, config: HardwareConfig) -> None:
         raise ProgramError(f"buffer {buf.name!r}: negative size in shape {buf.shape}")
     if buf.placement == "lx":
         end = buf.lx_offset + buf.lx_bytes_per_core
-        if buf.lx_offset < 0 or buf.lx_offset % 128:
+        if buf.lx_offset < 0 or buf.lx_offset % STICK_BYTES:
             raise ProgramError(
-                f"buffer {buf.name!r}: LX offset {buf.lx_offset} must be >= 0 and 128-byte aligned"
+                f"buffer {buf.name!r}: LX offset {buf.lx_offset} must be >= 0 and {STICK_BYTES}-byte (stick) aligned"
             )
         if end > config.lx_allocatable_bytes:
             raise ProgramError(

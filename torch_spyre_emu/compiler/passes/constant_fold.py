@@ -14,6 +14,8 @@ from __future__ import annotations
 import torch
 import torch.fx as fx
 
+from torch_spyre_emu.compiler.context import CompileOptions
+
 aten = torch.ops.aten
 
 # Single constant-producing nodes that lower natively (fill kernels); not worth folding on their own.
@@ -22,8 +24,8 @@ NONDETERMINISTIC = {"normal", "rand", "randn", "randint", "random", "bernoulli",
 MAX_FOLD_ELEMENTS = 1 << 24
 
 
-def constant_fold(gm: fx.GraphModule, options=None) -> fx.GraphModule:
-    if options is not None and not getattr(options, "fold_constants", True):
+def constant_fold(gm: fx.GraphModule, options: CompileOptions) -> fx.GraphModule:
+    if not options.fold_constants:
         return gm
     g = gm.graph
     const: dict[fx.Node, object] = {}
@@ -46,7 +48,7 @@ def constant_fold(gm: fx.GraphModule, options=None) -> fx.GraphModule:
         users_outside = [u for u in node.users if u not in const]
         if not users_outside:
             continue
-        if node.target in NATIVE_CONSTANTS or _is_host_factory(node, getattr(options, "caps", None)):
+        if node.target in NATIVE_CONSTANTS or _is_host_factory(node, options.caps):
             continue
         name = f"_folded_{counter}"
         counter += 1

@@ -12,9 +12,10 @@ from __future__ import annotations
 import math
 
 from aiu_sim.ir.program import Buffer, DeviceToHost, HostOp, HostToDevice, Kernel, arg_bytes, core_slices
+from aiu_sim.numerics.formats import STICK_BYTES
 from torch_spyre_emu.compiler.context import CompileOptions, ProgramParts
 
-ALIGN = 128
+ALIGN = STICK_BYTES  # LX allocations hold whole sticks (STACK §1.5: 128-byte aligned)
 
 
 def _regions(k: Kernel, buffers: dict[str, Buffer]) -> dict[str, list]:
