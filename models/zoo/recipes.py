@@ -413,8 +413,13 @@ def _shrink_config(cfg, parts: set[str], variant: str, tokens: _TokenMap | None)
     if "experts" in parts:
         _shrink_experts(d)
     if "vocab" in parts:
-        for k in _VOCAB_KEYS:
-            if isinstance(d.get(k), int) and d[k] > VOCAB[variant]:
+        for k in d:  # vocab_size and its relatives (gemma3n's vocab_size_per_layer_input: 262144 rows)
+            if (
+                "vocab_size" in k
+                and isinstance(d[k], int)
+                and not isinstance(d[k], bool)
+                and d[k] > VOCAB[variant]
+            ):
                 d[k] = VOCAB[variant]
     if tokens is not None:
         _remap_tokens(d, tokens)
