@@ -25,11 +25,11 @@ from torch_spyre_emu.errors import SpyreCompileError, SpyreUnsupportedOpError
 aten = torch.ops.aten
 
 # Ops whose core-aten decomposition we skip: torch-spyre lowers them as custom ops or decomposes them itself.
-KEEP_WHOLE = {
 # Only ops with a core-aten decomposition that is not CompositeImplicitAutograd belong here: capture runs an op's
 # CompositeImplicitAutograd kernel before make_fx's table sees the op, so this set cannot keep rms_norm,
 # _fused_rms_norm, scaled_dot_product_attention or _scaled_dot_product_attention_math whole, and var / var_mean
 # stay whole without it (their .correction overloads have no core-aten decomposition). test_op_tables checks it.
+KEEP_WHOLE = {
     aten.silu,
     aten.softplus,
     aten._scaled_dot_product_flash_attention_for_cpu,
