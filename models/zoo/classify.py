@@ -204,6 +204,13 @@ def classify_error(e: BaseException) -> tuple[str, list[dict]]:
     ]
 
 
+def _with_plan(blocking: list[dict], plan: dict | None, status: str) -> list[dict]:
+    """The run's blocking ops, then the plan's remaining ops of `status` the run did not reach (the run stops at
+    the first graph that fails, the plan walks every graph)."""
+    extra = [op for op in (plan or {}).get("remaining", []) if op.get("status") == status]
+    return _dedup(list(blocking) + extra)
+
+
 def _sim(report) -> dict:
     by: dict[str, float] = {}
     for s in report.steps:
@@ -362,6 +369,8 @@ def _flow(rec: dict, model_type: str, variant: str, seed: int) -> None:
                 out = _real(_tensor_out(report.outputs), zm.pad_mask)
             except Exception as e:  # noqa: BLE001
                 cls, blocking = classify_error(e)
+                if cls == "unsupported":  # the run stops at the first graph with a gap; the plan saw them all
+                    blocking = _with_plan(blocking, rec["plan"], "unsupported")
                 rec.update(
                     {
                         "class": cls,
@@ -393,7 +402,7 @@ def _flow(rec: dict, model_type: str, variant: str, seed: int) -> None:
                 rec.update(
                     {
                         "class": "pass_fallback",
-                        "blocking": blocking,
+                        "blocking": _with_plan(blocking, rec["plan"], "fallback"),
                         "reason": "strict mode refuses CPU islands",
                     }
                 )
