@@ -31,7 +31,14 @@ from dataclasses import dataclass
 
 from aiu_sim.config import HardwareConfig, preset
 from aiu_sim.ir.program import Arg, Buffer, Kernel, KernelProgram
-from aiu_sim.timing.calibration import bmm_program, matmul_program, stream_program
+from aiu_sim.timing.calibration import (
+    bmm_program,
+    broadcast_program,
+    cross_row_program,
+    matmul_program,
+    projection_program,
+    stream_program,
+)
 from aiu_sim.timing.simulate import simulate
 
 # The real stack's cost-model RMS error per op class (TS-CM via STACK §7; per-class figures as issue 14 quotes
@@ -94,36 +101,6 @@ def _gbps(program, config) -> float:
     return (t.dram_read + t.dram_write) / ns
 
 
-def _broadcast_program(rows: int, cols: int, cores: int) -> KernelProgram:
-    """expand: one (1, cols) row copied to (rows, cols), split by rows (the row is multicast)."""
-    bufs = [Buffer("x", "dl16", (1, cols)), Buffer("y", "dl16", (rows, cols))]
-    k = Kernel(
-        "expand",
-        "copy",
-        [Arg("x", (None, "c"))],
-        [Arg("y", ("r", "c"))],
-        {"r": rows, "c": cols},
-        split={"r": cores},
-    )
-    return KernelProgram("broadcast", bufs, [k])
-
-
-def _cross_row_program(rows: int, cols: int, cores: int) -> KernelProgram:
-    """sum over rows: (rows, cols) -> (1, cols), split by columns (sticks)."""
-    bufs = [Buffer("x", "dl16", (rows, cols)), Buffer("y", "dl16", (1, cols))]
-    k = Kernel(
-        "colsum",
-        "reduce",
-        [Arg("x", ("r", "c"))],
-        [Arg("y", (None, "c"))],
-        {"r": rows, "c": cols},
-        "sum",
-        ("r",),
-        split={"c": cores},
-    )
-    return KernelProgram("cross-row", bufs, [k])
-
-
 def _unary_program(fn: str, rows: int, cols: int, cores: int) -> KernelProgram:
     bufs = [Buffer("x", "dl16", (rows, cols)), Buffer("y", "dl16", (rows, cols))]
     k = Kernel(
@@ -156,25 +133,6 @@ def _batch_outer_bmm(batch: int, m: int, k: int, n: int, cores: int) -> KernelPr
         split={"b": cores},
     )
     return KernelProgram("bmm-outer", bufs, [kern])
-
-
-def _projection_program(batch: int, m: int, k: int, n: int, cores: int) -> KernelProgram:
-    """x (batch, m, k) @ w (k, n): one rank-3 operand (TS-CM's 'projection' class)."""
-    bufs = [
-        Buffer("x", "dl16", (batch, m, k)),
-        Buffer("w", "dl16", (k, n)),
-        Buffer("y", "dl16", (batch, m, n)),
-    ]
-    kern = Kernel(
-        "proj",
-        "matmul",
-        [Arg("x", ("b", "m", "k")), Arg("w", ("k", "n"))],
-        [Arg("y", ("b", "m", "n"))],
-        {"b": batch, "m": m, "n": n, "k": k},
-        reduce_dims=("k",),
-        split={"n": cores},
-    )
-    return KernelProgram("projection", bufs, [kern])
 
 
 def _stack_divided(m: int, k: int, n: int, config: HardwareConfig) -> KernelProgram:
@@ -244,7 +202,7 @@ def points(config: HardwareConfig, reduced: bool = False) -> list[Point]:
             "projection, B <= 4",
             "matmul",
             _rate(
-                _projection_program(4, 1024, 2048, 2048, 8),
+                projection_program(4, 1024, 2048, 2048, 8),
                 config,
             ),
             705,
@@ -257,7 +215,7 @@ def points(config: HardwareConfig, reduced: bool = False) -> list[Point]:
             "projection, B > 4",
             "matmul",
             _rate(
-                _projection_program(16, 512, 2048, 2048, 8),
+                projection_program(16, 512, 2048, 2048, 8),
                 config,
             ),
             470,
@@ -306,7 +264,7 @@ def points(config: HardwareConfig, reduced: bool = False) -> list[Point]:
         Point(
             "broadcast (expand a row)",
             "broadcast",
-            _gbps(_broadcast_program(big, big, 32), config),
+            _gbps(broadcast_program(big, big, 32), config),
             118,
             "GB/s",
             f"{cm} (STACK §7)",
@@ -314,7 +272,7 @@ def points(config: HardwareConfig, reduced: bool = False) -> list[Point]:
         Point(
             "cross-row reduction",
             "reduction",
-            _gbps(_cross_row_program(big, big, 32), config),
+            _gbps(cross_row_program(big, big, 32), config),
             113,
             "GB/s",
             f"{cm} (STACK §7)",
@@ -329,7 +287,7 @@ def points(config: HardwareConfig, reduced: bool = False) -> list[Point]:
             Point(
                 f"streaming reduction, {rows} rows",
                 "reduction",
-                _gbps(_cross_row_program(rows, cols, 32), config),
+                _gbps(cross_row_program(rows, cols, 32), config),
                 measured,
                 "GB/s",
                 f"{cm} fit (HW §2)",

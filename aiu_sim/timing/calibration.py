@@ -97,6 +97,55 @@ def stream_program(op: str, rows: int, cols: int, cores: int) -> KernelProgram:
     return KernelProgram(f"stream-{op}", [b for b in (x, y) if b is not None], [k])
 
 
+def broadcast_program(rows: int, cols: int, cores: int) -> KernelProgram:
+    """expand: one (1, cols) row copied to (rows, cols), split by rows (the row is multicast)."""
+    bufs = [Buffer("x", "dl16", (1, cols)), Buffer("y", "dl16", (rows, cols))]
+    k = Kernel(
+        "expand",
+        "copy",
+        [Arg("x", (None, "c"))],
+        [Arg("y", ("r", "c"))],
+        {"r": rows, "c": cols},
+        split={"r": cores},
+    )
+    return KernelProgram("broadcast", bufs, [k])
+
+
+def cross_row_program(rows: int, cols: int, cores: int) -> KernelProgram:
+    """sum over rows: (rows, cols) -> (1, cols), split by columns (sticks)."""
+    bufs = [Buffer("x", "dl16", (rows, cols)), Buffer("y", "dl16", (1, cols))]
+    k = Kernel(
+        "colsum",
+        "reduce",
+        [Arg("x", ("r", "c"))],
+        [Arg("y", (None, "c"))],
+        {"r": rows, "c": cols},
+        "sum",
+        ("r",),
+        split={"c": cores},
+    )
+    return KernelProgram("cross-row", bufs, [k])
+
+
+def projection_program(batch: int, m: int, k: int, n: int, cores: int) -> KernelProgram:
+    """x (batch, m, k) @ w (k, n): one rank-3 operand (TS-CM's 'projection' class)."""
+    bufs = [
+        Buffer("x", "dl16", (batch, m, k)),
+        Buffer("w", "dl16", (k, n)),
+        Buffer("y", "dl16", (batch, m, n)),
+    ]
+    kern = Kernel(
+        "proj",
+        "matmul",
+        [Arg("x", ("b", "m", "k")), Arg("w", ("k", "n"))],
+        [Arg("y", ("b", "m", "n"))],
+        {"b": batch, "m": m, "n": n, "k": k},
+        reduce_dims=("k",),
+        split={"n": cores},
+    )
+    return KernelProgram("projection", bufs, [kern])
+
+
 def _body_ns(program: KernelProgram, config: HardwareConfig) -> tuple[float, object]:
     report = simulate(program, config, record_intervals=False)
     step = report.kernels[0]

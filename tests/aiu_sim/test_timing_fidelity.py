@@ -13,7 +13,13 @@ from aiu_sim.errors import ConfigError, ProgramError
 from aiu_sim.ir.program import Arg, Buffer, HostOp, Kernel, KernelProgram, arg_bytes
 from aiu_sim.timing import KernelCache, simulate
 from aiu_sim.timing.band import simulate_band
-from aiu_sim.timing.calibration import matmul_program, stream_program
+from aiu_sim.timing.calibration import (
+    broadcast_program,
+    cross_row_program,
+    matmul_program,
+    projection_program,
+    stream_program,
+)
 
 SPYRE = preset("spyre")
 
@@ -23,21 +29,7 @@ def body(program, config=SPYRE):
 
 
 def projection(batch, m=512, k=2048, n=2048, cores=8):
-    bufs = [
-        Buffer("x", "dl16", (batch, m, k)),
-        Buffer("w", "dl16", (k, n)),
-        Buffer("y", "dl16", (batch, m, n)),
-    ]
-    kern = Kernel(
-        "proj",
-        "matmul",
-        [Arg("x", ("b", "m", "k")), Arg("w", ("k", "n"))],
-        [Arg("y", ("b", "m", "n"))],
-        {"b": batch, "m": m, "n": n, "k": k},
-        reduce_dims=("k",),
-        split={"n": cores},
-    )
-    return KernelProgram("projection", bufs, [kern])
+    return projection_program(batch, m, k, n, cores)
 
 
 def rate(timing):
@@ -99,32 +91,12 @@ def test_batch_outermost_bmm_sits_between_the_default_layout_and_2d():
 
 def test_broadcast_copy_runs_at_the_broadcast_rate():
     """STACK §7: broadcast ~118 GB/s (read + written), not the 150 GB/s of the write-only stream it mostly is."""
-    bufs = [Buffer("x", "dl16", (1, 4096)), Buffer("y", "dl16", (4096, 4096))]
-    k = Kernel(
-        "expand",
-        "copy",
-        [Arg("x", (None, "c"))],
-        [Arg("y", ("r", "c"))],
-        {"r": 4096, "c": 4096},
-        split={"r": 32},
-    )
-    t = body(KernelProgram("broadcast", bufs, [k]))
+    t = body(broadcast_program(4096, 4096, 32))
     assert (t.dram_read + t.dram_write) / t.duration_ns == pytest.approx(118, rel=0.05)
 
 
 def cross_row(rows, cols=2048, cores=32):
-    bufs = [Buffer("x", "dl16", (rows, cols)), Buffer("y", "dl16", (1, cols))]
-    k = Kernel(
-        "colsum",
-        "reduce",
-        [Arg("x", ("r", "c"))],
-        [Arg("y", (None, "c"))],
-        {"r": rows, "c": cols},
-        "sum",
-        ("r",),
-        split={"c": cores},
-    )
-    return KernelProgram("cross-row", bufs, [k])
+    return cross_row_program(rows, cols, cores)
 
 
 @pytest.mark.parametrize("rows", [2048, 8192, 32768])
