@@ -17,12 +17,23 @@ import torch.fx as fx
 import torch.fx.traceback as fx_traceback
 from torch._decomp import core_aten_decompositions
 from torch._functorch import predispatch as _predispatch
-from torch._subclasses.fake_tensor import FakeTensorMode
+from torch._subclasses.fake_tensor import (
+    DataDependentOutputException,
+    DynamicOutputShapeException,
+    FakeTensorMode,
+)
 from torch.fx.experimental.proxy_tensor import make_fx
+from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
 
 from torch_spyre_emu.errors import SpyreCompileError, SpyreUnsupportedOpError
 
 aten = torch.ops.aten
+# fake-tensor tracing stops on these when a tensor's value decides a shape (x.item(), int(t), a pad amount in a tensor)
+DATA_DEPENDENT = (
+    DataDependentOutputException,
+    DynamicOutputShapeException,
+    GuardOnDataDependentSymNode,
+)
 
 # Ops whose core-aten decomposition we skip: torch-spyre lowers them as custom ops or decomposes them itself.
 # Only ops with a core-aten decomposition that is not CompositeImplicitAutograd belong here: capture runs an op's
@@ -156,6 +167,13 @@ def capture(
             f"torch.fx cannot write the traced graph as Python ({e.msg}: {(e.text or '').strip()!r}); an aten "
             "overload whose name is a Python keyword (e.g. aten.random.from, from torch.randint(low, high, ...)) "
             "cannot be lowered. Create the tensor on the CPU and move it: torch.randint(...).to('spyre')"
+        ) from e
+    except DATA_DEPENDENT as e:
+        where = str(e).split("While executing", 1)[-1].strip().splitlines()[0][:300] if "While executing" in str(e) else ""
+        raise SpyreCompileError(
+            f"a value read from a tensor decides a shape or a size in this graph ({type(e).__name__}: "
+            f"{str(e).splitlines()[0]}{'; at ' + where if where else ''}); Spyre programs are static-shape, so "
+            "the stack cannot compile it: compute that value on the host (Python ints, or an adapter that does)"
         ) from e
     except Exception as e:
         blocking = _unsupported_higher_order_ops(fn)
