@@ -17,6 +17,7 @@ from adapters import (  # noqa: F401  (importing registers the adapters, in appl
     gelu,
     head_dim_pad,
     lm_head_pad,
+    moe,
     qkv_split,
     rmsnorm,
     rope,

@@ -1,123 +1,227 @@
-"""Attention masks, position ids and token-type ids built on the host.
+"""Attention masks built on the host, for every model that builds them with transformers' masking_utils.
 
-Gap: transformers 5 builds masks inside the model from arange / index / le / bitwise_and on int64 and
-bool tensors (aten.index and aten.gather have no Spyre lowering; aten.arange is a CPU fallback), BERT
-slices its position-id buffer and gathers token types. hf-adapters build causal and bidirectional
-masks on the CPU and move them to the device; so do we: a per-instance wrapper around the base
-model's forward prepares a 4-D additive mask (transformers returns a 4-D mask as-is) and explicit
-position/token-type ids, then calls the stock forward.
+Gap: transformers 5 builds its masks inside the model from arange / comparisons and a padding-mask lookup
+(`padding_mask[batch_idx, kv_idx]` in masking_utils.padding_mask_function: an aten.index, which has no Spyre
+lowering; aten.arange is a CPU fallback). hf-adapters build causal, sliding-window and bidirectional masks on
+the CPU as fp16 and move them to the device (../shared/reference/hf_adapters.md, "No torch.tril"); so do we.
+
+How it recognises its target (by structure, not by class name): any module of the model with a method that calls
+one of masking_utils' mask builders (create_causal_mask, create_sliding_window_causal_mask,
+create_chunked_causal_mask, create_bidirectional_mask, ..., create_masks_for_generate), directly or through a
+module-level helper of the same package. For each such module, those methods get per-instance copies whose calls of
+the builders run the stock builder on the host (`structure.rebind`): the same function with the same arguments, so
+every mask kind (causal, padding, sliding window, chunked, bidirectional, encoder-decoder cross masks, packed
+sequences, 4-D masks passed in) is exactly the stock one. Two host-side choices, both the math the stock SDPA path
+computes: a mask is always materialised (the causal `is_causal` shortcut would make the stack build a tril on the
+device, which it cannot), and a boolean mask becomes an additive one in the activations' dtype (0 where a query
+may attend, half of finfo.min elsewhere: see additive() for why not finfo.min itself).
+
+Position ids and BERT token types: the Llama template computes `position_ids = torch.arange(...) + past` inside the
+forward when none are passed (an arange: a CPU island in the middle of the graph); BERT gathers its token types
+from a buffer. For a mask-building module whose forward has exactly that template line (recognised in its source)
+and for BERT, the host passes the same ids explicitly.
 """
 
 from __future__ import annotations
 
 import inspect
+import re
+import types
 
 import torch
 from torch import nn
 
+from adapters import structure
 from adapters._stack import host, to_host
-from adapters.base import Adapter, modules_of
+from adapters.base import Adapter
 from adapters.patch import Patch
 from adapters.registry import register_adapter
 
-# base model class -> (causal? None = config.is_decoder, passes token_type_ids?)
-_FAMILIES = {"LlamaModel": (True, False), "GPT2Model": (True, False), "BertModel": (None, True)}
+MASKED_FRACTION = 0.5  # of finfo(dtype).min: the additive value of a masked position (see additive())
+# Arguments the builders read only for shape, dtype and device: the host gets an empty stand-in, not a copy.
+_SHAPE_ONLY = ("inputs_embeds", "input_embeds", "encoder_hidden_states")
+# The Llama template's default position ids (transformers 5.x, 160+ modeling files), followed by unsqueeze(0).
+_ARANGE_POSITIONS = re.compile(
+    r"position_ids = torch\.arange\(inputs_embeds\.shape\[1\], device=inputs_embeds\.device\) \+ past_seen_tokens"
+    r"\s*\n\s*position_ids = position_ids\.unsqueeze\(0\)"
+)
+_BERT_TYPES = frozenset({"BertModel"})  # token types gathered from an all-zero buffer (BertEmbeddings)
+
+
+def mask_builders() -> dict[int, object]:
+    """id -> function for every mask builder of the installed transformers' masking_utils."""
+    from transformers import masking_utils
+
+    out = {}
+    for name in dir(masking_utils):
+        fn = getattr(masking_utils, name)
+        if name.startswith("create_") and callable(fn) and getattr(fn, "__module__", "") == masking_utils.__name__:
+            out[id(fn)] = fn
+    return out
+
+
+def additive(mask, dtype: torch.dtype):
+    """A mask as an additive one in `dtype`: 0 where a query may attend, MASKED_FRACTION * finfo.min elsewhere.
+
+    Why not finfo.min itself (transformers' eager value): score + finfo.min leaves fp16's range for any negative
+    score, and on Spyre that sum is a DL16 value (its range is wider) that becomes -inf the moment a CPU island reads
+    it back as fp16; a fully masked row (a padded query) is then NaN after softmax, and the NaN reaches every real
+    row through the values it contributes with weight 0. Half of finfo.min keeps score + mask finite for scores up to
+    about 32,000 in magnitude, and exp() of it is exactly 0 in fp16 and fp32 alike, so real rows are unchanged."""
+    if isinstance(mask, dict):
+        return {k: additive(v, dtype) for k, v in mask.items()}
+    if not isinstance(mask, torch.Tensor):
+        return mask
+    low = torch.finfo(dtype).min * MASKED_FRACTION
+    if mask.dtype == torch.bool:
+        return torch.zeros(mask.shape, dtype=dtype).masked_fill(~mask, low)
+    if mask.is_floating_point():
+        return mask.to(dtype).clamp_min(low)
+    return mask
+
+
+def _device_and_dtype(named: dict) -> tuple[torch.device, torch.dtype]:
+    for name in _SHAPE_ONLY:
+        x = named.get(name)
+        if isinstance(x, torch.Tensor):
+            return x.device, (x.dtype if x.is_floating_point() else torch.float32)
+    raise TypeError("a masking_utils builder was called without inputs_embeds: cannot tell the mask's dtype")
+
+
+def _on_host(x, name: str):
+    if not isinstance(x, torch.Tensor):
+        return x
+    if name in _SHAPE_ONLY:  # read for .shape / .dtype / .device only
+        return torch.empty(x.shape, dtype=x.dtype)
+    return to_host(x)
+
+
+def _move(mask, device: torch.device):
+    if isinstance(mask, torch.Tensor):
+        return mask.to(device)
+    if isinstance(mask, dict):
+        return {k: _move(v, device) for k, v in mask.items()}
+    return mask
+
+
+def host_builder(fn):
+    """`fn` (a masking_utils builder) run on the host, materialised, additive, moved to the activations' device."""
+    params = list(inspect.signature(fn).parameters)  # follows the deprecate_kwarg wrapper to the real signature
+
+    @host
+    def build_on_host(*args, **kwargs):
+        named = {**dict(zip(params, args, strict=False)), **kwargs}
+        device, dtype = _device_and_dtype(named)
+        args = tuple(_on_host(a, n) for a, n in zip(args, params, strict=False))
+        kwargs = {k: _on_host(v, k) for k, v in kwargs.items()}
+        if "allow_is_causal_skip" in params and "allow_is_causal_skip" not in named:
+            kwargs["allow_is_causal_skip"] = False  # never None-for-is_causal: the device would build the tril
+        return _move(additive(fn(*args, **kwargs), dtype), device)
+
+    build_on_host.__name__ = build_on_host.__qualname__ = f"host_{fn.__name__}"
+    return build_on_host
+
+
+def _methods(module: nn.Module):
+    """(name, function) of the module's methods defined by transformers (not torch.nn's own)."""
+    seen = set()
+    for cls in type(module).__mro__:
+        if not cls.__module__.startswith("transformers."):
+            continue
+        for name, value in vars(cls).items():
+            if name in seen or not isinstance(value, types.FunctionType):
+                continue
+            seen.add(name)
+            yield name, value
+
+
+def mask_callers(model: nn.Module) -> list[tuple[str, nn.Module, list[str]]]:
+    """(path, module, methods) of every module with a method that calls a masking_utils builder."""
+    builders = mask_builders()
+    out = []
+    for path, m in model.named_modules():
+        names = [name for name, fn in _methods(m) if structure.calls(fn, builders)]
+        if names:
+            out.append((path, m, names))
+    return out
+
+
+def _template_positions(module: nn.Module) -> bool:
+    try:
+        src = inspect.getsource(structure.chain(type(module).forward)[-1])
+    except (OSError, TypeError):
+        return False
+    return bool(_ARANGE_POSITIONS.search(src))
 
 
 @host
-def build_additive_mask(
-    batch: int,
-    q_len: int,
-    past: int,
-    mask2d: torch.Tensor | None,
-    causal: bool,
-    dtype: torch.dtype,
-) -> torch.Tensor:
-    """[B, 1, Q, past+Q] mask: 0 where a query may attend, finfo.min elsewhere (as transformers' eager)."""
-    kv_len = past + q_len
-    keep = torch.ones(batch, kv_len, dtype=torch.bool) if mask2d is None else to_host(mask2d).bool()
-    if keep.shape != (batch, kv_len):
-        raise ValueError(
-            f"attention_mask has shape {tuple(keep.shape)} but the model sees {batch} sequences of "
-            f"{past} cached + {q_len} new tokens; pass a [batch, {kv_len}] 0/1 mask"
-        )
-    allowed = keep[:, None, None, :]
-    if causal:
-        q_pos = torch.arange(q_len)[:, None] + past
-        allowed = allowed & (torch.arange(kv_len)[None, :] <= q_pos)[None, None]
-    mask = torch.zeros(allowed.shape, dtype=dtype)
-    return mask.masked_fill(~allowed, torch.finfo(dtype).min)
-
-
-@host
-def _host_inputs(self, batch, q_len, mask2d, cache, causal, need_pos, need_types, device):
+def _host_ids(batch, q_len, cache, need_pos, need_types, device):
     past = cache.get_seq_length() if cache is not None else 0
-    dtype = self.get_input_embeddings().weight.dtype
-    mask = build_additive_mask(batch, q_len, past, mask2d, causal, dtype).to(device)
     pos = (torch.arange(q_len) + past).unsqueeze(0).to(device) if need_pos else None
-    types = torch.zeros(batch, q_len, dtype=torch.long).to(device) if need_types else None
-    return mask, pos, types
+    types_ = torch.zeros(batch, q_len, dtype=torch.long).to(device) if need_types else None
+    return pos, types_
 
 
-def _make_forward(prev, causal, pass_types):
-    """Wrap `prev` (the forward being replaced); a closure so stacked wrappers never see each other's state."""
+def _ids_forward(prev, pass_pos: bool, pass_types: bool):
+    """Wrap `prev` (the forward being replaced) to pass host-built position ids / token types when none are given."""
     sig = inspect.signature(prev)
 
     def forward(self, *args, **kwargs):
-        return _host_mask_forward(self, prev, sig, causal, pass_types, args, kwargs)
+        bound = sig.bind_partial(*args, **kwargs)
+        call = dict(bound.arguments)
+        for k, p in sig.parameters.items():
+            if p.kind is inspect.Parameter.VAR_KEYWORD and k in call:
+                call.update(call.pop(k))
+        ref = call.get("input_ids")
+        ref = ref if ref is not None else call.get("inputs_embeds")
+        if ref is not None:
+            need_pos = pass_pos and call.get("position_ids") is None
+            need_types = pass_types and call.get("token_type_ids") is None
+            if need_pos or need_types:
+                cache = call.get("cache", call.get("past_key_values"))
+                device = self.get_input_embeddings().weight.device
+                pos, types_ = _host_ids(ref.shape[0], ref.shape[1], cache, need_pos, need_types, device)
+                if pos is not None:
+                    call["position_ids"] = pos
+                if types_ is not None:
+                    call["token_type_ids"] = types_
+        return prev(**call)
 
     return forward
-
-
-def _host_mask_forward(self, prev, sig, causal, pass_types, args, kwargs):
-    bound = sig.bind_partial(*args, **kwargs)
-    call = {
-        k: v
-        for k, v in bound.arguments.items()
-        if sig.parameters[k].kind is not inspect.Parameter.VAR_KEYWORD
-    }
-    for k, v in bound.arguments.items():
-        if sig.parameters[k].kind is inspect.Parameter.VAR_KEYWORD:
-            call.update(v)
-    mask2d = call.get("attention_mask")
-    if mask2d is None or mask2d.dim() == 2:
-        ref = call.get("input_ids")
-        ref = ref if ref is not None else call["inputs_embeds"]
-        cache = call.get("cache", call.get("past_key_values"))
-        is_causal = causal if causal is not None else bool(self.config.is_decoder)
-        emb_device = self.get_input_embeddings().weight.device
-        mask, pos, types = _host_inputs(
-            self,
-            ref.shape[0],
-            ref.shape[1],
-            mask2d,
-            cache,
-            is_causal,
-            call.get("position_ids") is None,
-            pass_types and call.get("token_type_ids") is None,
-            emb_device,
-        )
-        call["attention_mask"] = mask
-        if pos is not None:
-            call["position_ids"] = pos
-        if types is not None:
-            call["token_type_ids"] = types
-    return prev(**call)
 
 
 @register_adapter
 class HostAttentionMask(Adapter):
     name = "attention_mask"
     gap = "aten.index"
-    also = ("aten.arange", "aten.gather", "aten.slice")  # BERT slices its position-id buffer
-    applies_to = frozenset(_FAMILIES)
+    also = ("aten.arange", "aten.gather", "aten.slice")  # position ids; BERT slices and gathers its id buffers
+    applies_to = frozenset({"any module calling a transformers.masking_utils mask builder"})
     order = 20
-    summary = "4-D additive masks, position ids and BERT token types built on the host"
+    summary = "masking_utils masks (every kind) built on the host as additive masks; template position ids"
+
+    def applicable(self, model: nn.Module) -> bool:
+        return bool(mask_callers(model))
 
     def patch(self, model: nn.Module) -> Patch:
         patch = Patch(self.name)
-        for _, base in modules_of(model, _FAMILIES):
-            # base.forward is bound and may itself be an instance override (e.g. an accelerate hook)
-            forward = _make_forward(base.forward, *_FAMILIES[type(base).__name__])
-            patch.override_forward(base, forward, f"host masks for {type(base).__name__}")
+        builders = mask_builders()
+        on_host = {i: host_builder(fn) for i, fn in builders.items()}
+        for _, module, names in mask_callers(model):
+            for name in names:
+                # the instance's current attribute may already be an override (an accelerate hook): rebind that
+                current = module.__dict__.get(name)
+                fn = current.__func__ if isinstance(current, types.MethodType) else getattr(type(module), name)
+                copy = structure.rebind(fn, on_host, patch.on_undo)
+                what = f"{type(module).__name__}.{name}: masks on the host"
+                if name == "forward":
+                    patch.override_forward(module, copy, what)
+                else:
+                    patch.set_attr(module, name, types.MethodType(copy, module), what)
+            pass_pos = _template_positions(module)
+            pass_types = type(module).__name__ in _BERT_TYPES
+            if pass_types:
+                pass_pos = True  # BERT slices its position-id buffer: arange(past, past + q), the same ids
+            if pass_pos or pass_types:
+                forward = _ids_forward(module.forward, pass_pos, pass_types)
+                patch.override_forward(module, forward, f"{type(module).__name__}: host position/type ids")
         return patch

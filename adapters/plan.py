@@ -81,16 +81,24 @@ def plan(model: nn.Module, example_inputs, only=None, exclude=None, strict: bool
         return _plan(model, example_inputs, find_unsupported, name, only, exclude, strict)
 
 
-def _plan(model, example_inputs, find_unsupported, name, only, exclude, strict) -> Plan:
-    before = list(find_unsupported(model, example_inputs))
+def stock_plan(model: nn.Module, before: list, only=None, exclude=None) -> Plan:
+    """The plan's first half from the stock model's unsupported ops (`before`): which adapters claim each gap.
+    `remaining` and `applied` are filled from a second walk with the adapters applied (plan() does both; the zoo's
+    flow shares that walk's dynamo trace with its compiled runs: torch_spyre_emu.compiler.WalkThenRun)."""
     candidates = [a for a in select(only, exclude) if a.applicable(model)]
-    result = Plan(name, before)
+    result = Plan(type(model).__name__, list(before))
     for op in before:
         cap = _capability(op)
         names = [a.name for a in candidates if cap in a.gaps]
         result.bridges.setdefault(cap, names)
         if not names:
             result.unbridged.append(op)
+    return result
+
+
+def _plan(model, example_inputs, find_unsupported, name, only, exclude, strict) -> Plan:
+    before = list(find_unsupported(model, example_inputs))
+    result = stock_plan(model, before, only, exclude)
     with apply(model, only=only, exclude=exclude) as handle:
         result.applied = list(handle.report.applied)
         if result.applied:

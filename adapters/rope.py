@@ -8,15 +8,26 @@ CPU (and mis-lowered in fp16, torch-spyre#3133). Bridge:
     R[j-D/2, j] = +1), so the attention forward has no slice or cat. Multiplying by +-1 and adding
     zeros is exact, so fp32 results match stock bit-for-bit up to matmul summation order.
 If head_dim_pad ran first, tables and R are built for the padded, per-half interleaved layout.
+
+How it recognises its targets (by structure, adapters.structure.same_code): a rotary module is one whose forward is
+LlamaRotaryEmbedding.forward's code (default/linear/llama3/yarn frequencies are fixed at init, so a table is exact;
+dynamic and longrope are refused); an attention module is one whose forward calls a verbatim copy of Llama's
+apply_rotary_pos_emb (with Llama's rotate_half). LlamaAttention gets the rewritten forward below (it also handles
+head padding); any other such attention keeps its own forward, whose apply_rotary_pos_emb call is rebound
+(structure.rebind) to the same rotation by matmul. Partial-rotary and interleaved variants are different code and
+are not matched: they stay gaps the plan names.
 """
 
 from __future__ import annotations
 
+import types
+
 import torch
 from torch import nn
 
-from adapters._stack import host, to_host
-from adapters.base import Adapter, modules_of
+from adapters import structure
+from adapters._stack import capabilities, host, to_host
+from adapters.base import Adapter
 from adapters.errors import AdapterTargetError
 from adapters.patch import Patch
 from adapters.registry import register_adapter
@@ -108,29 +119,79 @@ def llama_attention_forward(
     return self.o_proj(out), weights
 
 
+def _templates():
+    from transformers.models.llama import modeling_llama
+
+    return modeling_llama.LlamaRotaryEmbedding.forward, modeling_llama.apply_rotary_pos_emb
+
+
+def rotary_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """(path, module) of the modules whose forward is LlamaRotaryEmbedding.forward's code."""
+    ref, _ = _templates()
+    return [
+        (p, m)
+        for p, m in model.named_modules()
+        if structure.same_code(type(m).forward, ref) and isinstance(getattr(m, "inv_freq", None), torch.Tensor)
+    ]
+
+
+def _template_rope_calls(module: nn.Module) -> dict[int, object]:
+    """The copies of Llama's apply_rotary_pos_emb that this module's forward calls (id -> function)."""
+    _, ref = _templates()
+    return structure.globals_matching(
+        type(module).forward, lambda f: callable(f) and structure.same_code(f, ref)
+    )
+
+
+def rope_attentions(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """(path, module) of the attention modules whose forward applies Llama-template rotary embeddings."""
+    return [(p, m) for p, m in model.named_modules() if _template_rope_calls(m)]
+
+
+def rotation_by_matmul(r: torch.Tensor):
+    """apply_rotary_pos_emb with rotate_half(x) as x @ r (r: rotate_half_matrix of the head dim)."""
+
+    def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
+        cos, sin = cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim)
+        rr = r.to(q.dtype)
+        return q * cos + torch.matmul(q, rr) * sin, k * cos + torch.matmul(k, rr) * sin
+
+    return apply_rotary_pos_emb
+
+
 @register_adapter
 class HostRope(Adapter):
     name = "rope"
     gap = "aten.sin"
     also = ("aten.cos", "aten.slice")
-    applies_to = frozenset({"LlamaRotaryEmbedding"})
+    applies_to = frozenset({"LlamaRotaryEmbedding's code with attention calling Llama's apply_rotary_pos_emb"})
     order = 50  # after head_dim_pad: tables follow the padded layout
     summary = "cos/sin precomputed and gathered on the host; rotate_half as x @ R (no slice)"
 
     def applicable(self, model: nn.Module) -> bool:
-        return bool(modules_of(model, self.applies_to)) and bool(modules_of(model, {"LlamaAttention"}))
+        """Template rotary modules whose tables cover the whole head (partial rotary, as in StableLM or Phi, rotates
+        a slice of each head: a different computation, left alone)."""
+        rotary, attns = rotary_modules(model), rope_attentions(model)
+        if not rotary or not attns:
+            return False
+        widths = {2 * m.inv_freq.numel() for _, m in rotary}
+        heads = {(m.__dict__.get("_spyre_head_pad") or (getattr(m, "head_dim", None),))[0] for _, m in attns}
+        return len(widths) == 1 and widths == heads
 
     def patch(self, model: nn.Module) -> Patch:
         patch = Patch(self.name)
-        attns = [m for _, m in modules_of(model, {"LlamaAttention"})]
+        attns = [m for _, m in rope_attentions(model)]
         pads = {m.__dict__.get("_spyre_head_pad") for m in attns}
         if len(pads) != 1:
             raise AdapterTargetError(
                 f"rope: attention layers disagree on head padding {pads}; cannot build one table"
             )
         pad = pads.pop()
-        head_dim = attns[0].head_dim
-        for path, rotary in modules_of(model, self.applies_to):
+        dims = {_head_dim(m) for m in attns}
+        if len(dims) != 1:
+            raise AdapterTargetError(f"rope: attention layers have different head dims {dims}; one table cannot serve")
+        head_dim = dims.pop()
+        for path, rotary in rotary_modules(model):
             if getattr(rotary, "rope_type", "default") in ("dynamic", "longrope"):
                 raise AdapterTargetError(
                     f"rope: {path} uses rope_type={rotary.rope_type!r}, whose frequencies change with the "
@@ -150,9 +211,122 @@ class HostRope(Adapter):
             patch.override_forward(rotary, _host_rotary_forward, f"{path}: host table lookup")
         r = rotate_half_matrix(head_dim)
         for attn in attns:
-            patch.add_buffer(
-                attn, "_spyre_rope_R", r.to(device=attn.q_proj.weight.device, dtype=attn.q_proj.weight.dtype)
-            )
+            weight = next(attn.parameters())
+            if type(attn).__name__ == "LlamaAttention":
+                patch.add_buffer(attn, "_spyre_rope_R", r.to(device=weight.device, dtype=weight.dtype))
+                patch.set_attr(attn, "_spyre_rope", True, "rope marker")
+                patch.override_forward(attn, llama_attention_forward, "LlamaAttention: rotation by matmul")
+                continue
+            if attn.__dict__.get("_spyre_head_pad") is not None:
+                raise AdapterTargetError(f"rope: {type(attn).__name__} is head-padded; only LlamaAttention supports that")
+            rotate = rotation_by_matmul(r.to(device=weight.device, dtype=weight.dtype))
+            calls = {i: rotate for i in _template_rope_calls(attn)}
             patch.set_attr(attn, "_spyre_rope", True, "rope marker")
-            patch.override_forward(attn, llama_attention_forward, "LlamaAttention: rotation by matmul")
+            current = attn.__dict__.get("forward")  # an earlier adapter's per-instance forward, if any
+            forward = current.__func__ if isinstance(current, types.MethodType) else type(attn).forward
+            patch.override_forward(
+                attn, structure.rebind(forward, calls, patch.on_undo), f"{type(attn).__name__}: rotation by matmul"
+            )
+        return patch
+
+
+def _head_dim(attn: nn.Module) -> int:
+    pad = attn.__dict__.get("_spyre_head_pad")
+    if pad is not None:
+        return pad[1]
+    head_dim = getattr(attn, "head_dim", None)
+    if head_dim is None:
+        raise AdapterTargetError(f"rope: {type(attn).__name__} has no head_dim attribute; cannot size the rotation")
+    return int(head_dim)
+
+
+# --------------------------------------------------------------------------------------------- rotate_half alone
+
+
+def interleaved_rotate_matrix(dim: int) -> torch.Tensor:
+    """R with x @ R == stack((-x[..., 1::2], x[..., ::2]), -1).flatten(-2) (GLM's / Cohere's rotate_half)."""
+    r = torch.zeros(dim, dim)
+    idx = torch.arange(0, dim, 2)
+    r[idx + 1, idx] = -1.0
+    r[idx, idx + 1] = 1.0
+    return r
+
+
+def _rotate_templates() -> list[tuple[object, object]]:
+    """(template rotate_half, matrix builder) still needed: Llama's half split (a gap while aten.slice is) and the
+    two interleaved copies of transformers (strided slices and aten.stack, which the capability table does not
+    list, so it reads as unsupported)."""
+    from transformers.models.cohere import modeling_cohere
+    from transformers.models.glm import modeling_glm
+    from transformers.models.llama import modeling_llama
+
+    caps = capabilities()
+    half = [] if caps.supports("aten.slice") else [(modeling_llama.rotate_half, rotate_half_matrix)]
+    if caps.supports("aten.slice") and caps.supports("aten.stack"):
+        return half
+    return [
+        *half,
+        (modeling_glm.rotate_half, interleaved_rotate_matrix),
+        (modeling_cohere.rotate_half, interleaved_rotate_matrix),
+    ]
+
+
+def _rotate_calls(module: nn.Module) -> dict[int, tuple[object, object]]:
+    """id -> (rotate_half copy, matrix builder) of the rotate_half copies this module's forward reaches."""
+    out = {}
+    for template, build in _rotate_templates():
+        for i, f in structure.reachable(
+            type(module).forward, lambda f, t=template: callable(f) and structure.same_code(f, t)
+        ).items():
+            out[i] = (f, build)
+    return out
+
+
+def rotate_by_matmul(build, max_dim: int, device, dtype):
+    """rotate_half(x) as x @ R, R precomputed for every even width up to max_dim (partial-rotary slices included)."""
+    tables = {d: build(d).to(device=device, dtype=dtype) for d in range(2, max_dim + 1, 2)}
+
+    def rotate_half(x):
+        return torch.matmul(x, tables[x.shape[-1]].to(x.dtype))
+
+    return rotate_half
+
+
+@register_adapter
+class RotateHalfByMatmul(Adapter):
+    name = "rotate_half"
+    gap = "aten.slice"  # and aten.stack for the interleaved copies (see retired())
+    applies_to = frozenset({"attention whose forward reaches a copy of Llama's, GLM's or Cohere's rotate_half"})
+    order = 55  # after rope: attention the rope adapter rewrote is left alone
+    summary = "rotate_half (half-split or interleaved) as x @ R: no slice, stack or cat on the device"
+
+    def _targets(self, model: nn.Module) -> list[tuple[str, nn.Module, dict]]:
+        out = []
+        for path, m in model.named_modules():
+            if m.__dict__.get("_spyre_rope") or not hasattr(m, "head_dim"):
+                continue
+            calls = _rotate_calls(m)
+            if calls:
+                out.append((path, m, calls))
+        return out
+
+    def applicable(self, model: nn.Module) -> bool:
+        return bool(self._targets(model))
+
+    def retired(self, caps) -> bool:
+        return caps.supports("aten.slice") and caps.supports("aten.stack")
+
+    def patch(self, model: nn.Module) -> Patch:
+        patch = Patch(self.name)
+        for path, attn, calls in self._targets(model):
+            weight = next(attn.parameters())
+            replace = {
+                i: rotate_by_matmul(build, int(attn.head_dim), weight.device, weight.dtype)
+                for i, (_, build) in calls.items()
+            }
+            current = attn.__dict__.get("forward")
+            forward = current.__func__ if isinstance(current, types.MethodType) else type(attn).forward
+            patch.override_forward(
+                attn, structure.rebind(forward, replace, patch.on_undo), f"{path}: rotate_half by matmul"
+            )
         return patch

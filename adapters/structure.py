@@ -1,0 +1,188 @@
+"""Recognising an adapter's target by what the code does, not by its class name.
+
+Most HuggingFace families are copies of a few templates, so an adapter that matches `LlamaModel` by name misses
+Mistral, Qwen2, Granite and a hundred more that run the same code under another name. Two structural questions
+cover most patterns:
+
+- `calls(fn, targets)`: does this function (a method of a model module, through its decorators and the
+  module-level helpers it calls) call one of these library functions? Answered from the code objects' global
+  names, resolved in the function's own globals, so only a call of that very function object counts.
+- `rebind(fn, replacements)`: a copy of `fn` (and of the helpers on the path) whose global names resolve to
+  `replacements` instead. The copy is bound to one module instance by the adapter; the library function, the
+  model's module globals and its class are untouched, so the patch is per instance and reversible.
+"""
+
+from __future__ import annotations
+
+import itertools
+import sys
+import types
+from collections.abc import Callable, Mapping
+
+# How deep `calls`/`rebind` follow module-level helper functions of the same package (a forward calling a
+# `_update_causal_mask`-style helper that calls the library): one level covers transformers' templates.
+HELPER_DEPTH = 2
+
+
+def chain(fn: Callable) -> list[types.FunctionType]:
+    """`fn` and the functions it wraps (functools.wraps' __wrapped__), outermost first."""
+    out = []
+    f = getattr(fn, "__func__", fn)
+    while isinstance(f, types.FunctionType) and f not in out:
+        out.append(f)
+        f = getattr(f, "__wrapped__", None)
+    return out
+
+
+def _global_names(code: types.CodeType) -> set[str]:
+    names = set(code.co_names)
+    for const in code.co_consts:  # nested functions and comprehensions read globals too
+        if isinstance(const, types.CodeType):
+            names |= _global_names(const)
+    return names
+
+
+def _same_package(f: types.FunctionType, g: object) -> bool:
+    return (
+        isinstance(g, types.FunctionType)
+        and g.__module__ is not None
+        and f.__module__ is not None
+        and g.__module__.split(".")[0] == f.__module__.split(".")[0]
+    )
+
+
+def calls(fn: Callable, targets: Mapping[int, object], depth: int = HELPER_DEPTH) -> set[str]:
+    """Names of the `targets` (id -> function) that `fn` calls directly or through same-package helpers."""
+    found: set[str] = set()
+    for f in chain(fn):
+        g = f.__globals__
+        for name in _global_names(f.__code__):
+            obj = g.get(name)
+            if id(obj) in targets:
+                found.add(getattr(obj, "__name__", name))
+            elif depth > 0 and _same_package(f, obj) and obj is not f:
+                found |= calls(obj, targets, depth - 1)
+    return found
+
+
+def _copy(f: types.FunctionType, globals_: dict, closure) -> types.FunctionType:
+    new = types.FunctionType(f.__code__, globals_, f.__name__, f.__defaults__, closure)
+    new.__kwdefaults__ = f.__kwdefaults__
+    new.__dict__.update(f.__dict__)
+    new.__qualname__, new.__doc__, new.__module__ = f.__qualname__, f.__doc__, f.__module__
+    new.__annotations__ = f.__annotations__
+    return new
+
+
+_serial = itertools.count()
+
+
+def _module_globals(original: dict, on_undo: Callable[[Callable[[], None]], None]) -> dict:
+    """A copy of a module's globals that is itself the __dict__ of a module registered in sys.modules: dynamo names
+    an inlined function's globals by their `__name__` and re-imports it to build guards, so the copy must be
+    importable under its own name, or the guards would read the stock module (and its stock functions)."""
+    name = f"{original.get('__name__', 'module')}.__spyre_rebound_{next(_serial)}"
+    module = types.ModuleType(name)
+    module.__dict__.update({k: v for k, v in original.items() if k not in ("__name__", "__spec__", "__loader__")})
+    module.__dict__["__name__"] = name
+    sys.modules[name] = module
+    on_undo(lambda: sys.modules.pop(name, None))
+    return module.__dict__
+
+
+def rebind(
+    fn: Callable,
+    replacements: Mapping[int, object],
+    on_undo: Callable[[Callable[[], None]], None],
+    depth: int = HELPER_DEPTH,
+) -> types.FunctionType:
+    """A copy of `fn` whose calls of the replaced functions (id -> replacement) call the replacements.
+
+    The decorator chain is copied level by level: each wrapper's closure cell that held the next function holds
+    its copy. Same-package helpers on the way to a replaced call are copied the same way (up to `depth`). The copy's
+    globals live in a module registered in sys.modules; `on_undo` receives the callable that unregisters it (an
+    adapter passes Patch.on_undo)."""
+    levels = chain(fn)
+    if not levels:
+        raise TypeError(f"rebind: {fn!r} is not a Python function")
+    inner = levels[-1]
+    g = _module_globals(inner.__globals__, on_undo)
+    changed = False
+    for name in _global_names(inner.__code__):
+        obj = g.get(name)
+        if id(obj) in replacements:
+            g[name], changed = replacements[id(obj)], True
+        elif depth > 0 and _same_package(inner, obj) and obj is not inner and calls(obj, replacements, depth - 1):
+            g[name], changed = rebind(obj, replacements, on_undo, depth - 1), True
+    new = _copy(inner, g, inner.__closure__) if changed else inner
+    for outer in reversed(levels[:-1]):
+        old_inner = levels[levels.index(outer) + 1]
+        cells = outer.__closure__ or ()
+        if not any(c.cell_contents is old_inner for c in cells if _filled(c)):
+            raise TypeError(
+                f"rebind: the decorator around {inner.__qualname__} ({outer.__module__}) does not hold the "
+                "function it wraps in a closure cell; this pattern cannot be copied per instance"
+            )
+        closure = tuple(types.CellType(new) if _filled(c) and c.cell_contents is old_inner else c for c in cells)
+        new = _copy(outer, outer.__globals__, closure)
+    return new
+
+
+def _filled(cell) -> bool:
+    try:
+        cell.cell_contents  # noqa: B018 - an empty cell raises
+    except ValueError:
+        return False
+    return True
+
+
+def code_key(code: types.CodeType) -> tuple:
+    """What a code object computes, without where it was written (file, line numbers, qualified name) or its
+    docstring (co_consts[0] of a function in CPython 3.11: the docstring, or None)."""
+    consts = code.co_consts
+    if consts and (consts[0] is None or isinstance(consts[0], str)):
+        consts = consts[1:]
+    consts = tuple(code_key(c) if isinstance(c, types.CodeType) else c for c in consts)
+    return (code.co_code, consts, code.co_names, code.co_varnames, code.co_freevars, code.co_argcount)
+
+
+def same_code(fn: Callable, reference: Callable, depth: int = HELPER_DEPTH) -> bool:
+    """Is `fn` (under its decorators) a verbatim copy of `reference`? transformers' modular copies of a template
+    (`LlamaRMSNorm` as `Qwen3RMSNorm`, `MistralRMSNorm`, ...) compile to the same bytecode; a variant that
+    computes something else (Gemma's `1 + weight`) does not, so it is not matched. The same-package helpers the
+    reference calls by global name (Llama's `rotate_half` for `apply_rotary_pos_emb`) must be copies too."""
+    a, b = chain(fn), chain(reference)
+    if not (a and b) or code_key(a[-1].__code__) != code_key(b[-1].__code__):
+        return False
+    fa, fb = a[-1], b[-1]
+    for name in _global_names(fb.__code__):
+        ref = fb.__globals__.get(name)
+        if _same_package(fb, ref) and ref is not fb:
+            mine = fa.__globals__.get(name)
+            if depth <= 0 or not isinstance(mine, types.FunctionType) or not same_code(mine, ref, depth - 1):
+                return False
+    return True
+
+
+def globals_matching(fn: Callable, predicate: Callable[[object], bool]) -> dict[int, object]:
+    """id -> object of the global names `fn` (through its decorators) reads whose object satisfies `predicate`."""
+    out = {}
+    for f in chain(fn):
+        for name in _global_names(f.__code__):
+            obj = f.__globals__.get(name)
+            if obj is not None and predicate(obj):
+                out[id(obj)] = obj
+    return out
+
+
+def reachable(fn: Callable, predicate: Callable[[object], bool], depth: int = HELPER_DEPTH) -> dict[int, object]:
+    """Like globals_matching, also through the same-package helpers `fn` calls (up to `depth`): the objects a call
+    chain such as forward -> apply_rotary_pos_emb -> rotate_half reaches."""
+    out = globals_matching(fn, predicate)
+    if depth > 0:
+        for f in chain(fn):
+            for name in _global_names(f.__code__):
+                obj = f.__globals__.get(name)
+                if _same_package(f, obj) and obj is not f and id(obj) not in out:
+                    out.update(reachable(obj, predicate, depth - 1))
+    return out
