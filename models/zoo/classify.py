@@ -2,7 +2,8 @@
 
 Flow (issue 10 §2): build the tiny model (recipes.build; failure: not_buildable) -> CPU fp32 reference -> CPU fp16
 forward (failing or non-finite there is not the stack's fault: not_buildable, reason "not fp16-clean on CPU") ->
-adapters.plan for the gaps -> with the adapters applied (fallback mode) compile with backend "spyre" on the fp16
+adapters.plan for the gaps (its second walk, with the adapters applied, is the first call of the compiled model the
+runs use: one dynamo trace) -> with the adapters applied (fallback mode) compile with backend "spyre" on the fp16
 weights, run, compare with the fp32 reference under the tolerance (tolerance.py) -> the same in strict mode ->
 classify. run_one never raises for a model's failure: it records it. `timeout` and `out_of_memory` are normally the
 sweep runner's (a killed subprocess); run_one gives out_of_memory only for a MemoryError it catches itself.
@@ -294,7 +295,8 @@ class _Stage:
         self.t = time.perf_counter()
 
     def __exit__(self, *exc):
-        self.rec["stages_s"][self.name] = round(time.perf_counter() - self.t, 3)
+        stages = self.rec["stages_s"]  # a stage entered twice (the plan's two walks) adds up
+        stages[self.name] = round(stages.get(self.name, 0.0) + time.perf_counter() - self.t, 3)
 
 
 def _flow(rec: dict, model_type: str, variant: str, seed: int) -> None:
@@ -340,27 +342,49 @@ def _flow(rec: dict, model_type: str, variant: str, seed: int) -> None:
             return
         e16 = tolerance.rel_err(out16, ref)
 
+    # adapters.plan's two walks (stock, then with the adapters applied), where the second walk is the first call of
+    # the compiled model the runs use (WalkThenRun): dynamo traces the patched model once for the walk, the
+    # fallback run and the strict run (the compile cache keys on strict mode, so only the programs recompile).
+    from adapters.plan import stock_plan
+    from torch_spyre_emu.compiler import WalkThenRun, find_unsupported, unsupported_in
+
+    plan_error = None
     with _Stage(rec, "plan"):
         try:
-            p = adapters.plan(model16, inputs16)
-            rec["plan"] = {
-                "unsupported": _dedup([_op_record(op) for op in p.unsupported]),
-                "bridges": {k: list(v) for k, v in p.bridges.items()},
-                "remaining": _dedup([_op_record(op) for op in p.remaining]),
-                "applied": list(p.applied),
-            }
-            plan_error = None
+            with _static_shapes():
+                p = stock_plan(model16, find_unsupported(model16, inputs16, walk_in_fp32=True))
         except Exception as e:  # noqa: BLE001 - recorded; the runs below still say what happens
-            plan_error = e
+            plan_error, p = e, None
             rec["plan"] = {"error": _error(e)}
         torch._dynamo.reset()
 
-    # One adapters.apply and one compiled module for both runs: the strict run reuses dynamo's graphs and only
-    # recompiles the programs (the compile cache keys on strict mode), so the model is traced once.
     with adapters.apply(model16) as handle, _static_shapes(), torch.no_grad():
         rec["adapters_applied"] = list(handle.report.applied)
         rec["adapters_retired"] = [name for name, _ in handle.report.retired]
-        compiled = torch.compile(model16, backend="spyre", dynamic=False)
+        walker = WalkThenRun()
+        compiled = torch.compile(model16, backend=walker.backend, dynamic=False)
+        if p is not None:
+            with _Stage(rec, "plan"):
+                try:
+                    if handle.report.applied:
+                        compiled(**inputs16)  # the walk: graphs recorded and run on the CPU
+                        p.remaining = unsupported_in(walker.graphs)
+                    else:
+                        p.remaining = list(p.unsupported)  # nothing applied: the model is the stock one
+                    p.applied = list(handle.report.applied)
+                    rec["plan"] = {
+                        "unsupported": _dedup([_op_record(op) for op in p.unsupported]),
+                        "bridges": {k: list(v) for k, v in p.bridges.items()},
+                        "remaining": _dedup([_op_record(op) for op in p.remaining]),
+                        "applied": list(p.applied),
+                    }
+                except Exception as e:  # noqa: BLE001 - recorded; the runs below still say what happens
+                    plan_error = e
+                    rec["plan"] = {"error": _error(e)}
+                    torch._dynamo.reset()  # the runs trace afresh
+                    walker = WalkThenRun()
+                    compiled = torch.compile(model16, backend=walker.backend, dynamic=False)
+        walker.walking = False
         with _Stage(rec, "fallback"):
             try:
                 with warnings.catch_warnings():

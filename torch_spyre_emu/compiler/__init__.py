@@ -114,6 +114,11 @@ def find_unsupported(model, example_inputs, *, walk_in_fp32: bool = False, **kwa
             compiled(
                 *(example_inputs if isinstance(example_inputs, list | tuple) else (example_inputs,)), **kwargs
             )
+    return unsupported_in(graphs)
+
+
+def unsupported_in(graphs: list[tuple[fx.GraphModule, list]]) -> list[UnsupportedOp]:
+    """The ops of these dynamo graphs (with their example inputs) that would not run on the device."""
     found: list[UnsupportedOp] = []
     for i, (gm, inputs) in enumerate(graphs):
         weights = frozenset(j for j, a in enumerate(inputs) if isinstance(a, torch.nn.Parameter))
@@ -125,6 +130,32 @@ def find_unsupported(model, example_inputs, *, walk_in_fp32: bool = False, **kwa
             continue
         found.extend(run_graph_passes(captured, options).meta[UNSUPPORTED_META])
     return found
+
+
+class WalkThenRun:
+    """A dynamo backend for one trace that serves a find_unsupported-style walk first and compiled runs after.
+
+    `torch.compile(model, backend=w.backend)`: while `w.walking`, each graph runs on the CPU (upcast to fp32, as
+    find_unsupported(walk_in_fp32=True)) and is recorded; `w.unsupported()` is then what find_unsupported would
+    return. Set `w.walking = False` and the same compiled model runs on emulated Spyre (each graph compiled by
+    GraphRunner on its first device call), so the model is traced by dynamo once, not twice (the zoo's flow: the
+    plan's walk with the adapters applied, then the fallback and strict runs)."""
+
+    def __init__(self) -> None:
+        self.graphs: list[tuple[fx.GraphModule, list]] = []
+        self.walking = True
+
+    def backend(self, gm: fx.GraphModule, example_inputs, **kwargs):
+        self.graphs.append((gm, list(example_inputs)))
+        walk, runner = _run_upcast(gm), GraphRunner(gm, f"spyre_graph_{next(_graph_ids)}")
+
+        def call(*args):
+            return walk(*args) if self.walking else runner(*args)
+
+        return call
+
+    def unsupported(self) -> list[UnsupportedOp]:
+        return unsupported_in(self.graphs)
 
 
 _HALF = (torch.float16, torch.bfloat16)
@@ -163,4 +194,4 @@ def _run_upcast(gm: fx.GraphModule):
     return run
 
 
-__all__ = ["spyre_backend", "find_unsupported", "UnsupportedOp", "GraphRunner"]
+__all__ = ["spyre_backend", "find_unsupported", "unsupported_in", "UnsupportedOp", "GraphRunner", "WalkThenRun"]
