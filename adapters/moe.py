@@ -32,7 +32,6 @@ from adapters.patch import Patch
 from adapters.registry import register_adapter
 
 IMPL = "spyre_dense"
-_users = 0  # patched models using IMPL; the registry key lives exactly as long as they do
 _PROTOCOL = ("has_gate", "has_bias", "is_transposed", "is_concatenated", "num_experts", "down_proj")
 
 
@@ -119,24 +118,6 @@ def _gate_fn(experts: nn.Module):
     return None
 
 
-def _register() -> None:
-    from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS
-
-    global _users
-    if _users == 0:
-        ALL_EXPERTS_FUNCTIONS._global_mapping[IMPL] = dense_experts_forward
-    _users += 1
-
-
-def _unregister() -> None:
-    from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS
-
-    global _users
-    _users -= 1
-    if _users == 0:
-        ALL_EXPERTS_FUNCTIONS._global_mapping.pop(IMPL, None)
-
-
 @register_adapter
 class DenseExperts(Adapter):
     name = "moe_dense"
@@ -156,8 +137,9 @@ class DenseExperts(Adapter):
         found = [(p, m) for p, m in experts_modules(model) if not m.has_gate or _gate_fn(m) is not None]
         if not found:
             return patch
-        _register()
-        patch.on_undo(_unregister)
+        from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS
+
+        patch.add_registry_key(ALL_EXPERTS_FUNCTIONS._global_mapping, IMPL, dense_experts_forward)
         copies: dict[int, object] = {}
         for path, experts in found:
             old = experts.config

@@ -14,6 +14,8 @@ import torch
 from torch import nn
 
 _MISSING = object()
+# (id(registry), key) -> patches using it: a library registry key added by adapters lives as long as its users
+_REGISTRY_USERS: dict[tuple[int, str], int] = {}
 
 
 class Patch:
@@ -73,6 +75,25 @@ class Patch:
 
         self._undo.append(undo)
         self.changes.append(what or f"buffer {type(module).__name__}.{name}")
+
+    def add_registry_key(self, registry: dict, key: str, value: object, what: str = "") -> None:
+        """Add `key` to a library's registry dict (transformers' attention, mask and experts interfaces) while any
+        patched model uses it; the last undo removes it. A key the library already has is never replaced."""
+        users = (id(registry), key)
+        if _REGISTRY_USERS.get(users, 0) == 0:
+            if key in registry:
+                raise TypeError(f"Patch.add_registry_key: {key!r} is already a key of this registry; not replacing it")
+            registry[key] = value
+        _REGISTRY_USERS[users] = _REGISTRY_USERS.get(users, 0) + 1
+
+        def undo(registry=registry, key=key, users=users):
+            _REGISTRY_USERS[users] -= 1
+            if _REGISTRY_USERS[users] == 0:
+                del _REGISTRY_USERS[users]
+                registry.pop(key, None)
+
+        self._undo.append(undo)
+        self.changes.append(what or f"registry key {key!r}")
 
     def on_undo(self, fn: Callable[[], None], what: str = "") -> None:
         self._undo.append(fn)

@@ -23,7 +23,6 @@ from adapters.patch import Patch
 from adapters.registry import register_adapter
 
 IMPL = "spyre_math"
-_users = 0  # patched models currently using IMPL; the registry keys live exactly as long as they do
 
 
 def repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
@@ -48,29 +47,6 @@ def math_attention(module, query, key, value, attention_mask, scaling=None, drop
         probs = torch.nn.functional.dropout(probs, p=dropout, training=True)
     out = torch.matmul(probs, value).transpose(1, 2).contiguous()
     return out, probs
-
-
-def _register() -> None:
-    from transformers.masking_utils import AttentionMaskInterface
-    from transformers.modeling_utils import AttentionInterface
-
-    global _users
-    if _users == 0:
-        AttentionInterface.register(IMPL, math_attention)
-        # Materialised additive masks, exactly as for "eager" (SDPA's is_causal shortcut has no math twin).
-        AttentionMaskInterface.register(IMPL, AttentionMaskInterface._global_mapping["eager"])
-    _users += 1
-
-
-def _unregister() -> None:
-    from transformers.masking_utils import AttentionMaskInterface
-    from transformers.modeling_utils import AttentionInterface
-
-    global _users
-    _users -= 1
-    if _users == 0:
-        AttentionInterface._global_mapping.pop(IMPL, None)
-        AttentionMaskInterface._global_mapping.pop(IMPL, None)
 
 
 _ATTENTION_CLASSES = {"LlamaAttention", "GPT2Attention", "BertSelfAttention"}
@@ -99,8 +75,14 @@ class MathAttention(Adapter):
         if old._attn_implementation == IMPL:
             return patch  # already on the math path (e.g. a config shared with a patched model)
         new = copy.deepcopy(old)  # never mutate a config another model may share
-        _register()
-        patch.on_undo(_unregister)
+        from transformers.masking_utils import AttentionMaskInterface
+        from transformers.modeling_utils import AttentionInterface
+
+        patch.add_registry_key(AttentionInterface._global_mapping, IMPL, math_attention)
+        # Materialised additive masks, exactly as for "eager" (SDPA's is_causal shortcut has no math twin).
+        patch.add_registry_key(
+            AttentionMaskInterface._global_mapping, IMPL, AttentionMaskInterface._global_mapping["eager"]
+        )
         new._attn_implementation = IMPL
         for module in model.modules():
             if module.__dict__.get("config") is old:
