@@ -25,6 +25,12 @@ def _capability(op) -> str:
     return getattr(op, "capability", None) or getattr(op, "op", str(op))
 
 
+def similar_adapters(capability: str) -> list[str]:
+    """Registered adapters that bridge this capability somewhere (for a gap they do not bridge in this model: they
+    did not recognise its code). The starting point for a new adapter: read how that one recognises its target."""
+    return [a.name for a in select() if capability in a.gaps]
+
+
 @dataclass
 class Plan:
     model_name: str
@@ -59,7 +65,10 @@ class Plan:
         lines.append(f"adapters applied for the check: {', '.join(self.applied) or '-'}")
         if self.remaining:
             lines.append(f"still unsupported with adapters ({len(self.remaining)}):")
-            lines += [f"  {getattr(op, 'op', op)} at {getattr(op, 'where', '?')}" for op in self.remaining]
+            for op in self.remaining:
+                similar = similar_adapters(_capability(op))
+                hint = f"; a similar gap is bridged elsewhere by {', '.join(similar)}" if similar else ""
+                lines.append(f"  {getattr(op, 'op', op)} at {getattr(op, 'where', '?')}{hint}")
         else:
             lines.append("with the adapters applied the model lowers in strict mode")
         return "\n".join(lines)

@@ -139,6 +139,7 @@ def make_plan(target: Target, strict_run: bool = True) -> dict:
     """The plan document of `target` (format in docs/zoo.md, "spyre-emu plan")."""
     import adapters
     import torch_spyre_emu
+    from adapters.plan import similar_adapters
     from models.zoo.classify import FP16_UNCLEAN, _error, classify_error
 
     model = target.model.half().eval()
@@ -181,6 +182,8 @@ def make_plan(target: Target, strict_run: bool = True) -> dict:
     doc["adapters_applied"] = list(p.applied)
     doc["unbridged"] = _records(p.unbridged)
     doc["remaining"] = _records(p.remaining)
+    for r in doc["remaining"]:  # what bridges a gap like this one in other models (issue 11 §3)
+        r["similar_adapters"] = similar_adapters(r["capability"])
     if strict_run:
         doc["strict"] = _strict_result(model, inputs, torch_spyre_emu, adapters, classify_error)
     return doc
@@ -246,7 +249,10 @@ def format_plan(doc: dict) -> str:
     lines.append(f"adapters applied for the check: {', '.join(doc['adapters_applied']) or '-'}")
     if doc["remaining"]:
         lines.append(f"gaps nothing bridges (still there with the adapters: {len(doc['remaining'])}):")
-        lines += [f"  {r['op']} at {_where(r)} [{r['capability']}]" for r in doc["remaining"]]
+        for r in doc["remaining"]:
+            similar = r.get("similar_adapters") or []
+            hint = f"; a similar gap is bridged elsewhere by {', '.join(similar)}" if similar else ""
+            lines.append(f"  {r['op']} at {_where(r)} [{r['capability']}]{hint}")
     else:
         lines.append("gaps nothing bridges: none; with the adapters the model lowers in strict mode")
     s = doc["strict"]

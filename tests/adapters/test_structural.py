@@ -128,3 +128,12 @@ def test_same_code_ignores_names_and_docstrings_but_not_math():
 
     assert structure.same_code(Qwen3RMSNorm.forward, LlamaRMSNorm.forward)
     assert not structure.same_code(GemmaRMSNorm.forward, LlamaRMSNorm.forward)
+
+
+def test_plan_names_adapters_for_similar_gaps():
+    """issue 11 §3: an unbridged gap names the adapters that bridge the same capability in other models."""
+    from adapters.plan import similar_adapters
+
+    assert {"attention_mask", "moe_dense"} <= set(similar_adapters("aten.index"))
+    assert similar_adapters("aten.histc") == ["moe_dense"]
+    assert similar_adapters("no.such_capability") == []
