@@ -330,3 +330,62 @@ class RotateHalfByMatmul(Adapter):
                 attn, structure.rebind(forward, replace, patch.on_undo), f"{path}: rotate_half by matmul"
             )
         return patch
+
+
+# ------------------------------------------------------------------------------------- any rotary module, on host
+
+
+def _host_rotary_call(self, x, *args, **kwargs):
+    forward = self.__dict__["_spyre_stock_forward"]
+    on_host = [to_host(a) if isinstance(a, torch.Tensor) else a for a in args]
+    kw = {k: to_host(v) if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
+    out = forward(torch.empty(x.shape, dtype=x.dtype), *on_host, **kw)  # x is read for its dtype and device only
+    return tuple(o.to(x.device) if isinstance(o, torch.Tensor) else o for o in out)
+
+
+_host_rotary = host(_host_rotary_call)
+
+
+def _host_rotary_forward(self, x, *args, **kwargs):
+    return _host_rotary(self, x, *args, **kwargs)
+
+
+def other_rotary_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """Rotary modules that are not Llama's code (no table is built for them): a module with an `inv_freq` buffer
+    whose forward takes (x, position_ids, ...) and that the rope adapter left stock."""
+    import inspect
+
+    out = []
+    for path, m in model.named_modules():
+        if not isinstance(m.__dict__.get("_buffers", {}).get("inv_freq"), torch.Tensor):
+            continue
+        if "_spyre_rope_tables" in m.__dict__ or "forward" in m.__dict__:
+            continue
+        try:
+            params = list(inspect.signature(structure.chain(type(m).forward)[-1]).parameters)
+        except (TypeError, ValueError):
+            continue
+        if params[:3] == ["self", "x", "position_ids"]:
+            out.append((path, m))
+    return out
+
+
+@register_adapter
+class HostRotary(Adapter):
+    name = "rotary_host"
+    gap = "aten.sin"
+    also = ("aten.cos",)
+    applies_to = frozenset({"a module with an inv_freq buffer and forward(x, position_ids): the rotary embedding"})
+    order = 52  # after rope, which builds tables for Llama's code
+    summary = "any other rotary module's stock forward (cos/sin of positions) runs on the host"
+
+    def applicable(self, model: nn.Module) -> bool:
+        return bool(other_rotary_modules(model))
+
+    def patch(self, model: nn.Module) -> Patch:
+        patch = Patch(self.name)
+        for path, rotary in other_rotary_modules(model):
+            stock = types.MethodType(type(rotary).forward, rotary)
+            patch.set_attr(rotary, "_spyre_stock_forward", stock, f"{path}: stock forward kept for the host")
+            patch.override_forward(rotary, _host_rotary_forward, f"{path}: cos/sin on the host")
+        return patch

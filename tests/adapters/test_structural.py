@@ -45,6 +45,7 @@ def test_structural_adapters_reach_beyond_the_three_named_families():
     assert {"mistral", "qwen2", "qwen3", "granite", "mixtral"} <= by_adapter["rmsnorm"]
     assert {"mixtral", "qwen2_moe"} <= by_adapter["moe_dense"]
     assert {"glm", "cohere"} <= by_adapter["rotate_half"]
+    assert {"phi3", "cohere", "gpt_neox"} <= by_adapter["rotary_host"]  # rotary code that is not Llama's
     # variants that compute something else are not matched: Gemma's (1 + weight) norm, GPT-NeoX's partial rotary
     assert "gemma2" not in by_adapter["rmsnorm"] and "gpt_neox" not in by_adapter["rope"]
 
