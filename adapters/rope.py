@@ -168,30 +168,32 @@ class HostRope(Adapter):
     order = 50  # after head_dim_pad: tables follow the padded layout
     summary = "cos/sin precomputed and gathered on the host; rotate_half as x @ R (no slice)"
 
-    def applicable(self, model: nn.Module) -> bool:
-        """Template rotary modules whose tables cover the whole head (partial rotary, as in StableLM or Phi, rotates
-        a slice of each head: a different computation, left alone)."""
-        rotary, attns = rotary_modules(model), rope_attentions(model)
-        if not rotary or not attns:
-            return False
+    def _targets(self, model: nn.Module):
+        """(rotary modules, attention modules) that pair up: a template rotary module whose table is as wide as the
+        (unpadded) head of a template attention. Partial rotary (StableLM, Phi: a slice of each head rotates) is a
+        different computation and is left alone, as is any module of another width (a model may hold several towers:
+        an audio encoder with its own rotary beside a Llama decoder)."""
+        attns = rope_attentions(model)
+        heads = {_unpadded_head_dim(m) for _, m in attns}
+        rotary = [(p, m) for p, m in rotary_modules(model) if 2 * m.inv_freq.numel() in heads]
         widths = {2 * m.inv_freq.numel() for _, m in rotary}
-        heads = {(m.__dict__.get("_spyre_head_pad") or (getattr(m, "head_dim", None),))[0] for _, m in attns}
-        return len(widths) == 1 and widths == heads
+        return rotary, [(p, m) for p, m in attns if _unpadded_head_dim(m) in widths]
+
+    def applicable(self, model: nn.Module) -> bool:
+        rotary, attns = self._targets(model)
+        return bool(rotary and attns)
 
     def patch(self, model: nn.Module) -> Patch:
         patch = Patch(self.name)
-        attns = [m for _, m in rope_attentions(model)]
+        rotaries, pairs = self._targets(model)
+        attns = [m for _, m in pairs]
         pads = {m.__dict__.get("_spyre_head_pad") for m in attns}
         if len(pads) != 1:
             raise AdapterTargetError(
                 f"rope: attention layers disagree on head padding {pads}; cannot build one table"
             )
         pad = pads.pop()
-        dims = {_head_dim(m) for m in attns}
-        if len(dims) != 1:
-            raise AdapterTargetError(f"rope: attention layers have different head dims {dims}; one table cannot serve")
-        head_dim = dims.pop()
-        for path, rotary in rotary_modules(model):
+        for path, rotary in rotaries:
             if getattr(rotary, "rope_type", "default") in ("dynamic", "longrope"):
                 raise AdapterTargetError(
                     f"rope: {path} uses rope_type={rotary.rope_type!r}, whose frequencies change with the "
@@ -203,24 +205,21 @@ class HostRope(Adapter):
             if pad is not None:
                 expand = half_pad_matrix(pad[0], pad[1])
                 cos, sin = cos @ expand, sin @ expand
-            if cos.shape[-1] != head_dim:
-                raise AdapterTargetError(
-                    f"rope: {path} makes {cos.shape[-1]}-wide tables but heads are {head_dim}"
-                )
             patch.set_attr(rotary, "_spyre_rope_tables", (cos, sin, expand), f"{n}-position cos/sin tables")
             patch.override_forward(rotary, _host_rotary_forward, f"{path}: host table lookup")
-        r = rotate_half_matrix(head_dim)
         for attn in attns:
             weight = next(attn.parameters())
+            r = rotate_half_matrix(_head_dim(attn)).to(device=weight.device, dtype=weight.dtype)
             if type(attn).__name__ == "LlamaAttention":
-                patch.add_buffer(attn, "_spyre_rope_R", r.to(device=weight.device, dtype=weight.dtype))
+                patch.add_buffer(attn, "_spyre_rope_R", r)
                 patch.set_attr(attn, "_spyre_rope", True, "rope marker")
                 patch.override_forward(attn, llama_attention_forward, "LlamaAttention: rotation by matmul")
                 continue
             if attn.__dict__.get("_spyre_head_pad") is not None:
-                raise AdapterTargetError(f"rope: {type(attn).__name__} is head-padded; only LlamaAttention supports that")
-            rotate = rotation_by_matmul(r.to(device=weight.device, dtype=weight.dtype))
-            calls = {i: rotate for i in _template_rope_calls(attn)}
+                raise AdapterTargetError(
+                    f"rope: {type(attn).__name__} is head-padded; only LlamaAttention supports that"
+                )
+            calls = {i: rotation_by_matmul(r) for i in _template_rope_calls(attn)}
             patch.set_attr(attn, "_spyre_rope", True, "rope marker")
             current = attn.__dict__.get("forward")  # an earlier adapter's per-instance forward, if any
             forward = current.__func__ if isinstance(current, types.MethodType) else type(attn).forward
@@ -228,6 +227,11 @@ class HostRope(Adapter):
                 attn, structure.rebind(forward, calls, patch.on_undo), f"{type(attn).__name__}: rotation by matmul"
             )
         return patch
+
+
+def _unpadded_head_dim(attn: nn.Module) -> int | None:
+    pad = attn.__dict__.get("_spyre_head_pad")
+    return pad[0] if pad is not None else getattr(attn, "head_dim", None)
 
 
 def _head_dim(attn: nn.Module) -> int:
@@ -335,7 +339,7 @@ class RotateHalfByMatmul(Adapter):
 # ------------------------------------------------------------------------------------- any rotary module, on host
 
 
-def _host_rotary_call(self, x, *args, **kwargs):
+def _stock_rotary_on_host_call(self, x, *args, **kwargs):
     forward = self.__dict__["_spyre_stock_forward"]
     on_host = [to_host(a) if isinstance(a, torch.Tensor) else a for a in args]
     kw = {k: to_host(v) if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
@@ -343,11 +347,11 @@ def _host_rotary_call(self, x, *args, **kwargs):
     return tuple(o.to(x.device) if isinstance(o, torch.Tensor) else o for o in out)
 
 
-_host_rotary = host(_host_rotary_call)
+_stock_rotary_on_host = host(_stock_rotary_on_host_call)
 
 
-def _host_rotary_forward(self, x, *args, **kwargs):
-    return _host_rotary(self, x, *args, **kwargs)
+def _stock_rotary_forward(self, x, *args, **kwargs):
+    return _stock_rotary_on_host(self, x, *args, **kwargs)
 
 
 def other_rotary_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
@@ -387,5 +391,5 @@ class HostRotary(Adapter):
         for path, rotary in other_rotary_modules(model):
             stock = types.MethodType(type(rotary).forward, rotary)
             patch.set_attr(rotary, "_spyre_stock_forward", stock, f"{path}: stock forward kept for the host")
-            patch.override_forward(rotary, _host_rotary_forward, f"{path}: cos/sin on the host")
+            patch.override_forward(rotary, _stock_rotary_forward, f"{path}: cos/sin on the host")
         return patch

@@ -20,7 +20,7 @@ from models.zoo import CI_SUBSET, build
 ATOL = RTOL = 1e-5
 # CI-subset families plus families outside it for the MoE (the subset's only MoE is mixtral) and interleaved
 # rotary (GLM's and Cohere's rotate_half) adapters
-FAMILIES = (*CI_SUBSET, "qwen2_moe", "glm", "cohere")
+FAMILIES = (*CI_SUBSET, "qwen2_moe", "glm", "cohere", "glmasr")  # glmasr: an audio tower beside a Llama decoder
 
 
 @functools.cache
@@ -41,7 +41,7 @@ def test_structural_adapters_reach_beyond_the_three_named_families():
     for t, a in PAIRS:
         by_adapter.setdefault(a, set()).add(t)
     assert {"mistral", "qwen2", "qwen3", "granite", "mixtral", "opt", "t5", "bart", "clip"} <= by_adapter["attention_mask"]
-    assert {"mistral", "qwen2", "qwen3", "granite", "mixtral"} <= by_adapter["rope"]
+    assert {"mistral", "qwen2", "qwen3", "granite", "mixtral", "glmasr"} <= by_adapter["rope"]
     assert {"mistral", "qwen2", "qwen3", "granite", "mixtral"} <= by_adapter["rmsnorm"]
     assert {"mixtral", "qwen2_moe"} <= by_adapter["moe_dense"]
     assert {"glm", "cohere"} <= by_adapter["rotate_half"]
