@@ -137,13 +137,13 @@ def distribute(
         if left <= 1:
             break
         u = units(k, d, buffers) // split.get(d, 1)
-        p = max(q for q in divisors(u) if q <= left)
+        p = max((q for q in divisors(u) if q <= left), default=1)  # u == 0: an empty dim, nothing to divide
         if p > 1:
             split[d] = split.get(d, 1) * p
             left //= p
     if left > 1 and k.op in OpGroup.ACCUMULATING and not any(split.get(d, 1) > 1 for d in k.reduce_dims):
         for d in sorted(k.reduce_dims, key=lambda d: -units(k, d, buffers))[:1]:
-            p = max(q for q in divisors(units(k, d, buffers)) if q <= left)
+            p = max((q for q in divisors(units(k, d, buffers)) if q <= left), default=1)
             if p > 1:
                 split[d] = p
     return split
