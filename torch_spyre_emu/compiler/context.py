@@ -123,4 +123,6 @@ def module_path(node) -> str:
         while rest.startswith("["):
             rest = rest.split("]", 1)[1]
         path = rest.lstrip(".")
-    return path.replace("._modules['", ".").replace("']", "")
+    path = path.replace("._modules['", ".").replace("']", "")
+    # a per-instance forward (an adapter's bound method) makes dynamo reach submodules through it
+    return path.replace(".forward.__self__", "")

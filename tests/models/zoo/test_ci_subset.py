@@ -20,29 +20,29 @@ from models.zoo.classify import CLASSES, run_one
 # class per type today, with the gap that decides it (for whoever updates a row)
 EXPECTED = {
     "llama": "pass_device",
-    "mistral": "unsupported",  # aten.index in the sliding-window padding mask
-    "qwen2": "unsupported",  # aten.index (padding mask)
-    "qwen3": "unsupported",  # aten.index (padding mask)
-    "gemma2": "unsupported",  # aten.index (padding mask)
-    "gemma3_text": "unsupported",  # aten.index (padding mask)
-    "phi3": "unsupported",  # aten.index (padding mask)
+    "mistral": "pass_device",  # issue 11: host masks (masking_utils), Llama-copy RMSNorm and RoPE matched by structure
+    "qwen2": "pass_device",  # as mistral
+    "qwen3": "pass_device",  # as mistral (q_norm/k_norm are Llama RMSNorm copies)
+    "gemma2": "pass_fallback",  # aten.embedding (scaled embedding subclass), Gemma (1 + weight) RMSNorm upcast
+    "gemma3_text": "pass_fallback",  # as gemma2, plus its per-layer-type rotary on the device
+    "phi3": "unsupported",  # layout.head_dim_not_stick_multiple (partial-rotary attention, head_dim 96)
     "gpt2": "pass_device",
-    "gpt_neox": "unsupported",  # aten.index (padding mask)
-    "opt": "unsupported",  # aten.index (padding mask)
-    "bloom": "unsupported",  # aten.index (padding mask)
-    "falcon": "unsupported",  # aten.index (padding mask)
-    "granite": "unsupported",  # aten.index (padding mask)
-    "olmo2": "unsupported",  # aten.index (padding mask)
-    "stablelm": "unsupported",  # aten.index (padding mask)
-    "mixtral": "unsupported",  # aten.index (padding mask)
+    "gpt_neox": "unsupported",  # layout.head_dim_not_stick_multiple (its attention: head_dim_pad matches Llama only)
+    "opt": "pass_fallback",  # aten.cumsum (position ids from the padding mask)
+    "bloom": "pass_fallback",  # aten.cumsum (ALiBi positions from the padding mask)
+    "falcon": "unsupported",  # aten.index and aten._safe_softmax in its own attention (ALiBi/rotary paths)
+    "granite": "pass_device",  # as mistral
+    "olmo2": "pass_fallback",  # its q_norm/k_norm RMSNorm is not Llama's code: fp32 upcast islands
+    "stablelm": "unsupported",  # layout.head_dim_not_stick_multiple (partial rotary)
+    "mixtral": "pass_device",  # moe_dense: routing on the host, experts dense
     "bert": "pass_device",
     "roberta": "unsupported",  # aten.gather (position ids from the padding mask)
-    "distilbert": "unsupported",  # aten.index (padding mask)
-    "t5": "unsupported",  # aten.index (padding mask)
-    "bart": "unsupported",  # aten.index (padding mask)
+    "distilbert": "pass_fallback",  # aten.slice of the position-id buffer
+    "t5": "unsupported",  # aten.isinf (the fp16 clamp check in T5 blocks)
+    "bart": "unsupported",  # aten.all (the fp16 isfinite clamp check)
     "whisper": "unsupported",  # aten.index (learned decoder positions)
     "vit": "pass_fallback",  # aten.convolution (patch embedding) runs as a CPU island
-    "clip": "unsupported",  # aten.index (padding mask)
+    "clip": "unsupported",  # aten.index (the text tower pools the EOS position: argmax + index)
     "mamba": "unsupported",  # aten.stack in the selective scan
 }
 
