@@ -66,7 +66,10 @@ def calls(fn: Callable, targets: Mapping[int, object], depth: int = HELPER_DEPTH
 
 
 def _copy(f: types.FunctionType, globals_: dict, closure) -> types.FunctionType:
-    new = types.FunctionType(f.__code__, globals_, f.__name__, f.__defaults__, closure)
+    # A code object of its own: dynamo caches compiled frames on the code object and installs the helper globals
+    # its transformed bytecode reads into the globals of the frame it compiled; a stock function and its copy
+    # sharing one code object would then run each other's transformed code against the wrong globals (NameError).
+    new = types.FunctionType(f.__code__.replace(), globals_, f.__name__, f.__defaults__, closure)
     new.__kwdefaults__ = f.__kwdefaults__
     new.__dict__.update(f.__dict__)
     new.__qualname__, new.__doc__, new.__module__ = f.__qualname__, f.__doc__, f.__module__
