@@ -208,10 +208,7 @@ class HostAttentionMask(Adapter):
         on_host = {i: host_builder(fn) for i, fn in builders.items()}
         for _, module, names in mask_callers(model):
             for name in names:
-                # the instance's current attribute may already be an override (an accelerate hook): rebind that
-                current = module.__dict__.get(name)
-                fn = current.__func__ if isinstance(current, types.MethodType) else getattr(type(module), name)
-                copy = structure.rebind(fn, on_host, patch.on_undo)
+                copy = structure.rebind(structure.current_function(module, name), on_host, patch.on_undo)
                 what = f"{type(module).__name__}.{name}: masks on the host"
                 if name == "forward":
                     patch.override_forward(module, copy, what)

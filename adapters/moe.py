@@ -44,6 +44,11 @@ def experts_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
     ]
 
 
+def supported_experts(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """The experts modules this adapter handles: ungated, or gated by the default act(gate) * up."""
+    return [(p, m) for p, m in experts_modules(model) if not m.has_gate or _gate_fn(m) is not None]
+
+
 def _calls_topk(module: nn.Module) -> bool:
     return any("topk" in f.__code__.co_names for f in structure.chain(type(module).forward))
 
@@ -130,11 +135,11 @@ class DenseExperts(Adapter):
     summary = "MoE routing on the host; experts dense (all experts, combine matrix) on the device"
 
     def applicable(self, model: nn.Module) -> bool:
-        return any(_gate_fn(m) is not None or not m.has_gate for _, m in experts_modules(model))
+        return bool(supported_experts(model))
 
     def patch(self, model: nn.Module) -> Patch:
         patch = Patch(self.name)
-        found = [(p, m) for p, m in experts_modules(model) if not m.has_gate or _gate_fn(m) is not None]
+        found = supported_experts(model)
         if not found:
             return patch
         from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS

@@ -82,12 +82,11 @@ def plan(model: nn.Module, example_inputs, only=None, exclude=None, strict: bool
             "adapters.plan wants the model as it is without adapters, but it is patched; "
             "call .remove() on the handle apply() returned, then plan again"
         )
-    name = type(model).__name__
     # Spyre binaries are static-shape. Without this, dynamo turns dims that changed since an earlier
     # compile of the same code (other models, or the stock run before the padded one) symbolic, and
     # symbolic dims cannot be checked for stick alignment.
     with torch._dynamo.config.patch(automatic_dynamic_shapes=False):
-        return _plan(model, example_inputs, find_unsupported, name, only, exclude, strict)
+        return _plan(model, example_inputs, find_unsupported, only, exclude, strict)
 
 
 def stock_plan(model: nn.Module, before: list, only=None, exclude=None) -> Plan:
@@ -105,7 +104,7 @@ def stock_plan(model: nn.Module, before: list, only=None, exclude=None) -> Plan:
     return result
 
 
-def _plan(model, example_inputs, find_unsupported, name, only, exclude, strict) -> Plan:
+def _plan(model, example_inputs, find_unsupported, only, exclude, strict) -> Plan:
     before = list(find_unsupported(model, example_inputs))
     result = stock_plan(model, before, only, exclude)
     with apply(model, only=only, exclude=exclude) as handle:

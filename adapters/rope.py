@@ -221,8 +221,7 @@ class HostRope(Adapter):
                 )
             calls = {i: rotation_by_matmul(r) for i in _template_rope_calls(attn)}
             patch.set_attr(attn, "_spyre_rope", True, "rope marker")
-            current = attn.__dict__.get("forward")  # an earlier adapter's per-instance forward, if any
-            forward = current.__func__ if isinstance(current, types.MethodType) else type(attn).forward
+            forward = structure.current_function(attn, "forward")
             patch.override_forward(
                 attn, structure.rebind(forward, calls, patch.on_undo), f"{type(attn).__name__}: rotation by matmul"
             )
@@ -328,8 +327,7 @@ class RotateHalfByMatmul(Adapter):
                 i: rotate_by_matmul(build, int(attn.head_dim), weight.device, weight.dtype)
                 for i, (_, build) in calls.items()
             }
-            current = attn.__dict__.get("forward")
-            forward = current.__func__ if isinstance(current, types.MethodType) else type(attn).forward
+            forward = structure.current_function(attn, "forward")
             patch.override_forward(
                 attn, structure.rebind(forward, replace, patch.on_undo), f"{path}: rotate_half by matmul"
             )

@@ -34,6 +34,13 @@ def chain(fn: Callable) -> list[types.FunctionType]:
     return out
 
 
+def current_function(module: object, name: str) -> types.FunctionType:
+    """The function behind `module.name` now: an earlier per-instance override's (an adapter's or an accelerate
+    hook's bound method), else the class's. What an adapter rebinds, so stacked patches compose."""
+    current = module.__dict__.get(name)
+    return current.__func__ if isinstance(current, types.MethodType) else getattr(type(module), name)
+
+
 def _global_names(code: types.CodeType) -> set[str]:
     names = set(code.co_names)
     for const in code.co_consts:  # nested functions and comprehensions read globals too
@@ -109,15 +116,18 @@ def rebind(
     if not levels:
         raise TypeError(f"rebind: {fn!r} is not a Python function")
     inner = levels[-1]
-    g = _module_globals(inner.__globals__, on_undo)
-    changed = False
+    swaps = {}
     for name in _global_names(inner.__code__):
-        obj = g.get(name)
+        obj = inner.__globals__.get(name)
         if id(obj) in replacements:
-            g[name], changed = replacements[id(obj)], True
+            swaps[name] = replacements[id(obj)]
         elif depth > 0 and _same_package(inner, obj) and obj is not inner and calls(obj, replacements, depth - 1):
-            g[name], changed = rebind(obj, replacements, on_undo, depth - 1), True
-    new = _copy(inner, g, inner.__closure__) if changed else inner
+            swaps[name] = rebind(obj, replacements, on_undo, depth - 1)
+    new = inner
+    if swaps:
+        g = _module_globals(inner.__globals__, on_undo)
+        g.update(swaps)
+        new = _copy(inner, g, inner.__closure__)
     for outer in reversed(levels[:-1]):
         old_inner = levels[levels.index(outer) + 1]
         cells = outer.__closure__ or ()

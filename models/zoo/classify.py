@@ -346,7 +346,7 @@ def _flow(rec: dict, model_type: str, variant: str, seed: int) -> None:
     # the compiled model the runs use (WalkThenRun): dynamo traces the patched model once for the walk, the
     # fallback run and the strict run (the compile cache keys on strict mode, so only the programs recompile).
     from adapters.plan import stock_plan
-    from torch_spyre_emu.compiler import WalkThenRun, find_unsupported, unsupported_in
+    from torch_spyre_emu.compiler import WalkThenRun, find_unsupported
 
     plan_error = None
     with _Stage(rec, "plan"):
@@ -358,17 +358,20 @@ def _flow(rec: dict, model_type: str, variant: str, seed: int) -> None:
             rec["plan"] = {"error": _error(e)}
         torch._dynamo.reset()
 
+    def walk_then_run():
+        walker = WalkThenRun()
+        return walker, torch.compile(model16, backend=walker.backend, dynamic=False)
+
     with adapters.apply(model16) as handle, _static_shapes(), torch.no_grad():
         rec["adapters_applied"] = list(handle.report.applied)
         rec["adapters_retired"] = [name for name, _ in handle.report.retired]
-        walker = WalkThenRun()
-        compiled = torch.compile(model16, backend=walker.backend, dynamic=False)
+        walker, compiled = walk_then_run()
         if p is not None:
             with _Stage(rec, "plan"):
                 try:
                     if handle.report.applied:
                         compiled(**inputs16)  # the walk: graphs recorded and run on the CPU
-                        p.remaining = unsupported_in(walker.graphs)
+                        p.remaining = walker.unsupported()
                     else:
                         p.remaining = list(p.unsupported)  # nothing applied: the model is the stock one
                     p.applied = list(handle.report.applied)
@@ -382,8 +385,7 @@ def _flow(rec: dict, model_type: str, variant: str, seed: int) -> None:
                     plan_error = e
                     rec["plan"] = {"error": _error(e)}
                     torch._dynamo.reset()  # the runs trace afresh
-                    walker = WalkThenRun()
-                    compiled = torch.compile(model16, backend=walker.backend, dynamic=False)
+                    walker, compiled = walk_then_run()
         walker.walking = False
         with _Stage(rec, "fallback"):
             try:

@@ -100,13 +100,8 @@ def find_unsupported(model, example_inputs, *, walk_in_fp32: bool = False, **kwa
     fp16 kernels are slow (a tiny ConvNext's fp16 forward is ~7x its fp32 one here). A graph that fails so runs as
     recorded; writes into its inputs (a cache) land on the upcast copies, which the walk does not need. The graphs
     recorded, and so the result, are those of the fp16 model either way."""
-    graphs: list[tuple[fx.GraphModule, list]] = []
-
-    def record(gm, inputs):
-        graphs.append((gm, list(inputs)))
-        return _run_upcast(gm) if walk_in_fp32 else gm.forward
-
-    compiled = torch.compile(model, backend=record)
+    walker = WalkThenRun(walk_in_fp32)
+    compiled = torch.compile(model, backend=walker.backend)
     with torch.no_grad():
         if isinstance(example_inputs, dict):
             compiled(**example_inputs, **kwargs)
@@ -114,7 +109,7 @@ def find_unsupported(model, example_inputs, *, walk_in_fp32: bool = False, **kwa
             compiled(
                 *(example_inputs if isinstance(example_inputs, list | tuple) else (example_inputs,)), **kwargs
             )
-    return unsupported_in(graphs)
+    return walker.unsupported()
 
 
 def unsupported_in(graphs: list[tuple[fx.GraphModule, list]]) -> list[UnsupportedOp]:
@@ -135,22 +130,29 @@ def unsupported_in(graphs: list[tuple[fx.GraphModule, list]]) -> list[Unsupporte
 class WalkThenRun:
     """A dynamo backend for one trace that serves a find_unsupported-style walk first and compiled runs after.
 
-    `torch.compile(model, backend=w.backend)`: while `w.walking`, each graph runs on the CPU (upcast to fp32, as
-    find_unsupported(walk_in_fp32=True)) and is recorded; `w.unsupported()` is then what find_unsupported would
+    `torch.compile(model, backend=w.backend)`: while `w.walking`, each graph runs on the CPU (upcast to fp32 unless
+    walk_in_fp32=False; see find_unsupported) and is recorded; `w.unsupported()` is then what find_unsupported would
     return. Set `w.walking = False` and the same compiled model runs on emulated Spyre (each graph compiled by
     GraphRunner on its first device call), so the model is traced by dynamo once, not twice (the zoo's flow: the
     plan's walk with the adapters applied, then the fallback and strict runs)."""
 
-    def __init__(self) -> None:
+    def __init__(self, walk_in_fp32: bool = True) -> None:
         self.graphs: list[tuple[fx.GraphModule, list]] = []
         self.walking = True
+        self.walk_in_fp32 = walk_in_fp32
 
     def backend(self, gm: fx.GraphModule, example_inputs, **kwargs):
         self.graphs.append((gm, list(example_inputs)))
-        walk, runner = _run_upcast(gm), GraphRunner(gm, f"spyre_graph_{next(_graph_ids)}")
+        walk = _run_upcast(gm) if self.walk_in_fp32 else gm.forward
+        runner = None  # made on the first device call: a walk alone never needs one
 
         def call(*args):
-            return walk(*args) if self.walking else runner(*args)
+            nonlocal runner
+            if self.walking:
+                return walk(*args)
+            if runner is None:
+                runner = GraphRunner(gm, f"spyre_graph_{next(_graph_ids)}")
+            return runner(*args)
 
         return call
 
