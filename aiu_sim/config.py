@@ -19,6 +19,7 @@ from aiu_sim.numerics.formats import STICK_BYTES  # HW §7: 128 B, aligned; the 
 
 KIB = 1024
 MIB = 1024 * 1024
+COLLECTIVE_PATHS = ("p2p", "host")  # how card-to-card data moves (HardwareConfig.collective_path)
 
 
 @dataclass(frozen=True)
@@ -102,6 +103,18 @@ class HardwareConfig:
     # at a host streaming rate. Not public: assumptions for one eager PyTorch CPU op on a server core.
     host_op_overhead_us: float = 10.0
     host_compute_gbps: float = 10.0
+
+    # --- card-to-card interconnect (spyreccl collectives; aiu_sim.timing.interconnect models them) ---
+    # HW §1-§2 ("Host and scale-out"): cards sit on a PCIe switch fabric with card-to-card RDMA, each behind its own
+    # Gen5 x16 link, so a card's link bounds a peer-to-peer transfer: pcie_gbps per direction (TS-DEV). "host"
+    # stages every transfer through host memory instead (two link crossings), for systems without peer-to-peer.
+    collective_path: str = "p2p"
+    # Per transfer step: DMA descriptor setup, the doorbell and the completion handshake of a blocking collective.
+    # Not public: an assumption (a few us is typical of PCIe peer DMA); ASSUMPTION_RANGES gives its band.
+    collective_step_latency_us: float = 5.0
+    # The fraction of pcie_gbps a collective's transfers reach (protocol and DMA efficiency). Not public:
+    # assumption 0.8, about what PCIe Gen5 x16 peer DMA achieves of its ~64 GB/s raw.
+    collective_link_efficiency: float = 0.8
 
     def __post_init__(self) -> None:
         _validate(self)
@@ -193,6 +206,8 @@ class HardwareConfig:
             f"  host: PCIe {self.pcie_gbps} GB/s; kernel launch overhead {self.kernel_launch_overhead_us} us; "
             f"per program {self.program_host_us} us; CPU fallback op {self.host_op_overhead_us} us + "
             f"{self.host_compute_gbps} GB/s",
+            f"  cards: collectives over {self.collective_path}, {self.collective_link_efficiency:.0%} of PCIe, "
+            f"{self.collective_step_latency_us} us per step",
         ]
         return "\n".join(lines)
 
@@ -217,6 +232,10 @@ ASSUMPTION_RANGES: dict[str, Assumption] = {
     "ring_hop_latency_cycles": Assumption(0, 8, "HW §4: no hop latency is published"),
     "sfp_lanes": Assumption(32, 128, "HW §3: SFP width not public (64 is ktir-cpu's estimate)"),
     "sfp_transcendental_cost": Assumption(1.0, 8.0, "HW §3/§8: ktir-cpu's 4x is an estimate"),
+    "collective_step_latency_us": Assumption(
+        1.0, 20.0, "not public: PCIe peer DMA setup + completion per step"
+    ),
+    "collective_link_efficiency": Assumption(0.5, 0.95, "not public: PCIe Gen5 peer DMA efficiency"),
 }
 
 
@@ -299,6 +318,9 @@ def _validate(cfg: HardwareConfig) -> None:
         cfg, "memory_node_position", 0 <= cfg.memory_node_position <= cfg.num_cores, f"0..{cfg.num_cores}"
     )
     _require(cfg, "pt_min_m_rows", cfg.pt_min_m_rows >= 1, ">= 1")
+    _require(cfg, "collective_path", cfg.collective_path in COLLECTIVE_PATHS, " or ".join(COLLECTIVE_PATHS))
+    _require(cfg, "collective_step_latency_us", cfg.collective_step_latency_us >= 0, ">= 0")
+    _require(cfg, "collective_link_efficiency", 0 < cfg.collective_link_efficiency <= 1, "0 < x <= 1")
     fractions = cfg.dram_active_core_fraction
     _require(
         cfg,
