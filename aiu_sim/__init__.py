@@ -7,7 +7,16 @@ functional executor and the timing engine. numpy / numba / ml_dtypes only (never
 
 from aiu_sim.config import HardwareConfig, load_config, preset
 from aiu_sim.errors import AiuSimError, BundleError, ConfigError, ExecutionError, ProgramError
-from aiu_sim.ir.program import Arg, Buffer, DeviceToHost, HostOp, HostToDevice, Kernel, KernelProgram
+from aiu_sim.ir.program import (
+    Arg,
+    Buffer,
+    Collective,
+    DeviceToHost,
+    HostOp,
+    HostToDevice,
+    Kernel,
+    KernelProgram,
+)
 from aiu_sim.runner import (  # runner.py, not run.py: a module named like the function would shadow it
     RunResult,
     run,
@@ -18,6 +27,7 @@ __all__ = [
     "Arg",
     "Buffer",
     "BundleError",
+    "Collective",
     "ConfigError",
     "DeviceToHost",
     "ExecutionError",

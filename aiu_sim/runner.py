@@ -36,6 +36,7 @@ def run(
     resident: Mapping[str, np.ndarray] | None = None,
     fetch: list[str] | tuple[str, ...] | None = None,
     resident_exact: Collection[str] = (),
+    collectives: Any = None,
 ) -> RunResult:
     """Run `program`: mode "functional" computes outputs, "timing" times it (inputs may be omitted), "both" does both.
 
@@ -44,7 +45,9 @@ def run(
     matmuls and sums (see aiu_sim.functional.executor.execute). resident: buffers already on the device (buffer name -> device
     values, e.g. weights or spyre tensors), bound without a host copy (torch_spyre_emu uses it). fetch: buffer names
     whose final device values are returned in outputs too (results that stay on the device). resident_exact: names
-    of resident buffers whose values already are in the buffer's format, bound without rounding or copying."""
+    of resident buffers whose values already are in the buffer's format, bound without rounding or copying.
+    collectives: runs the program's Collective steps (aiu_sim.functional.executor.CollectiveFunction): the exchange
+    between the cards' processes; not needed in timing mode."""
     if mode not in MODES:
         raise ExecutionError(f"run: mode {mode!r} is not one of {MODES}")
     if trace_path is not None and mode == "functional":
@@ -66,6 +69,7 @@ def run(
             resident=resident,
             fetch=fetch,
             resident_exact=resident_exact,
+            collectives=collectives,
         )
     timing = None
     if mode in ("both", "timing"):

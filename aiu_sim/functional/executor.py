@@ -3,7 +3,8 @@
 Buffers hold numpy arrays in their LOGICAL shape, holding device-format values: float32 for float formats (DL16
 values are float32 numbers exactly representable in DL16) and bool, the numerics integer container for int
 formats. Every kernel computes in fp32 (SFP) or with the accumulation model (matmul, sums) and its result is rounded
-once to each output buffer's format. Semantics per op: docs/kernel_program.md.
+once to each output buffer's format. Semantics per op: docs/kernel_program.md. Collective steps exchange values with
+the other cards' processes through the `collectives` callable the caller gives (aiu_sim does no communication).
 """
 
 from __future__ import annotations
@@ -18,13 +19,16 @@ from aiu_sim.functional import reduce as exec_reduce
 from aiu_sim.functional import sfp_math
 from aiu_sim.functional.access import GatherPlan, ScatterPlan
 from aiu_sim.ir.ops import EXTREME_REDUCE_FNS
-from aiu_sim.ir.program import Buffer, DeviceToHost, HostOp, HostToDevice, Kernel, KernelProgram
+from aiu_sim.ir.program import Buffer, Collective, DeviceToHost, HostOp, HostToDevice, Kernel, KernelProgram
 from aiu_sim.numerics import host
 from aiu_sim.numerics.accumulate import DEFAULT_MODEL, AccumulationModel
 from aiu_sim.numerics.errors import NumericsError
 from aiu_sim.numerics.formats import get_format
 
 HostFunction = Callable[..., object]
+# collectives(op, inputs, fmt, attrs) -> one array per output buffer: `op` a COLLECTIVES name, `inputs` this rank's
+# device values (read-only), `fmt` the buffers' device format, `attrs` the step's (world_size, group, root, ...)
+CollectiveFunction = Callable[[str, list[np.ndarray], str, dict], Sequence[np.ndarray]]
 
 
 def execute(
@@ -35,6 +39,7 @@ def execute(
     resident: Mapping[str, np.ndarray] | None = None,
     fetch: Sequence[str] | None = None,
     resident_exact: Collection[str] = (),
+    collectives: CollectiveFunction | None = None,
 ) -> dict[str, np.ndarray]:
     """Run `program` on host `inputs` (name -> host array); return the host outputs (name -> host array).
 
@@ -45,13 +50,16 @@ def execute(
     buffer's format, except those `resident_exact` names: the caller vouches they already are in it (values fetched
     from an earlier run, a device tensor's payload of the same format), so they are bound as they are, read-only;
     a kernel that writes such a buffer works on a private copy, so the caller's arrays never change. `fetch` names
-    buffers whose final device values are returned too, keyed by buffer name, without a DeviceToHost step."""
+    buffers whose final device values are returned too, keyed by buffer name, without a DeviceToHost step.
+    `collectives` runs the program's Collective steps (CollectiveFunction above): the card-to-card exchange is the
+    caller's (torch_spyre_emu binds spyreccl's); each result is rounded into its output buffer's format."""
     missing = [name for name in program.inputs if name not in inputs]
     if missing:
         raise ExecutionError(
             f"program {program.name!r}: missing input(s) {missing}; it takes {list(program.inputs)}"
         )
     state = _State(program, dict(host_functions or {}), as_model(accumulation, "the run's accumulation"))
+    state.collectives = collectives
     for name, values in (resident or {}).items():
         if name not in program.buffers:
             raise ExecutionError(f"resident value for {name!r}: program {program.name!r} has no such buffer")
@@ -160,6 +168,7 @@ class _State:
         self.host_errstate = np.geterr()
         self.buffers: dict[str, Buffer] = program.buffers
         self.host_functions = host_functions
+        self.collectives: CollectiveFunction | None = None
         self.model = model
         self.data: dict[str, np.ndarray] = {}
         self.outputs: dict[str, np.ndarray] = {}
@@ -225,6 +234,8 @@ class _State:
             self.outputs[step.dst] = host.to_host(self.read(step.src, f"step {step.name!r}"), step.host_dtype)
         elif isinstance(step, HostOp):
             self.host_op(step)
+        elif isinstance(step, Collective):
+            self.collective(step)
         else:  # validation rejects these; a program mutated after construction could still carry one
             raise ExecutionError(f"unknown step type {type(step).__name__}")
 
@@ -247,6 +258,30 @@ class _State:
             )
         for name, value in zip(step.outputs, results, strict=True):
             self.data[name] = self.fit(name, np.asarray(value), f"host step {step.name!r} output {name!r}")
+
+    def collective(self, step: Collective) -> None:
+        where = f"collective {step.name!r} ({step.op} over {step.attrs.get('world_size')} cards)"
+        if self.collectives is None:
+            raise ExecutionError(
+                f"{where}: no collectives were given to run it; pass collectives=callable(op, inputs, fmt, attrs) "
+                "(aiu_sim.functional.executor.CollectiveFunction; torch_spyre_emu binds spyreccl's), or time the "
+                "program with mode='timing'"
+            )
+        args = [_read_only(self.read(b, where)) for b in step.inputs]
+        names = step.inputs or step.outputs  # validation gives a collective's buffers one format
+        fmt = self.buffers[names[0]].dtype if names else ""
+        with np.errstate(**self.host_errstate):
+            results = self.collectives(step.op, args, fmt, dict(step.attrs))
+        results = [] if results is None else results
+        if isinstance(results, np.ndarray):
+            results = [results]
+        if len(results) != len(step.outputs):
+            raise ExecutionError(
+                f"{where}: the collectives callable returned {len(results)} array(s) for {len(step.outputs)} "
+                f"output buffer(s) {step.outputs}"
+            )
+        for name, value in zip(step.outputs, results, strict=True):
+            self.data[name] = self.fit(name, np.asarray(value), f"{where} output {name!r}")
 
     def plan(self, index: int, k: Kernel) -> _KernelPlan:
         fingerprint = _fingerprint(k, self.buffers)

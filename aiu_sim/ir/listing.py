@@ -14,6 +14,8 @@ and the header then counts the launches.
 
 Argument notation: `A[m+64,k]` reads axis 0 at m + 64 (a window), `_` is a broadcast size-1 axis, a bare number
 is a fixed index on a broadcast axis, and `A<4x64>[...]` indexes the buffer through a reshaped view.
+
+A collective lists as `all_reduce  ar  Y <- all_reduce(X)  world 2 group '0' sum  [card-to-card]`.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import numpy as np
 from aiu_sim.ir.program import (
     Arg,
     Buffer,
+    Collective,
     DeviceToHost,
     HostOp,
     HostToDevice,
@@ -68,6 +71,8 @@ def _bundle_places(steps: list) -> dict[int, str]:
 def _opname(step) -> str:
     if isinstance(step, Kernel):
         return f"{step.op}.{step.fn}" if step.fn else step.op
+    if isinstance(step, Collective):
+        return step.op
     return {HostToDevice: "h2d", DeviceToHost: "d2h", HostOp: "host"}.get(type(step), "?")
 
 
@@ -97,6 +102,8 @@ def _step_lines(step, program: KernelProgram, prefix: str, op_width: int, bundle
         attrs = f"  attrs {_attrs(step.attrs)}" if step.attrs else ""
         outs, ins = ", ".join(step.outputs), ", ".join(step.inputs)
         return [f"{head}{outs} <- {step.fn}({ins}){attrs}  [CPU fallback]"]
+    if isinstance(step, Collective):
+        return [f"{head}{_collective(step)}  [card-to-card]"]
     return _kernel_lines(step, program, head, " " * (len(prefix) + op_width), bundle)
 
 
@@ -138,6 +145,19 @@ def _arg(arg: Arg) -> str:
             parts.append(f"{dim}+{off}" if off else dim)
     view = f"<{'x'.join(map(str, arg.view))}>" if arg.view is not None else ""
     return f"{arg.buffer}{view}[{','.join(parts)}]"
+
+
+def _collective(step: Collective) -> str:
+    outs, ins = ", ".join(step.outputs), ", ".join(step.inputs)
+    call = f"{outs} <- {step.op}({ins})" if outs else f"{step.op}({ins})"
+    a = dict(step.attrs)
+    parts = [f"world {a.pop('world_size', '?')}"]
+    if "group" in a:
+        parts.append(f"group {a.pop('group')!r}")
+    if "reduce_op" in a:
+        parts.append(str(a.pop("reduce_op")))
+    rest = f" {_attrs(a)}" if a else ""
+    return f"{call}  {' '.join(parts)}{rest}"
 
 
 def format_cores(cores) -> str:

@@ -6,6 +6,9 @@ derived from the specs' traits, in the spirit of tinygrad's `GroupOp`. The funct
 a `fn` live here too. tests/aiu_sim/test_ops.py checks the table against the executor's dispatch, the timing model
 and sfp_math, and that no tuple of op names is spelled anywhere else in aiu_sim/ or torch_spyre_emu/.
 Semantics of each op: docs/kernel_program.md.
+
+`COLLECTIVES` is the same for the card-to-card ops a Collective step may name (spyreccl's supported collectives,
+torch_spyre_api.md §8): their tensor signature here, their cost in aiu_sim/timing/interconnect.py.
 """
 
 from __future__ import annotations
@@ -207,3 +210,46 @@ def unit_of(op: str) -> str:
     Kernel.unit always has (validation rejects unknown ops in a program)."""
     spec = OPS.get(op)
     return spec.unit if spec is not None else "sfp"
+
+
+# --- card-to-card collectives (Collective steps) -----------------------------------------------------------------
+
+MAX_CARDS = 8  # torch_spyre_api.md §8 / HW §2: spyreccl is single node, up to 8 cards
+REDUCE_OPS = ("sum",)  # torch_spyre_api.md §8: allreduce and reduce are SUM only
+
+
+@dataclass(frozen=True)
+class CollectiveSpec:
+    """One collective, as one process's program sees it: the buffers it passes in and gets back."""
+
+    name: str
+    inputs: int  # input buffers (the tensor this rank passes in)
+    outputs: int  # output buffers (what it gets back)
+    doc: str
+    root: str | None = None  # the attr naming the root (or peer) rank, an int in [0, world_size)
+    reduces: bool = False  # combines the ranks' tensors with attrs["reduce_op"] (one of REDUCE_OPS)
+    gathers: bool = False  # the output stacks world_size inputs along dim 0 (rank order)
+
+
+COLLECTIVES: dict[str, CollectiveSpec] = {
+    s.name: s
+    for s in (
+        CollectiveSpec("all_reduce", 1, 1, "out = the ranks' inputs summed in rank order", reduces=True),
+        CollectiveSpec(
+            "reduce", 1, 1, "on the root: out = the inputs summed in rank order", root="root", reduces=True
+        ),
+        CollectiveSpec("broadcast", 1, 1, "out = the root's input", root="root"),
+        CollectiveSpec("all_gather", 1, 1, "out = the ranks' inputs concatenated along dim 0", gathers=True),
+        CollectiveSpec(
+            "gather",
+            1,
+            1,
+            "on the root: out = the inputs concatenated along dim 0",
+            root="root",
+            gathers=True,
+        ),
+        CollectiveSpec("send", 1, 0, "the input goes to rank attrs['peer']", root="peer"),
+        CollectiveSpec("recv", 0, 1, "out = what rank attrs['peer'] sent", root="peer"),
+        CollectiveSpec("barrier", 0, 0, "waits for every rank"),
+    )
+}

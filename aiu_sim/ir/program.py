@@ -1,7 +1,7 @@
 """KernelProgram: the one IR between the stack and the chip.
 
 A program is a set of device buffers plus an ordered list of steps: kernels that run on the cores, host<->device
-copies, and host "fallback islands". Kernels are described over a named iteration space (einsum-style): every
+copies, host "fallback islands" and card-to-card collectives. Kernels are described over a named iteration space (einsum-style): every
 argument says which iteration dim indexes each of its axes, so one description serves numbers (the functional
 executor), time (the timing engine) and the per-core access pattern (which sticks each core touches).
 
@@ -163,7 +163,28 @@ class HostOp:
     attrs: dict = field(default_factory=dict)
 
 
-Step = Kernel | HostToDevice | DeviceToHost | HostOp
+@dataclass
+class Collective:
+    """A card-to-card collective (spyreccl, torch_spyre_api.md §8) between the processes of a group, one card each.
+
+    `op` is one of aiu_sim.ir.ops.COLLECTIVES (its tensor signature); `inputs` / `outputs` are this rank's device
+    buffers. attrs: `world_size` (cards in the group, required), `group` (the group's name), `reduce_op` ("sum",
+    for the reducing ops), `root` / `peer` (a rank in the group, for the rooted and point-to-point ops). Values
+    come from the `collectives` callable given at run time (the functional executor); time from
+    aiu_sim.timing.interconnect. Blocking, as spyreccl's are: later steps start when it is done."""
+
+    name: str
+    op: str
+    inputs: list[str]
+    outputs: list[str]
+    attrs: dict = field(default_factory=dict)
+
+    @property
+    def world_size(self) -> int:
+        return self.attrs["world_size"]
+
+
+Step = Kernel | HostToDevice | DeviceToHost | HostOp | Collective
 
 
 @dataclass
@@ -209,7 +230,7 @@ def step_reads(step: Step) -> tuple[str, ...]:
     """The device buffers a step reads."""
     if isinstance(step, Kernel):
         return tuple(a.buffer for a in step.inputs)
-    if isinstance(step, HostOp):
+    if isinstance(step, HostOp | Collective):
         return tuple(step.inputs)
     if isinstance(step, DeviceToHost):
         return (step.src,)
@@ -220,11 +241,18 @@ def step_writes(step: Step) -> tuple[str, ...]:
     """The device buffers a step writes."""
     if isinstance(step, Kernel):
         return tuple(a.buffer for a in step.outputs)
-    if isinstance(step, HostOp):
+    if isinstance(step, HostOp | Collective):
         return tuple(step.outputs)
     if isinstance(step, HostToDevice):
         return (step.dst,)
     return ()
+
+
+def collective_bytes(step: Collective, buffers: dict[str, Buffer]) -> int:
+    """The bytes of the tensor each rank passes in (what aiu_sim.timing.interconnect.collective_time takes): the
+    input buffer's device bytes (whole sticks, as the device holds it), the output's for recv, 0 for a barrier."""
+    names = step.inputs or step.outputs
+    return buffers[names[0]].nbytes if names else 0
 
 
 def opens_bundle(step: Kernel, previous: Step | None) -> bool:

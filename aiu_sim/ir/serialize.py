@@ -3,7 +3,7 @@
 The document is plain JSON (NaN / Infinity allowed in constants, as Python's json writes them):
   {"format": "aiu_sim.KernelProgram", "version": 1, "name", "buffers": [...], "steps": [...], "inputs",
    "outputs", "constants": {name: {"dtype", "shape", "data": [flat, row-major]}}, "config": {...} | null}
-Steps carry a "type": kernel, h2d, d2h or host; a kernel carries "bundle" only when it belongs to one (so documents
+Steps carry a "type": kernel, h2d, d2h, host or collective; a kernel carries "bundle" only when it belongs to one (so documents
 without bundles are unchanged and still version 1). Attribute values that JSON cannot hold directly are tagged:
 {"__tuple__": [...]}, {"__array__": {...}} and {"__accumulation__": {...}} (an AccumulationModel).
 A buffer's layout is written only when it is not the default layout of its shape and dtype.
@@ -21,7 +21,16 @@ import numpy as np
 from aiu_sim.config import HardwareConfig
 from aiu_sim.errors import ProgramError
 from aiu_sim.ir.layout import StickLayout, default_layout
-from aiu_sim.ir.program import Arg, Buffer, DeviceToHost, HostOp, HostToDevice, Kernel, KernelProgram
+from aiu_sim.ir.program import (
+    Arg,
+    Buffer,
+    Collective,
+    DeviceToHost,
+    HostOp,
+    HostToDevice,
+    Kernel,
+    KernelProgram,
+)
 
 FORMAT = "aiu_sim.KernelProgram"
 VERSION = 1
@@ -118,11 +127,11 @@ def _step(s) -> dict:
     if isinstance(s, HostToDevice | DeviceToHost):
         kind = "h2d" if isinstance(s, HostToDevice) else "d2h"
         return {"type": kind, "name": s.name, "src": s.src, "dst": s.dst, "host_dtype": s.host_dtype}
-    if isinstance(s, HostOp):
+    if isinstance(s, HostOp | Collective):
         return {
-            "type": "host",
+            "type": "host" if isinstance(s, HostOp) else "collective",
             "name": s.name,
-            "fn": s.fn,
+            **({"fn": s.fn} if isinstance(s, HostOp) else {"op": s.op}),
             "inputs": list(s.inputs),
             "outputs": list(s.outputs),
             "attrs": _attrs(s.attrs, s.name),
@@ -219,8 +228,12 @@ def _load_step(d: dict):
         return HostOp(
             d["name"], d["fn"], list(d["inputs"]), list(d["outputs"]), _load_attrs(d.get("attrs", {}))
         )
+    if kind == "collective":
+        return Collective(
+            d["name"], d["op"], list(d["inputs"]), list(d["outputs"]), _load_attrs(d.get("attrs", {}))
+        )
     raise ProgramError(
-        f"step {d.get('name')!r}: unknown step type {kind!r}; expected kernel, h2d, d2h or host"
+        f"step {d.get('name')!r}: unknown step type {kind!r}; expected kernel, h2d, d2h, host or collective"
     )
 
 

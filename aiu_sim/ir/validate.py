@@ -7,9 +7,10 @@ import math
 from aiu_sim.config import HardwareConfig, preset
 from aiu_sim.errors import BundleError, ProgramError
 from aiu_sim.ir.layout import ELEMS_PER_STICK
-from aiu_sim.ir.ops import OPS, OpGroup
+from aiu_sim.ir.ops import COLLECTIVES, MAX_CARDS, OPS, REDUCE_OPS, OpGroup
 from aiu_sim.ir.program import (
     Buffer,
+    Collective,
     DeviceToHost,
     HostOp,
     HostToDevice,
@@ -39,6 +40,8 @@ def validate_program(program: KernelProgram, config: HardwareConfig | None = Non
         elif isinstance(step, HostOp):
             for b in [*step.inputs, *step.outputs]:
                 _need_buffer(program.buffers, b, step.name)
+        elif isinstance(step, Collective):
+            _check_collective(step, program.buffers)
         else:
             raise ProgramError(f"unknown step type {type(step).__name__}")
     for b in program.constants:
@@ -65,8 +68,9 @@ def _check_bundles(steps: list) -> None:
                 what = f"kernel {breaker.name!r} (step {j}, bundle {breaker.bundle!r})"
                 why = "a bundle is one launch of consecutive kernels"
             else:
-                what = f"host step {breaker.name!r} (step {j}, {type(breaker).__name__})"
-                why = "a host step cannot run inside a bundle; it ends the bundle"
+                kind = "collective" if isinstance(breaker, Collective) else "host step"
+                what = f"{kind} {breaker.name!r} (step {j}, {type(breaker).__name__})"
+                why = f"a {kind} cannot run inside a bundle; it ends the bundle"
             raise BundleError(
                 f"bundle {bundle!r} is not consecutive: {what} sits between its members, before kernel "
                 f"{step.name!r} (step {i}); {why}",
@@ -74,6 +78,58 @@ def _check_bundles(steps: list) -> None:
                 step=breaker.name,
             )
         current = bundle
+
+
+def _check_collective(step: Collective, buffers: dict[str, Buffer]) -> None:
+    where = f"collective {step.name!r} ({step.op})"
+    spec = COLLECTIVES.get(step.op)
+    if spec is None:
+        raise ProgramError(f"{where}: unknown collective {step.op!r}; known: {', '.join(COLLECTIVES)}")
+    if len(step.inputs) != spec.inputs or len(step.outputs) != spec.outputs:
+        raise ProgramError(
+            f"{where}: takes {spec.inputs} input and {spec.outputs} output buffer(s), got {len(step.inputs)} and "
+            f"{len(step.outputs)}"
+        )
+    bufs = [_need_buffer(buffers, b, where) for b in [*step.inputs, *step.outputs]]
+    n = step.attrs.get("world_size")
+    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_CARDS:
+        raise ProgramError(
+            f"{where}: attrs['world_size'] must be the group's card count, an int in 1..{MAX_CARDS} (spyreccl "
+            f"runs on up to {MAX_CARDS} cards), got {n!r}"
+        )
+    group = step.attrs.get("group", "")
+    if not isinstance(group, str):
+        raise ProgramError(
+            f"{where}: attrs['group'] must be the process group's name (a string), got {group!r}"
+        )
+    if spec.reduces and step.attrs.get("reduce_op", REDUCE_OPS[0]) not in REDUCE_OPS:
+        raise ProgramError(
+            f"{where}: reduce_op {step.attrs['reduce_op']!r} is not supported; spyreccl reduces with "
+            f"{' or '.join(REDUCE_OPS)} only"
+        )
+    if spec.root is not None:
+        root = step.attrs.get(spec.root)
+        if isinstance(root, bool) or not isinstance(root, int) or not 0 <= root < n:
+            raise ProgramError(
+                f"{where}: attrs[{spec.root!r}] must be a rank of the group, an int in [0, {n}), got {root!r}"
+            )
+    if len(bufs) == 2:  # one buffer in, one out: one format, the output's shape follows from the input's
+        (src, dst) = bufs
+        if src.dtype != dst.dtype:
+            raise ProgramError(
+                f"{where}: input {src.name!r} is {src.dtype} but output {dst.name!r} is {dst.dtype}; a collective "
+                "moves one device format (convert before or after it)"
+            )
+        if spec.gathers and not src.shape:
+            raise ProgramError(
+                f"{where}: cannot concatenate 0-d input {src.name!r} along dim 0; give it a dim"
+            )
+        want = (n * src.shape[0], *src.shape[1:]) if spec.gathers else src.shape
+        if dst.shape != want:
+            raise ProgramError(
+                f"{where}: output {dst.name!r} has shape {dst.shape}, expected {want} for input shape {src.shape} "
+                f"over {n} card(s)"
+            )
 
 
 def _need_buffer(buffers: dict[str, Buffer], name: str, where: str) -> Buffer:

@@ -29,8 +29,8 @@ from dataclasses import asdict, dataclass
 from aiu_sim.config import HardwareConfig
 from aiu_sim.errors import ConfigError
 
-COLLECTIVES = ("all_reduce", "reduce", "broadcast", "all_gather", "gather", "send", "recv", "barrier")
-MAX_CARDS = 8  # torch_spyre_api.md §8 / HW §2: spyreccl is single node, up to 8 cards
+# the collectives and the card limit are the IR's (a Collective step names one): imported, not spelled twice
+from aiu_sim.ir.ops import COLLECTIVES, MAX_CARDS
 
 
 @dataclass(frozen=True)

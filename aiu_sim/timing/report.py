@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from aiu_sim.config import HardwareConfig
+from aiu_sim.timing.interconnect import CollectiveTiming
 from aiu_sim.timing.resources import DMA, DRAM, LX, PCIE, PSUM, PT, RING, SFP, ResourceMap
 
 UNIT_KINDS = (DMA, PT, SFP, LX, RING, PSUM, DRAM, PCIE)
@@ -99,7 +100,7 @@ class KernelTiming:
 class StepTiming:
     index: int
     name: str
-    kind: str  # "kernel", "h2d", "d2h", "host"
+    kind: str  # "kernel", "h2d", "d2h", "host", "collective"
     op: str  # kernel op, or the step kind for host steps
     fn: str | None
     shapes: tuple[tuple[int, ...], ...]  # buffer shapes of the arguments (inputs first)
@@ -114,6 +115,9 @@ class StepTiming:
     memo_hit: bool = False
     bundle: str | None = None  # the kernel's bundle (launched once), None for a bundle of its own
     host_compute_ns: float = 0.0  # a CPU fallback island's host compute (inside start..end)
+    collective: CollectiveTiming | None = (
+        None  # a card-to-card step's interconnect timing (kind "collective")
+    )
 
     @property
     def start_us(self) -> float:
@@ -167,6 +171,11 @@ class TimingReport:
     @property
     def kernels(self) -> list[StepTiming]:
         return [s for s in self.steps if s.kind == "kernel"]
+
+    @property
+    def collectives(self) -> list[StepTiming]:
+        """The card-to-card steps (Collective), with their interconnect timing in `.collective`."""
+        return [s for s in self.steps if s.kind == "collective"]
 
     @property
     def launches(self) -> int:
@@ -274,6 +283,7 @@ class TimingReport:
                     "unit_utilization": s.unit_utilization,
                     "dram_bytes": s.dram_bytes,
                     "pcie_bytes": s.pcie_bytes,
+                    **({"collective": s.collective.to_dict()} if s.collective is not None else {}),
                 }
                 for s in self.steps
             ],

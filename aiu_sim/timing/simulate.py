@@ -10,6 +10,9 @@
   element); device bytes are whole sticks. A CPU fallback island (HostOp) copies its inputs out and its outputs
   back, and between the two its host compute: `host_op_overhead_us` plus its host bytes (inputs + outputs) at
   `host_compute_gbps` (both assumptions; ASSUMPTION_RANGES gives their bands).
+- A Collective step (card to card) takes `interconnect.collective_time` of its op over its world size for the
+  bytes this rank passes in (device bytes, whole sticks); blocking, as spyreccl is, so the next step starts when it
+  ends. Its transfer time is charged to the card's PCIe link (busy, and the link bytes moved).
 - A program call costs `program_host_us` of host runtime at its end (JobPlan submission, synchronization, host
   work before the next call; an assumption, 0 by default). It and the islands' host compute are the report's
   `host_runtime_ns`, printed on their own line, so a study can vary them.
@@ -26,8 +29,19 @@ import numpy as np
 
 from aiu_sim.config import HardwareConfig, load_config
 from aiu_sim.errors import ProgramError
-from aiu_sim.ir.program import Buffer, DeviceToHost, HostOp, HostToDevice, Kernel, KernelProgram, opens_bundle
+from aiu_sim.ir.program import (
+    Buffer,
+    Collective,
+    DeviceToHost,
+    HostOp,
+    HostToDevice,
+    Kernel,
+    KernelProgram,
+    collective_bytes,
+    opens_bundle,
+)
 from aiu_sim.numerics.formats import HOST_NUMPY, host_dtype_name
+from aiu_sim.timing.interconnect import collective_time
 from aiu_sim.timing.kernels import time_kernel
 from aiu_sim.timing.report import KernelTiming, StepTiming, TimingReport
 from aiu_sim.timing.resources import ResourceMap
@@ -167,6 +181,16 @@ def simulate(
                 )
             )
             now = end
+        elif isinstance(step, Collective):
+            record = _collective_step(index, step, buffers, config, res, now, busy, moved)
+            steps.append(record)
+            now = record.end_ns
+            if not any(n.startswith("collective") for n in notes):
+                notes.append(
+                    f"collective: card-to-card steps timed by aiu_sim.timing.interconnect over "
+                    f"{config.collective_path} ({config.collective_link_efficiency:.0%} of {config.pcie_gbps} GB/s "
+                    f"PCIe, {config.collective_step_latency_us} us per step; assumptions)"
+                )
         else:
             record, now = _host_step(index, step, buffers, config, res, now, busy, moved)
             steps.append(record)
@@ -194,6 +218,38 @@ def simulate(
         wall_seconds=time.perf_counter() - t0,
         notes=notes,
         host_runtime_ns={"program": program_ns, "fallback_compute": fallback_ns},
+    )
+
+
+def _collective_step(
+    index: int,
+    step: Collective,
+    buffers: dict[str, Buffer],
+    config: HardwareConfig,
+    res: ResourceMap,
+    now: float,
+    busy: np.ndarray,
+    moved: np.ndarray,
+) -> StepTiming:
+    timing = collective_time(step.op, collective_bytes(step, buffers), step.world_size, config)
+    names = (*step.inputs, *step.outputs)
+    busy[res.pcie] += (
+        timing.transfer_us * 1e3
+    )  # the card's link carries the transfers; the latency is idle time
+    moved[res.pcie] += timing.link_bytes
+    return StepTiming(
+        index=index,
+        name=step.name,
+        kind="collective",
+        op=step.op,
+        fn=None,
+        shapes=tuple(buffers[b].shape for b in names),
+        dtypes=tuple(buffers[b].dtype for b in names),
+        cores=(),
+        start_ns=now,
+        end_ns=now + timing.total_us * 1e3,
+        pcie_bytes=timing.link_bytes,
+        collective=timing,
     )
 
 

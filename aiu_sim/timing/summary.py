@@ -13,7 +13,8 @@ _BOUND_THRESHOLD = 0.7
 def format_summary(report: TimingReport, top: int = 10) -> str:
     total = report.total_ns or 1.0
     kernels = report.kernels
-    host = [s for s in report.steps if s.kind != "kernel"]
+    host = [s for s in report.steps if s.kind not in ("kernel", "collective")]
+    card = sum(s.end_ns - s.start_ns for s in report.collectives)
     launch = sum(s.launch_ns for s in kernels)
     body = sum(s.end_ns - s.body_start_ns for s in kernels)
     host_ns = sum(s.end_ns - s.start_ns for s in host)
@@ -27,7 +28,8 @@ def format_summary(report: TimingReport, top: int = 10) -> str:
         f"{len(host)} host steps, {report.events:,} engine events, {report.wall_seconds:.2f} s wall",
         f"  kernel bodies {body / 1e3:,.1f} us ({100 * body / total:.1f}%), launch overhead {launch / 1e3:,.1f} us "
         f"({100 * launch / total:.1f}%), host copies {(host_ns - fallback) / 1e3:,.1f} us "
-        f"({100 * (host_ns - fallback) / total:.1f}%)",
+        f"({100 * (host_ns - fallback) / total:.1f}%)"
+        + (f", collectives {card / 1e3:,.1f} us ({100 * card / total:.1f}%)" if report.collectives else ""),
         f"  {format_host_runtime(report.host_runtime_ns, total)}",
         f"  achieved {report.achieved_flops_per_s / 1e12:.2f} TFLOP/s ({100 * roof['flops_fraction']:.1f}% of "
         f"{roof['peak_flops_per_s'] / 1e12:.1f} peak), DRAM {report.achieved_dram_bytes_per_s / 1e9:.1f} GB/s "
