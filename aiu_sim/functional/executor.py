@@ -26,8 +26,8 @@ from aiu_sim.numerics.errors import NumericsError
 from aiu_sim.numerics.formats import get_format
 
 HostFunction = Callable[..., object]
-# collectives(op, inputs, fmt, attrs) -> one array per output buffer: `op` a COLLECTIVES name, `inputs` this rank's
-# device values (read-only), `fmt` the buffers' device format, `attrs` the step's (world_size, group, root, ...)
+# collectives(op, inputs, fmt, attrs) -> one array per output buffer: `op` a COLLECTIVES name, `inputs` copies of
+# this rank's device values, `fmt` the buffers' device format, `attrs` the step's (world_size, group, root, ...)
 CollectiveFunction = Callable[[str, list[np.ndarray], str, dict], Sequence[np.ndarray]]
 
 
@@ -267,7 +267,7 @@ class _State:
                 "(aiu_sim.functional.executor.CollectiveFunction; torch_spyre_emu binds spyreccl's), or time the "
                 "program with mode='timing'"
             )
-        args = [_read_only(self.read(b, where)) for b in step.inputs]
+        args = [self.read(b, where).copy() for b in step.inputs]  # the callable's own, as a host function's
         names = step.inputs or step.outputs  # validation gives a collective's buffers one format
         fmt = self.buffers[names[0]].dtype if names else ""
         with np.errstate(**self.host_errstate):

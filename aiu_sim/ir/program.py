@@ -17,6 +17,7 @@ from aiu_sim.config import STICK_BYTES, HardwareConfig
 from aiu_sim.errors import ProgramError
 from aiu_sim.ir.layout import StickLayout, default_layout, elems_per_stick
 from aiu_sim.ir.ops import unit_of
+from aiu_sim.numerics.formats import FORMATS
 
 
 @dataclass
@@ -250,9 +251,13 @@ def step_writes(step: Step) -> tuple[str, ...]:
 
 def collective_bytes(step: Collective, buffers: dict[str, Buffer]) -> int:
     """The bytes of the tensor each rank passes in (what aiu_sim.timing.interconnect.collective_time takes): the
-    input buffer's device bytes (whole sticks, as the device holds it), the output's for recv, 0 for a barrier."""
+    input's elements at its format's size, the output's for recv, 0 for a barrier. Stick padding is not sent: the
+    same count the eager spyreccl backend times (torch_spyre_emu.distributed.collectives.device_nbytes)."""
     names = step.inputs or step.outputs
-    return buffers[names[0]].nbytes if names else 0
+    if not names:
+        return 0
+    buf = buffers[names[0]]
+    return math.ceil(math.prod(buf.shape) * FORMATS[buf.dtype].itemsize)
 
 
 def opens_bundle(step: Kernel, previous: Step | None) -> bool:

@@ -90,7 +90,7 @@ def test_reads_writes_bytes_listing_and_json_round_trip():
     p = program()
     step = p.steps[2]
     assert step_reads(step) == ("y",) and step_writes(step) == ("z",)
-    assert collective_bytes(step, p.buffers) == p.buffers["y"].nbytes == R * C * 2
+    assert collective_bytes(step, p.buffers) == R * C * 2  # elements x 2 bytes of DL16, no stick padding
     line = next(ln for ln in str(p).splitlines() if " ar " in ln)
     assert "all_reduce" in line and "z <- all_reduce(y)" in line
     assert "world 2 group 'tp' sum" in line and "[card-to-card]" in line
@@ -166,16 +166,19 @@ def test_executes_through_the_callable_and_rounds_into_the_buffer():
     calls = []
 
     def collectives(op, inputs, fmt, attrs):
-        calls.append((op, fmt, attrs, inputs[0].flags.writeable))
+        calls.append((op, fmt, attrs))
         # returned in float64, not DL16: the executor rounds it into the output buffer's format
-        return [inputs[0].astype(np.float64) + other.astype(np.float64)]
+        total = inputs[0].astype(np.float64) + other.astype(np.float64)
+        inputs[0][:] = 0  # the callable's own copy: the device buffer y must not change
+        return [total]
 
     x = RNG.normal(size=(R, C)).astype(np.float16)
-    out = aiu_sim.run(program(), {"x": x}, mode="functional", collectives=collectives).outputs["w"]
-    assert calls == [("all_reduce", "dl16", {"world_size": 2, "group": "tp", "reduce_op": "sum"}, False)]
+    out = aiu_sim.run(program(), {"x": x}, mode="functional", collectives=collectives, fetch=["y"]).outputs
+    assert calls == [("all_reduce", "dl16", {"world_size": 2, "group": "tp", "reduce_op": "sum"})]
     y = -DL16.quantize(x.astype(np.float32))
+    np.testing.assert_array_equal(out["y"], y)
     z = DL16.quantize(y.astype(np.float64) + other.astype(np.float64))
-    np.testing.assert_array_equal(out, DL16.quantize(np.exp(z.astype(np.float32))))
+    np.testing.assert_array_equal(out["w"], DL16.quantize(np.exp(z.astype(np.float32))))
 
 
 def test_execution_errors_name_the_step():
@@ -202,7 +205,7 @@ def test_timed_by_the_interconnect_model_in_order():
     p = program()
     report = aiu_sim.run(p, mode="timing").timing  # timing needs no callable: no values move
     step = report.steps[2]
-    want = interconnect.collective_time("all_reduce", p.buffers["y"].nbytes, 2, SPYRE)
+    want = interconnect.collective_time("all_reduce", R * C * 2, 2, SPYRE)
     assert step.kind == "collective" and step.op == "all_reduce" and step.collective == want
     assert step.end_ns - step.start_ns == pytest.approx(want.total_us * 1e3)
     assert step.start_ns == report.steps[1].end_ns and report.steps[3].start_ns == step.end_ns  # blocking
