@@ -33,3 +33,13 @@ torch._dynamo.config.fail_on_recompile_limit_hit = True
 @pytest.fixture(autouse=True)
 def _fresh_dynamo_cache():
     torch._dynamo.reset()
+
+
+@pytest.fixture(autouse=True)
+def _back_on_card_0():
+    """A test that selects another card (with a device count it set in the environment) leaves card 0 current."""
+    yield
+    from torch_spyre_emu.device import spyre_module
+
+    spyre_module._tls.__dict__.pop("device", None)
+    spyre_module._tls.__dict__.pop("pending", None)

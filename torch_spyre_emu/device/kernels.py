@@ -31,9 +31,9 @@ def _strides_for(size, memory_format) -> list[int] | None:
 
 def _filled(size, dtype, fill_value, device, strides=None) -> torch.Tensor:
     """Allocate and initialize with a constant, converted to the device format on the host (like a DMA'd fill)."""
-    check_device(device)
+    card = check_device(device)
     dtype = dtype or torch.get_default_dtype()
-    t = new_tensor(size, dtype, strides)
+    t = new_tensor(size, dtype, strides, card=card)
     if fill_value != 0:
         payload(t)[...] = host_dtypes.to_device_values(torch.full((), fill_value, dtype=dtype))
     return t

@@ -42,23 +42,37 @@ def _check_dtypes(model: torch.nn.Module, dtype: torch.dtype | None) -> None:
             )
 
 
-def load_model_to_spyre(model: torch.nn.Module, dtype: torch.dtype | None = None) -> torch.nn.Module:
+def load_model_to_spyre(
+    model: torch.nn.Module, dtype: torch.dtype | None = None, *, device: torch.device | str | None = None
+) -> torch.nn.Module:
     """Move `model` to spyre (converting floating-point tensors to `dtype` if given), Linear weights in their
-    [1, 0] dim-order layout. Calling it again on a model already there changes nothing."""
+    [1, 0] dim-order layout. Calling it again on a model already there changes nothing. `device` (an emulator
+    extension; the real function has no such argument and uses the current device) names the card, so that
+    Module.to("spyre:1") puts every tensor of the model on card 1."""
+    from torch_spyre_emu.device.tensor import check_device, on_card
+
     _check_dtypes(model, dtype)
-    with torch.no_grad():
+    card = check_device(device)
+    with torch.no_grad(), on_card(card):
         for module in model.modules():
             if not isinstance(module, torch.nn.Linear) or module.weight is None or module.weight.dim() != 2:
                 continue
             w = module.weight
             want = dtype if dtype is not None and w.is_floating_point() else w.dtype
             stl = linear_weight_layout(w, want)
-            if device_storage.has_device_data(w) and w.dtype == want and w.device_tensor_layout() == stl:
+            here = w.device == torch.device("spyre", card)
+            if (
+                here
+                and device_storage.has_device_data(w)
+                and w.dtype == want
+                and w.device_tensor_layout() == stl
+            ):
                 continue  # already loaded
             moved = w.to(want).to(device_layout=stl)
             module._parameters["weight"] = torch.nn.Parameter(moved, requires_grad=w.requires_grad)
         to = _original_module_to or torch.nn.Module.to
-        return to(model, "spyre", dtype) if dtype is not None else to(model, "spyre")
+        target = torch.device("spyre", card)
+        return to(model, target, dtype) if dtype is not None else to(model, target)
 
 
 def patch_module_to_for_spyre() -> None:
@@ -75,7 +89,7 @@ def patch_module_to_for_spyre() -> None:
         except (TypeError, RuntimeError):
             return original(self, *args, **kwargs)
         if device is not None and device.type == "spyre" and not kwargs.get("memory_format"):
-            return load_model_to_spyre(self, dtype)
+            return load_model_to_spyre(self, dtype, device=device)
         return original(self, *args, **kwargs)
 
     torch.nn.Module.to = to

@@ -2,9 +2,9 @@
 device state and lazy init, seeding, streams, memory statistics, AMP dtypes, the downcast-warning switch and the
 layout functions the real module reads from its `_C` extension.
 
-Device count comes from SPYRE_DEVICES (a comma list of device ids) or AIU_WORLD_SIZE (default 1), as flex reads it.
-torch's Python PrivateUse1 backend only places tensors on spyre:0, so set_device(i) selects which emulated card is
-current (one card per process, as multi-card runs use one process per card).
+Device count comes from SPYRE_DEVICES (a comma list of device ids) or AIU_WORLD_SIZE (default 1, at most 8), as
+flex reads it. Every card holds tensors (spyre:i; device="spyre" is the current card, LOCAL_RANK after lazy init);
+multi-card runs use one process per card, as the real stack requires, and talk through spyreccl.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import threading
 
 import torch
 
+from aiu_sim.timing.interconnect import MAX_CARDS
 from torch_spyre_emu.device import memory_api as memory
 from torch_spyre_emu.device.layout import DataFormats, ElementArrangement, SpyreTensorLayout
 from torch_spyre_emu.device.memory_api import (
@@ -122,7 +123,8 @@ def is_initialized() -> bool:
 
 
 def device_count() -> int:
-    """Number of emulated cards: the ids in SPYRE_DEVICES (comma list), else AIU_WORLD_SIZE, else 1."""
+    """Number of emulated cards: the ids in SPYRE_DEVICES (comma list), else AIU_WORLD_SIZE, else 1; at most
+    MAX_CARDS, the single-node ensemble spyreccl spans (torch_spyre_api.md §8)."""
     raw = os.environ.get("SPYRE_DEVICES")
     if raw:
         ids = [part.strip() for part in raw.split(",") if part.strip()]
@@ -130,7 +132,7 @@ def device_count() -> int:
             raise SpyreDeviceError(
                 f"SPYRE_DEVICES={raw!r} is not a comma-separated list of device ids; set it like SPYRE_DEVICES=0,1"
             )
-        return len(ids)
+        return _at_most_max_cards(len(ids), f"SPYRE_DEVICES={raw!r}")
     raw = os.environ.get("AIU_WORLD_SIZE")
     if raw:
         try:
@@ -141,8 +143,17 @@ def device_count() -> int:
             ) from None
         if n < 1:
             raise SpyreDeviceError(f"AIU_WORLD_SIZE={raw!r} must be a positive integer")
-        return n
+        return _at_most_max_cards(n, f"AIU_WORLD_SIZE={raw!r}")
     return 1
+
+
+def _at_most_max_cards(n: int, source: str) -> int:
+    if n > MAX_CARDS:
+        raise SpyreDeviceError(
+            f"{source} asks for {n} cards; the emulator models one node of at most {MAX_CARDS} Spyre cards (the "
+            f"ensemble spyreccl spans). Use {MAX_CARDS} or fewer"
+        )
+    return n
 
 
 def _lazy_init() -> None:

@@ -47,8 +47,70 @@ class HostToken:
         self._map = mmap.mmap(-1, max(self.nbytes, 1), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
         self.address = ctypes.addressof(ctypes.c_char.from_buffer(self._map))
 
-    def storage(self) -> torch.UntypedStorage:
-        return torch._C._construct_storage_from_data_pointer(self.address, torch.device("spyre", 0), self.nbytes)
+    def storage(self, card: int) -> torch.UntypedStorage:
+        return torch._C._construct_storage_from_data_pointer(
+            self.address, torch.device("spyre", card), self.nbytes
+        )
+
+
+# --- TensorImpls on card i -------------------------------------------------------------------------------------
+# torch's Python PrivateUse1 backend makes new tensors only on index 0 (torch._C._acc.create_empty_tensor has no
+# device argument, and set_() refuses a storage of another device). DLPack can name any PrivateUse1 index
+# (kDLExtDev), so one empty uint8 tensor per card is imported through it, once; every new tensor on that card is a
+# CPU-kernel alias of it (a fresh TensorImpl with the card's device), viewed as the dtype and repointed at its own
+# storage by the caller. The imported struct has no deleter and is kept for the life of the process.
+class _DLDevice(ctypes.Structure):
+    _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
+
+
+class _DLDataType(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
+
+
+class _DLTensor(ctypes.Structure):
+    _fields_ = [
+        ("data", ctypes.c_void_p),
+        ("device", _DLDevice),
+        ("ndim", ctypes.c_int32),
+        ("dtype", _DLDataType),
+        ("shape", ctypes.POINTER(ctypes.c_int64)),
+        ("strides", ctypes.POINTER(ctypes.c_int64)),
+        ("byte_offset", ctypes.c_uint64),
+    ]
+
+
+class _DLManagedTensor(ctypes.Structure):
+    _fields_ = [("dl_tensor", _DLTensor), ("manager_ctx", ctypes.c_void_p), ("deleter", ctypes.c_void_p)]
+
+
+_KDL_EXT_DEV, _KDL_UINT = 12, 1  # DLPack's device type torch maps to PrivateUse1; unsigned int dtype code
+_CPU_KERNELS = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
+_templates: dict[int, tuple] = {}  # card -> (template tensor, the ctypes objects it points into)
+
+
+def _template(card: int) -> torch.Tensor:
+    hit = _templates.get(card)
+    if hit is None:
+        shape, strides = (ctypes.c_int64 * 1)(0), (ctypes.c_int64 * 1)(1)
+        managed = _DLManagedTensor(
+            _DLTensor(
+                None, _DLDevice(_KDL_EXT_DEV, card), 1, _DLDataType(_KDL_UINT, 8, 1), shape, strides, 0
+            ),
+            None,
+            None,
+        )
+        new_capsule = ctypes.pythonapi.PyCapsule_New
+        new_capsule.restype = ctypes.py_object
+        new_capsule.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
+        tensor = torch._C._from_dlpack(new_capsule(ctypes.addressof(managed), b"dltensor", None))
+        hit = _templates[card] = (tensor, managed, shape, strides)
+    return hit[0]
+
+
+def empty_on(card: int, dtype: torch.dtype) -> torch.Tensor:
+    """A new empty TensorImpl of `dtype` on spyre:`card`, to be set_() to a storage of that card."""
+    alias = torch.ops.aten.alias.default.redispatch(_CPU_KERNELS, _template(card))
+    return torch.ops.aten.view.dtype.redispatch(_CPU_KERNELS, alias, dtype)
 
 
 def attach(t: torch.Tensor, storage: DeviceStorage) -> None:

@@ -14,8 +14,10 @@ API for the compiler / eager path:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
+import threading
 
 import numpy as np
 import torch
@@ -31,16 +33,49 @@ _log = logging.getLogger("spyre.device")
 
 
 def check_device(device) -> int:
-    """The device index a factory may allocate on; only spyre:0 exists for torch's Python backend."""
-    if device is None:
-        return 0
-    device = torch.device(device)
-    if device.index not in (None, 0):
+    """The card a factory called with `device` allocates on: its index, else the card of the op being run (see
+    on_card), else torch.spyre.current_device(). Raises SpyreDeviceError for a card that does not exist."""
+    from torch_spyre_emu.device import spyre_module
+
+    if device is None or torch.device(device).index is None:
+        return allocation_card()
+    return spyre_module._device_index(device)
+
+
+# The card of the op being run on this thread: its results and stand-ins are allocated there (see run_compiled).
+_running = threading.local()
+
+
+@contextlib.contextmanager
+def on_card(index: int | None):
+    """Allocate spyre tensors without an explicit index on card `index` inside the block (None: no change)."""
+    previous = getattr(_running, "card", None)
+    _running.card = previous if index is None else index
+    try:
+        yield
+    finally:
+        _running.card = previous
+
+
+def allocation_card() -> int:
+    """Where a spyre tensor without an explicit index goes: the running op's card, else the current device."""
+    from torch_spyre_emu.device import spyre_module
+
+    card = getattr(_running, "card", None)
+    return spyre_module.current_device() if card is None else card
+
+
+def card_of(tensors) -> int | None:
+    """The one card the spyre tensors among `tensors` are on (None if there are none), as an op needs them."""
+    cards = sorted(
+        {t.device.index or 0 for t in tensors if isinstance(t, torch.Tensor) and t.device.type == "spyre"}
+    )
+    if len(cards) > 1:
         raise SpyreDeviceError(
-            f"cannot allocate on {device}: torch's Python PrivateUse1 backend only creates tensors on spyre:0. "
-            "Use device='spyre'; torch.spyre.set_device(i) selects which emulated card is accounted"
+            f"Expected all tensors to be on the same device, but found at least two devices, spyre:{cards[0]} and "
+            f"spyre:{cards[1]}; move them to one card with .to('spyre:i') (each card runs its own programs)"
         )
-    return 0
+    return cards[0] if cards else None
 
 
 def check_layout(layout: SpyreTensorLayout, shape, dtype: torch.dtype) -> None:
@@ -64,12 +99,14 @@ def storage_nbytes(shape, strides, dtype: torch.dtype, layout: SpyreTensorLayout
 
 
 def new_tensor(
-    shape, dtype: torch.dtype, strides=None, layout: SpyreTensorLayout | None = None
+    shape, dtype: torch.dtype, strides=None, layout: SpyreTensorLayout | None = None, card: int | None = None
 ) -> torch.Tensor:
-    """Allocate a zero-filled spyre tensor of `shape`/`dtype` (torch strides `strides`, default contiguous)."""
+    """Allocate a zero-filled spyre tensor of `shape`/`dtype` (torch strides `strides`, default contiguous) on
+    `card` (default: allocation_card())."""
     from torch_spyre_emu.device import spyre_module
 
     spyre_module._lazy_init()
+    card = allocation_card() if card is None else spyre_module._check_index(card)
     shape = tuple(int(s) for s in shape)
     strides = contiguous_strides(shape) if strides is None else tuple(int(s) for s in strides)
     if layout is None:
@@ -80,19 +117,16 @@ def new_tensor(
     if _log.isEnabledFor(logging.DEBUG):
         _log.debug("allocate %s %s: %d bytes, %s", list(shape), dtype, nbytes, layout)
     token = device_storage.HostToken(nbytes)
-    t = torch._C._acc.create_empty_tensor([0], dtype)
     # The torch storage is an opaque host token of the storage's size (its data_ptr is no device address, as in
     # torch-spyre): sizes, strides and nbytes() are as the real stack reports them.
     t = torch.ops.aten.set_.source_Storage_storage_offset.redispatch(
-        _CPU, t, token.storage(), 0, list(shape), list(strides)
+        _CPU, device_storage.empty_on(card, dtype), token.storage(card), 0, list(shape), list(strides)
     )
     span = 1 + sum((n - 1) * s for n, s in zip(shape, strides, strict=True)) if math.prod(shape) else 0
     buffer = np.zeros(span, dtype=host_dtypes.payload_numpy_dtype(dtype))
     device_storage.attach(
         t,
-        device_storage.DeviceStorage(
-            buffer, layout, shape, strides, spyre_module.current_device(), nbytes=nbytes, token=token
-        ),
+        device_storage.DeviceStorage(buffer, layout, shape, strides, card, nbytes=nbytes, token=token),
     )
     return t
 
