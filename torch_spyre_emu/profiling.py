@@ -11,6 +11,11 @@ mode="timing" computes no values: graphs are traced with fake tensors and timed 
 tensors returns zero-filled stand-ins on the device its values would have had (cpu or spyre; see timing_stand_in), so
 host code between graphs (adapters, code around graph breaks) and the next graph, which mix them with real weights,
 still run; only the graphs' outputs are allocated, nothing is computed.
+
+spyreccl collectives (torch_spyre_emu.distributed) are steps on the same timeline: each is timed by the interconnect
+model (aiu_sim.timing.interconnect) and kept as a CollectiveRecord in the open profile() (with a trace file of its
+own when traces are written), else as last_profile(), exactly as an eager op's run is. mode="functional" times
+nothing, so it records no collective either.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ import torch
 import aiu_sim
 from aiu_sim.config import HardwareConfig
 from aiu_sim.ir.ops import unit_of
+from aiu_sim.timing.interconnect import CollectiveTiming
 from aiu_sim.timing.summary import format_host_runtime
 from torch_spyre_emu import config as stack_config
 from torch_spyre_emu import debug
@@ -58,6 +64,22 @@ class KernelRecord:
 
 
 @dataclass
+class CollectiveRecord:
+    """One spyreccl collective on this rank's device timeline (a blocking collective holds the card)."""
+
+    op: str  # aiu_sim.timing.interconnect.COLLECTIVES name: "all_reduce", "broadcast", ...
+    rank: int  # this process's global rank
+    group: str | None  # the process group's name
+    start_us: float
+    end_us: float
+    timing: CollectiveTiming  # the interconnect model's breakdown: bytes, world size, path, steps, latency, transfer
+
+    @property
+    def duration_us(self) -> float:
+        return self.end_us - self.start_us
+
+
+@dataclass
 class ProfileReport:
     name: str
     outputs: object
@@ -77,6 +99,12 @@ class ProfileReport:
     timing_reports: list = field(default_factory=list)
     kernel_programs: list = field(default_factory=list, repr=False)  # the timed programs, for band()
     mode: str = "both"
+    collectives: list[CollectiveRecord] = field(default_factory=list)  # spyreccl collectives, in total_us
+
+    @property
+    def collective_us(self) -> float:
+        """Time in spyreccl collectives on the interconnect (part of total_us)."""
+        return sum(c.duration_us for c in self.collectives)
 
     @property
     def launches(self) -> int:
@@ -116,12 +144,36 @@ class ProfileReport:
             f"{self.launches} launches ({self.mode})",
             f"  {format_host_runtime(runtime, self.total_us * 1e3)}",
         ]
+        if self.collectives:
+            lines.append(f"  {self._collectives_line()}")
         for k in self.kernels:
             lines.append(
                 f"  {k.name:<40} {k.op:<10} cores={k.cores:<3} {k.start_us:10.2f}..{k.end_us:10.2f} us "
                 f"util={k.utilization:.2f}" + (f" bundle={k.bundle}" if k.bundle else "")
             )
         return "\n".join(lines)
+
+    def _collectives_line(self) -> str:
+        by_op: dict[str, list[CollectiveRecord]] = {}
+        for c in self.collectives:
+            by_op.setdefault(c.op, []).append(c)
+        share = 100 * self.collective_us / self.total_us if self.total_us else 0.0
+        ops = ", ".join(
+            f"{len(cs)} {op} {sum(c.duration_us for c in cs):,.1f} us" for op, cs in by_op.items()
+        )
+        t = self.collectives[0].timing
+        return (
+            f"collectives (spyreccl) {self.collective_us:,.1f} us ({share:.1f}%): {ops}; {t.world_size} cards over "
+            f"{t.path} (interconnect model, assumed: see the config)"
+        )
+
+
+@dataclass(frozen=True)
+class _CollectiveRun:
+    timing: CollectiveTiming
+    rank: int
+    group: str | None
+    trace_path: str | None
 
 
 class _Session:
@@ -165,6 +217,26 @@ def record(compiled, result, uploads, trace_path) -> None:
         _SESSIONS[-1].records.append(run)
 
 
+def record_collective(timing: CollectiveTiming, rank: int, group: str | None = None) -> None:
+    """Put a timed spyreccl collective on this rank's timeline: into the open profile() (writing its trace when
+    the profile writes traces), and as last_profile(). Nothing in functional mode, which times nothing."""
+    global _LAST
+    mode = _SESSIONS[-1].mode if _SESSIONS else stack_config.mode
+    if mode == "functional":
+        return
+    trace = None
+    if _SESSIONS and _SESSIONS[-1].trace_dir is not None:
+        from aiu_sim.timing.trace import write_collective_trace
+
+        s = _SESSIONS[-1]
+        trace = str(write_collective_trace(timing, Path(s.trace_dir) / f"spyreccl_{timing.op}_{len(s.records)}.json",
+                                           rank, group))  # fmt: skip
+    run = _CollectiveRun(timing, rank, group, trace)
+    _LAST = functools.partial(_report, [run], outputs=None, mode=mode)
+    if _SESSIONS:
+        _SESSIONS[-1].records.append(run)
+
+
 def timing_stand_in(
     shape: tuple[int, ...], dtype: torch.dtype, inputs: list, on_device: bool
 ) -> torch.Tensor:
@@ -199,7 +271,12 @@ def _report(records: list[tuple], outputs, mode: str) -> ProfileReport:
     traces, programs, timing_reports, kernel_programs = [], [], [], []
     up_n, up_b, up_us = 0, 0, 0.0
     prep_n, prep_us = 0, 0.0
-    for compiled, result, uploads, trace_path in records:
+    collectives: list[CollectiveRecord] = []
+    for rec in records:
+        if isinstance(rec, _CollectiveRun):
+            t0 = _add_collective(rec, t0, steps, collectives, traces)
+            continue
+        compiled, result, uploads, trace_path = rec
         name = compiled.program.name
         programs.append(name)
         up_n, up_b, up_us = up_n + uploads.count, up_b + uploads.bytes, up_us + uploads.pcie_us
@@ -233,7 +310,7 @@ def _report(records: list[tuple], outputs, mode: str) -> ProfileReport:
                 kernels.append(rec)
         t0 += timing.total_us
     return ProfileReport(
-        name=programs[0] if len(programs) == 1 else f"{len(programs)} graphs",
+        name=_report_name(programs, collectives),
         outputs=outputs,
         total_us=t0,
         kernels=kernels,
@@ -249,7 +326,27 @@ def _report(records: list[tuple], outputs, mode: str) -> ProfileReport:
         timing_reports=timing_reports,
         kernel_programs=kernel_programs,
         mode=mode,
+        collectives=collectives,
     )
+
+
+def _add_collective(rec: _CollectiveRun, t0: float, steps: list, collectives: list, traces: list) -> float:
+    """Append a collective at `t0` on the timeline (as a step and a CollectiveRecord); returns the new end."""
+    t = rec.timing
+    end = t0 + t.total_us
+    steps.append(KernelRecord(f"spyreccl.{t.op}", "collective", t.op, (), (), 0, t0, end, 0.0))
+    collectives.append(CollectiveRecord(t.op, rec.rank, rec.group, t0, end, t))
+    if rec.trace_path:
+        traces.append(rec.trace_path)
+    return end
+
+
+def _report_name(programs: list[str], collectives: list[CollectiveRecord]) -> str:
+    if not collectives:
+        return programs[0] if len(programs) == 1 else f"{len(programs)} graphs"
+    if not programs:
+        return f"spyreccl.{collectives[0].op}" if len(collectives) == 1 else f"{len(collectives)} collectives"
+    return f"{len(programs)} graphs, {len(collectives)} collectives"
 
 
 def _own_frame(fn):
@@ -290,6 +387,7 @@ def profile(
     mode: str = "both",
     config: HardwareConfig | str | None = None,
     trace_path: str | os.PathLike | None = None,
+    compile: bool = True,
     **kwargs,
 ) -> ProfileReport:
     """Run `fn(*args, **kwargs)` on emulated Spyre and return its ProfileReport.
@@ -298,7 +396,9 @@ def profile(
     time), "functional" (values only) or "timing" (time only, no values: full-size shapes are fine). config: the
     hardware (an aiu_sim HardwareConfig or preset name; default torch_spyre_emu.config.hardware). trace_path: a
     directory for the Perfetto traces, one file per graph run (default: none are written, so repeated profiling
-    leaves nothing behind; none in functional mode either: no timing to trace)."""
+    leaves nothing behind; none in functional mode either: no timing to trace). compile=False runs `fn` as it is,
+    so its eager spyre ops and spyreccl collectives are each recorded on the timeline (dynamo would otherwise
+    trace `fn`'s collectives into the graph)."""
     global _LAST
     if mode not in MODES:
         raise ValueError(f"profile: mode {mode!r} is not one of {MODES}")
@@ -307,7 +407,7 @@ def profile(
         trace_dir = str(trace_path)
         Path(trace_dir).mkdir(parents=True, exist_ok=True)
     session = _Session(mode, trace_dir)
-    target = _compiled(fn)
+    target = _compiled(fn) if compile else fn
     hw_ctx = stack_config.use_hardware(config) if config is not None else contextlib.nullcontext()
     _SESSIONS.append(session)
     try:

@@ -4,7 +4,8 @@ Tracks: one process per core with a thread per unit (DMA, PT0, PT1, SFP0, SFP1, 
 data ring and one for the partial-sum rings, with a thread per direction (busy whenever any link of that direction
 is busy; bytes per link are in the report); DRAM; PCIe; and a "program" process whose kernel track shows every
 step (launch overhead as a nested slice, on the first kernel of a bundle only; a kernel's args name its bundle).
-Times are microseconds from the program's start.
+Times are microseconds from the program's start. A spyreccl collective gets a file of its own
+(write_collective_trace): one slice on its rank's "collectives" track, with its step latency and link transfer.
 
 Size: a full model has hundreds of kernels with thousands of tile-level intervals each. Intervals on one unit are
 merged when the gap between them is small; `max_events_per_kernel` sets how small, per kernel (the gap grows until
@@ -19,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+from aiu_sim.timing.interconnect import CollectiveTiming
 from aiu_sim.timing.report import Intervals, KernelTiming, TimingReport
 from aiu_sim.timing.resources import CCW, DIRECTION_NAMES, PSUM, RING
 from aiu_sim.timing.tasks import TASK_KIND_NAMES
@@ -86,6 +88,41 @@ def write_trace(report: TimingReport, path: str | Path, max_events_per_kernel: i
             "config": report.config.name,
             "mode": report.mode,
             "total_us": report.total_us,
+            "generator": "aiu_sim.timing.trace",
+        },
+    }
+    with path.open("w") as f:
+        json.dump(doc, f, separators=(",", ":"))
+    return path
+
+
+def collective_trace_events(timing: CollectiveTiming, rank: int, group: str | None = None) -> list[dict]:
+    """One card-to-card collective (aiu_sim.timing.interconnect) on rank `rank`'s timeline: a slice for the
+    collective with its step latency and link transfer as nested slices, times from the collective's start."""
+    pid = _PROGRAM_PID
+    args = {**timing.to_dict(), "rank": rank, "group": group}
+    latency_ns, total_ns = timing.latency_us * 1e3, timing.total_us * 1e3
+    return [
+        {"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "args": {"name": f"rank {rank} spyreccl"}},
+        {"ph": "M", "name": "thread_name", "pid": pid, "tid": _KERNEL_TID, "args": {"name": "collectives"}},
+        _slice(pid, _KERNEL_TID, timing.op, 0.0, total_ns, args),
+        _slice(pid, _KERNEL_TID, "step latency", 0.0, latency_ns, {"steps": timing.steps}),
+        _slice(pid, _KERNEL_TID, "link transfer", latency_ns, total_ns, {"link_bytes": timing.link_bytes}),
+    ]
+
+
+def write_collective_trace(
+    timing: CollectiveTiming, path: str | Path, rank: int, group: str | None = None
+) -> Path:
+    """Write one collective's trace JSON (collective_trace_events); returns the path."""
+    path = Path(path)
+    doc = {
+        "traceEvents": collective_trace_events(timing, rank, group),
+        "displayTimeUnit": "ns",
+        "otherData": {
+            "collective": timing.op,
+            "rank": rank,
+            "total_us": timing.total_us,
             "generator": "aiu_sim.timing.trace",
         },
     }

@@ -13,7 +13,7 @@ import warnings
 import torch
 from torch.utils.backend_registration import _setup_privateuseone_for_python_backend
 
-from torch_spyre_emu import inductor, logging_config
+from torch_spyre_emu import distributed, inductor, logging_config
 from torch_spyre_emu.device import custom_ops, model_loading, spyre_module, tensor_api
 from torch_spyre_emu.device import kernels as device_kernels
 from torch_spyre_emu.errors import FallbackWarning, SpyreDeviceError
@@ -69,5 +69,6 @@ def register() -> None:
         model_loading.patch_module_to_for_spyre()  # Module.to("spyre"): Linear weights in dim_order [1, 0]
         inductor.install()  # plain torch.compile on spyre tensors reaches the emulated stack
         logging_config.configure_from_env()  # before torch validates TORCH_LOGS (see logging_config.py)
+        distributed.register_backend()  # "spyreccl" for torch.distributed, as torch-spyre registers it at import
         # torch-spyre's ops/fallbacks.py shows each fallback message once (torch_spyre_api.md §5)
         warnings.filterwarnings("once", category=FallbackWarning)
