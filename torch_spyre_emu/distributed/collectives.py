@@ -191,12 +191,13 @@ def gather_values(values, dtype: torch.dtype, dst: int, group=None) -> list[np.n
 
 def all_reduce_values(values, dtype: torch.dtype, group=None) -> np.ndarray:
     """The SUM over the group's ranks (reduce_sum's order), the same bits on every rank."""
+    _sum_format(dtype)  # before any data moves, so every rank fails alike
     return reduce_sum(all_gather_values(values, dtype, group), dtype)
 
 
 def reduce_values(values, dtype: torch.dtype, dst: int, group=None) -> np.ndarray | None:
     """The SUM over the group's ranks on group rank `dst` (reduce_sum's order); None on the others."""
-    _sum_format(dtype)  # every rank rejects a dtype with no sum, not only the root
+    _sum_format(dtype)  # on every rank, not only the root, before any data moves
     parts = gather_values(values, dtype, dst, group)
     return None if parts is None else reduce_sum(parts, dtype)
 
