@@ -96,8 +96,9 @@ def accumulate_fp32(a, b, out, k0, k1):
             _accumulate_rows(
                 a, b, out, block * TILE_I, min(full_i, (block + 1) * TILE_I), full_j, n_j, k0, k1
             )
-    if full_i < n_i:
-        _accumulate_rows(a, b, out, full_i, n_i, 0, n_j, k0, k1)
+    if full_i < n_i:  # fewer rows than a register tile (a decode step's M = 1): parallel over column blocks
+        for block in prange((n_j + TILE_J - 1) // TILE_J):
+            _accumulate_rows(a, b, out, full_i, n_i, block * TILE_J, min(n_j, (block + 1) * TILE_J), k0, k1)
 
 
 @njit(parallel=True, cache=True)

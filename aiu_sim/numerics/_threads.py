@@ -13,6 +13,10 @@ import numba
 
 # Below this many element operations a call runs on the calling thread only (an assumption tuned by measurement).
 SERIAL_BELOW = 1 << 16
+# The same for matmul partial sums (multiply-adds): a decode step's GEMVs (1 x 192 x 576 .. 1 x 512 x 1536, ~0.1-0.3 M
+# MACs, 30-100 us on one thread) took 2-10 ms each in the parallel kernel on a loaded 2-core host, where waking the
+# worker threads costs far more than the work (measured on SmolLM2's decode step).
+SERIAL_MACS_BELOW = 1 << 19
 
 
 _local = threading.local()
@@ -30,8 +34,8 @@ class serial_if_small:  # noqa: N801 - used like a function: `with serial_if_sma
 
     __slots__ = ("serial", "previous")
 
-    def __init__(self, work: int) -> None:
-        self.serial = work < SERIAL_BELOW
+    def __init__(self, work: int, below: int = SERIAL_BELOW) -> None:
+        self.serial = work < below
 
     def __enter__(self) -> None:
         self.previous = getattr(_local, "serial", False)

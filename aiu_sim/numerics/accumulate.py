@@ -36,7 +36,7 @@ import numpy as np
 from aiu_sim.numerics import _accumulate_kernels as kernels
 from aiu_sim.numerics._dl16_kernels import add_arrays_dl16
 from aiu_sim.numerics._inputs import as_float32
-from aiu_sim.numerics._threads import serial_if_small
+from aiu_sim.numerics._threads import SERIAL_MACS_BELOW, serial_if_small
 from aiu_sim.numerics.errors import UnsupportedInputError
 from aiu_sim.numerics.formats import get_format
 from aiu_sim.numerics.reduction_order import ReductionOrder
@@ -187,7 +187,7 @@ def _accumulate_2d(
     for s in range(n_splits):
         k0, k1 = s * width, (s + 1) * width
         target = out[(s,) + index]
-        with serial_if_small(width * target.size):
+        with serial_if_small(width * target.size, SERIAL_MACS_BELOW):
             if model.kind == "fp32":
                 fp32 = kernels.accumulate_fp32_exact_products if exact_products else kernels.accumulate_fp32
                 fp32(a, b, target, k0, k1)

@@ -77,7 +77,11 @@ def test_fp32_model_is_bit_exact_with_the_reference(k_splits, tree):
     assert np.array_equal(ref.encode_array(expected), dl16.encode(got_dl16))
 
 
-@pytest.mark.parametrize("shape", [(8, 40, 64), (9, 70, 67), (130, 12, 33), (3, 5, 100), (4, 1, 32)])
+# (1, 300, 2000) and (3, 16, 260): fewer rows than a register tile, split into column blocks with a ragged last one;
+# the first is big enough for the multi-threaded kernel (SERIAL_MACS_BELOW), the second runs on one thread
+@pytest.mark.parametrize(
+    "shape", [(8, 40, 64), (9, 70, 67), (130, 12, 33), (3, 5, 100), (4, 1, 32), (1, 300, 2000), (3, 16, 260)]
+)
 def test_fp32_kernel_register_tiles_and_edges_are_bit_exact(shape):
     """The fp32 kernel computes 4 x 32 register tiles and the leftover rows and columns by another loop: every
     region must be the strict k-order fp32 sum, with products rounded (no fused multiply-add)."""
