@@ -308,9 +308,14 @@ def _report(records: list[tuple], outputs, mode: str) -> ProfileReport:
             steps.append(rec)
             if s.kind == "kernel":
                 kernels.append(rec)
+            elif s.kind == "collective":  # a compiled collective: the program's own Collective step
+                step = next((st for st in compiled.program.steps if st.name == s.name), None)
+                group = getattr(step, "attrs", {}).get("group")
+                collectives.append(CollectiveRecord(s.collective.op, _rank(), group, rec.start_us, rec.end_us,
+                                                    s.collective))  # fmt: skip
         t0 += timing.total_us
     return ProfileReport(
-        name=_report_name(programs, collectives),
+        name=_report_name(programs, [r.timing.op for r in records if isinstance(r, _CollectiveRun)]),
         outputs=outputs,
         total_us=t0,
         kernels=kernels,
@@ -330,6 +335,12 @@ def _report(records: list[tuple], outputs, mode: str) -> ProfileReport:
     )
 
 
+def _rank() -> int:
+    import torch.distributed as dist
+
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
 def _add_collective(rec: _CollectiveRun, t0: float, steps: list, collectives: list, traces: list) -> float:
     """Append a collective at `t0` on the timeline (as a step and a CollectiveRecord); returns the new end."""
     t = rec.timing
@@ -341,12 +352,14 @@ def _add_collective(rec: _CollectiveRun, t0: float, steps: list, collectives: li
     return end
 
 
-def _report_name(programs: list[str], collectives: list[CollectiveRecord]) -> str:
-    if not collectives:
+def _report_name(programs: list[str], eager_collectives: list[str]) -> str:
+    """The graph's name for one graph, else counts; eager collectives (ops) are named or counted too."""
+    n = len(eager_collectives)
+    if not n:
         return programs[0] if len(programs) == 1 else f"{len(programs)} graphs"
     if not programs:
-        return f"spyreccl.{collectives[0].op}" if len(collectives) == 1 else f"{len(collectives)} collectives"
-    return f"{len(programs)} graphs, {len(collectives)} collectives"
+        return f"spyreccl.{eager_collectives[0]}" if n == 1 else f"{n} collectives"
+    return f"{len(programs)} graphs, {n} collectives"
 
 
 def _own_frame(fn):

@@ -172,7 +172,25 @@ def test_one_rank_group_runs_the_real_backend(one_rank_group):
     c = torch.ones(2)
     dist.all_reduce(c, async_op=True).wait()  # CPU tensors are gloo's, async included
     assert c.tolist() == [1.0, 1.0]
+    dist.barrier()  # c10d sends a plain barrier to the cpu backend (gloo) when there is one, as with the real stack
+    assert torch_spyre_emu.last_profile() is rep
+    dist.barrier(device_ids=[0])  # on the card: a spyreccl barrier
+    assert [c.op for c in torch_spyre_emu.last_profile().collectives] == ["barrier"]
     with pytest.raises(SpyreCCLError, match="not a spyreccl process group"):
         from torch_spyre_emu.distributed.collectives import transport_group
 
         transport_group(one_rank_group.transport)
+
+
+def test_group_without_a_cpu_backend_refuses_cpu_tensors():
+    dist.init_process_group("spyreccl", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        with pytest.raises(
+            SpyreCCLError, match="No backend type associated with device type cpu.*'spyre:spyreccl'"
+        ):
+            dist.all_reduce(torch.ones(2))
+        t = torch.ones(2, dtype=torch.float16, device="spyre")
+        dist.all_reduce(t)
+        assert t.cpu().tolist() == [1.0, 1.0]
+    finally:
+        dist.destroy_process_group()
