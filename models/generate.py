@@ -23,7 +23,7 @@ layer and compile time does not grow with depth.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 import torch
@@ -249,8 +249,13 @@ class StaticGreedy:
         on_step: Callable[[StepRecord], None] | None = None,
         on_checkpoint: Callable[[Checkpoint], None] | None = None,
         resume: Checkpoint | None = None,
+        forced: Sequence[int] | None = None,
     ) -> Generation:
         """Greedy tokens after `prompt_ids` [1, n]; prefill and the first decode step write Perfetto traces.
+
+        forced=<tokens> is teacher forcing: each step is fed forced[i] instead of its own argmax, and new_ids are
+        the argmax predictions (entry i is the model's choice where forced[i] stands); it runs max_new_tokens =
+        len(forced) steps, not stopping at end-of-turn, and cannot resume.
 
         on_checkpoint gets the loop's state after every step (after on_step); resume=<such a checkpoint> continues
         from it and returns the same Generation an uninterrupted call would (restored steps keep their recorded
@@ -260,6 +265,11 @@ class StaticGreedy:
             raise GenerationError(f"prompt_ids must be [1, n], got {tuple(prompt_ids.shape)}")
         if max_new_tokens < 1:
             raise GenerationError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        if forced is not None and (len(forced) != max_new_tokens or resume is not None):
+            raise GenerationError(
+                f"teacher forcing feeds exactly max_new_tokens={max_new_tokens} tokens from a fresh start; got "
+                f"{len(forced)} tokens" + (" and a checkpoint to resume" if resume is not None else "")
+            )
         n = prompt_ids.shape[1]
         pad = round_up(n)
         cache_len = round_up(n + max_new_tokens)
@@ -298,7 +308,9 @@ class StaticGreedy:
                 on_step(rec)
             if on_checkpoint is not None:
                 on_checkpoint(Checkpoint(list(gen.steps), kv))
-            if eos_token_id is not None and token == eos_token_id:
+            if forced is not None:
+                token = int(forced[i])
+            elif eos_token_id is not None and token == eos_token_id:
                 break
             ids, start, last, kind = torch.tensor([[token]]), n + i, 0, "decode"
         return gen
