@@ -47,6 +47,7 @@ ALL = FP + INT + BOOL + ("int8", "float8_e4m3fn", "float8_e5m2")
 S17 = "STACK §1.7 (docs user_guide/supported_operations.md, June 2026)"
 S3 = "STACK §3 (_inductor/constants.py SPYRE_FP32_OPS)"
 S4 = "STACK §4 known gaps"
+S8 = "torch_spyre_api.md §8 (spyreccl: supported and rejected collectives)"
 VIEW = "view op: metadata only on the host side, lowered as a (possibly zero-cost) copy/restickify on device"
 
 
@@ -292,6 +293,56 @@ _OPS: list[OpEntry] = [
             S17,
         )
         for name in ("cond", "while_loop", "map_impl")
+    ),
+    # --- torch.distributed functional collectives in compiled graphs (node targets torch.ops._c10d_functional.*) ---
+    # Each calls one ProcessGroup method, which spyreccl serves or rejects (compiler/collectives.py has the map).
+    # The in-place and out= forms (all_reduce_, broadcast_, all_gather_into_tensor_out, ...) are captured as these
+    # functional ops plus a copy into their operand (collectives.inplace_as_functional), so these entries decide.
+    *(
+        OpEntry(f"_c10d_functional.{name}", "native", dtypes, note, S8)
+        for name, dtypes, note in (
+            (
+                "all_reduce",
+                F16 + F32 + INT,
+                "a Collective all_reduce step (spyreccl allreduce): SUM only, other reduce ops are unsupported; "
+                "sums rounded to the device format in the ring order of torch_spyre_emu.distributed.collectives",
+            ),
+            ("broadcast", ALL, "a Collective broadcast step (spyreccl broadcast) from a rank of the group"),
+            ("wait_tensor", ALL, "no step: spyreccl collectives are blocking, so the value is ready"),
+        )
+    ),
+    *(
+        OpEntry(
+            f"_c10d_functional.{name}",
+            "unsupported",
+            (),
+            f'calls ProcessGroup::{method}, which spyreccl rejects ([SpyreCCL]: The "{method}" operation is not '
+            "supported.)" + hint,
+            S8,
+        )
+        for name, method, hint in (
+            (
+                "all_gather_into_tensor",
+                "_allgather_base",
+                "; gather eagerly outside the compiled region with dist.all_gather(tensor_list, t)",
+            ),
+            ("all_gather_into_tensor_coalesced", "allgather_into_tensor_coalesced", ""),
+            ("reduce_scatter_tensor", "_reduce_scatter_base", "; all_reduce and slice instead"),
+            ("reduce_scatter_tensor_coalesced", "reduce_scatter_tensor_coalesced", ""),
+            ("all_to_all_single", "alltoall_base", ""),
+            ("all_reduce_coalesced", "allreduce_coalesced", "; all_reduce each tensor"),
+        )
+    ),
+    *(
+        OpEntry(
+            f"_c10d_functional.{name}",
+            "unsupported",
+            (),
+            "point-to-point inside a compiled graph: the reference does not say spyreccl serves it there "
+            "(emulation assumption: not lowered); send and recv eagerly outside the compiled region",
+            S8,
+        )
+        for name in ("isend", "irecv", "batch_p2p_ops")
     ),
 ]
 

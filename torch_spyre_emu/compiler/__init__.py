@@ -18,6 +18,7 @@ import torch.fx as fx
 
 from torch_spyre_emu.compiler.cache import compile_cached
 from torch_spyre_emu.compiler.capture import capture, makes_spyre_tensors
+from torch_spyre_emu.compiler.collectives import group_sizes, is_collective
 from torch_spyre_emu.compiler.context import CompileOptions, UnsupportedOp
 from torch_spyre_emu.compiler.passes.support_check import UNSUPPORTED_META
 from torch_spyre_emu.compiler.pipeline import Compiled, compile_fn, run_graph_passes
@@ -44,6 +45,9 @@ class GraphRunner:
         self.disk_slots: dict[int, object] = {}  # id(Compiled) -> its compile cache Slot (compiler/cache.py)
         # torch.arange(n, device=x.device) with a spyre x: dynamo drops the unused x, the graph still wants spyre
         self.makes_spyre_tensors = makes_spyre_tensors(gm)
+        self.has_collectives = any(
+            n.op == "call_function" and is_collective(n.target) for n in gm.graph.nodes
+        )
 
     def compiled_for(self, args: list) -> Compiled:
         options = self.options_for(args)
@@ -71,6 +75,7 @@ class GraphRunner:
             weight_inputs=weights,
             device_inputs=spyre - weights,
             outputs_on_device=bool(spyre - weights) or (self.makes_spyre_tensors and not host_inputs),
+            groups=group_sizes(self.gm) if self.has_collectives else (),
         )
 
     def __call__(self, *args):

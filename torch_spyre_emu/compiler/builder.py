@@ -37,6 +37,9 @@ class Builder:
     torch_dtypes: dict[str, torch.dtype] = field(default_factory=dict)  # buffer -> the torch dtype it holds
     _counts: dict[str, int] = field(default_factory=dict)
     node_name: str = ""  # the FX node being lowered (for kernel names and error messages)
+    groups: dict[str, int] = field(
+        default_factory=dict
+    )  # process group name -> cards (CompileOptions.groups)
 
     def fresh(self, prefix: str) -> str:
         i = self._counts.get(prefix, 0)

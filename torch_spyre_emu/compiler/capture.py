@@ -25,6 +25,7 @@ from torch._subclasses.fake_tensor import (
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
 
+from torch_spyre_emu.compiler.collectives import inplace_as_functional
 from torch_spyre_emu.errors import SpyreCompileError, SpyreUnsupportedOpError
 
 aten = torch.ops.aten
@@ -97,7 +98,8 @@ _BATCH_DIM_LEVEL_ARG = {_predispatch._add_batch_dim: 2, _predispatch._remove_bat
 
 
 class _HostDeviceInterpreter(fx.Interpreter):
-    """Runs a dynamo graph for tracing with its device arguments on the CPU (on_host_device).
+    """Runs a dynamo graph for tracing with its device arguments on the CPU (on_host_device), and its in-place
+    collectives as functional ones (collectives.inplace_as_functional).
 
     A graph dynamo traced through torch.vmap (e.g. the generic associative_scan in Mamba) holds functorch vmap
     levels as constants, counted from no transform at all. Capture runs it inside torch.func.functionalize, whose
@@ -112,6 +114,10 @@ class _HostDeviceInterpreter(fx.Interpreter):
         pos = _BATCH_DIM_LEVEL_ARG.get(target)
         if pos is not None and self.level_offset:
             args = (*args[:pos], args[pos] + self.level_offset, *args[pos + 1 :])
+        # torch cannot functionalize an in-place collective (all_reduce_): run it as its functional op + a copy
+        rewritten = inplace_as_functional(target, args, kwargs)
+        if rewritten is not None:
+            return rewritten
         return super().call_function(target, args, kwargs)
 
     def call_method(self, target, args, kwargs):

@@ -58,7 +58,7 @@ def program_parts(lowered: Lowered) -> ProgramParts:
 
 
 def lower_graph(gm: fx.GraphModule, options: CompileOptions) -> Lowered:
-    b = Builder(options.name)
+    b = Builder(options.name, groups=dict(options.groups))
     env: dict[fx.Node, object] = {}
     inputs: list[InputSpec] = []
     placeholder_i = 0

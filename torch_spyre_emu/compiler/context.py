@@ -61,6 +61,9 @@ class CompileOptions:
     # fold input-independent subgraphs (off for an eager op with no tensor inputs)
     fold_constants: bool = True
     collect_only: bool = False  # support check records instead of raising (find_unsupported)
+    # (process group name, cards) of each group the graph's collectives name: the Collective steps hold the world
+    # size, so a program compiled for 2 cards is not reused for 4 (compiler/collectives.group_sizes)
+    groups: tuple[tuple[str, int], ...] = ()
 
     @property
     def key(self) -> tuple:

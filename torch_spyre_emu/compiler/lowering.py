@@ -17,8 +17,9 @@ from collections.abc import Callable
 import torch
 import torch.fx as fx
 
-from aiu_sim.ir.program import Arg
+from aiu_sim.ir.program import Arg, Collective
 from torch_spyre_emu.capabilities import capabilities
+from torch_spyre_emu.compiler import collectives
 from torch_spyre_emu.compiler.builder import Builder
 from torch_spyre_emu.compiler.views import TRef
 from torch_spyre_emu.errors import SpyreCompileError
@@ -486,3 +487,42 @@ def lower_pad(b, node, x, pad, value=0.0):
         "copy", [b.arg(x, dims)], [Arg(out.buffer, dims, tuple(off))], dict(zip(dims, x.shape, strict=True))
     )
     return TRef.whole(out.buffer, shape)
+
+
+# --- card-to-card collectives (compiler/collectives.py: what dynamo emits and what spyreccl serves) ---------------
+def collective(b: Builder, node: fx.Node, op: str, x: TRef, group_name: str, **attrs) -> TRef:
+    """A Collective step over the group `group_name`: spyreccl takes one contiguous dense tensor (§8), so the
+    operand is materialized into a plain buffer first."""
+    if group_name not in b.groups:
+        raise SpyreCompileError(
+            f"{node.name}: process group {group_name!r} was not resolved for this compilation (known: "
+            f"{sorted(b.groups)}); compile after dist.init_process_group('cpu:gloo,spyre:spyreccl')"
+        )
+    src = b.materialize(x)
+    val = out_val(node)
+    shape = b.buffer_shape(src)  # a plain value may drop size-1 axes of its buffer (mm_to_bmm's batch of 1)
+    out = b.new_buffer(shape, val.dtype, op)
+    attrs = {
+        "world_size": b.groups[group_name],
+        "group": group_name,
+        **attrs,
+        "dtype": str(val.dtype).removeprefix("torch."),  # the torch dtype spyreccl's value functions take
+        "source": b.node_name,
+    }
+    b.steps.append(Collective(b.fresh(f"{b.node_name or op}_"), op, [src.buffer], [out], attrs))
+    return TRef.whole(out, shape).reshape_free(tuple(val.shape))
+
+
+@lowering(collectives.C10D.all_reduce)
+def lower_all_reduce(b, node, x, reduce_op, group_name):
+    return collective(b, node, "all_reduce", x, group_name, reduce_op=str(reduce_op).lower())
+
+
+@lowering(collectives.C10D.broadcast)
+def lower_broadcast(b, node, x, src, group_name):
+    return collective(b, node, "broadcast", x, group_name, root=int(src))
+
+
+@lowering(collectives.C10D.wait_tensor)
+def lower_wait_tensor(b, node, x):
+    return x  # spyreccl is blocking: the Collective step has finished when the next step starts

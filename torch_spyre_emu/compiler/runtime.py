@@ -9,6 +9,8 @@
   on the CPU with torch, and encode the results in the device format again. Random ops (normal_, uniform_, random_)
   draw from the device's generator, torch.spyre.get_generator() (a CPU generator, seeded by torch.spyre.manual_seed
   and torch.manual_seed), unless the call named one (`call_generator`).
+- Collective steps (a graph's torch.distributed collectives) exchange values with the other cards' processes
+  through spyreccl's value functions (compiler/collectives.run_collective): every rank runs the same program.
 - mode "timing" computes no values: outputs are stand-ins of the right shapes and dtypes (profile.timing_stand_in).
 """
 
@@ -26,6 +28,7 @@ import aiu_sim
 from aiu_sim.timing.trace import write_trace
 from torch_spyre_emu.compiler.builder import HostSpec, host_array
 from torch_spyre_emu.compiler.codegen import Lowered
+from torch_spyre_emu.compiler.collectives import run_collective
 from torch_spyre_emu.compiler.pipeline import Compiled
 from torch_spyre_emu.device import host_dtypes
 from torch_spyre_emu.device.host_dtypes import device_format
@@ -290,6 +293,7 @@ def run_compiled(compiled: Compiled, args: list, mode: str = "both", trace_path=
             if compiled.options.outputs_on_device and compute
             else None,
             resident_exact=exact,
+            collectives=run_collective,  # Collective steps: spyreccl's value functions (compiler/collectives.py)
         )
     if timed is not None:  # the first call's timing: same program, same chip
         result.timing = timed

@@ -25,8 +25,8 @@ kernel just before it when
 - the bundle holds fewer than MAX_BUNDLE kernels.
 
 Matmul kernels (PT) and restickify (its own hardware op, ReStickifyOpHBM) are bundles of their own: an assumption,
-the reference gives no evidence that torch-spyre fuses them with neighbours. Host steps end a bundle. Bundles are
-named fused_0, fused_1, ... in program order.
+the reference gives no evidence that torch-spyre fuses them with neighbours. Host steps and collectives end a
+bundle. Bundles are named fused_0, fused_1, ... in program order.
 
 Inductor's scheduler fuses a producer into its consumer even when an independent node sits between them in the
 graph's order (`silu(gate_proj(x)) * up_proj(x)`: the up projection's matmul is scheduled first, then silu and the
@@ -45,7 +45,7 @@ import math
 from dataclasses import dataclass, replace
 
 from aiu_sim.ir.ops import OpGroup
-from aiu_sim.ir.program import Kernel, step_reads, step_writes
+from aiu_sim.ir.program import Collective, Kernel, step_reads, step_writes
 from torch_spyre_emu.compiler.context import CompileOptions, NotBundled, ProgramParts
 
 # Inductor's config.max_fusion_size default (upstream torch/_inductor/config.py); assumed kept by torch-spyre.
@@ -144,7 +144,8 @@ def _not_bundled(steps: list, refused: dict[int, str] | None) -> list[NotBundled
         if refused is None:
             why = "fusion is off (torch_spyre_emu.config.fuse)"
         elif j > i + 1:
-            why = f"host step {steps[i + 1].name} between them"
+            kind = "collective" if isinstance(steps[i + 1], Collective) else "host step"
+            why = f"{kind} {steps[i + 1].name} between them"
         elif not (_fusable(a) and _fusable(b)):
             k = a if not _fusable(a) else b
             why = f"{k.name}: {k.op} is not a fusable op (pointwise or reduction), a bundle of its own"

@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 import torch.fx as fx
 
+from torch_spyre_emu.compiler.collectives import is_collective
 from torch_spyre_emu.compiler.context import CompileOptions
 
 aten = torch.ops.aten
@@ -79,6 +80,6 @@ def _is_host_factory(node: fx.Node, caps) -> bool:
 
 def _foldable(node: fx.Node, const: dict) -> bool:
     name = getattr(node.target, "__name__", str(node.target))
-    if any(k in name for k in NONDETERMINISTIC):
-        return False
+    if any(k in name for k in NONDETERMINISTIC) or is_collective(node.target):
+        return False  # a collective's value comes from the other cards at run time, never at compile time
     return all(n in const for n in node.all_input_nodes)

@@ -1,9 +1,9 @@
 """Scratchpad (LX) planning (STACK §1.5): greedy, no eviction, 128-byte aligned, within the allocatable LX per core
 (1.6 MiB of 2 MiB: the backend reserves 20%).
 
-A buffer is a candidate for LX when only kernels touch it (no host copy, no CPU island, not a program input or
-output) and every kernel that touches it gives each core the same region of it, so a core finds in its LX exactly
-what it wrote there. Candidates are placed in program order at the lowest free offset that stays free for the
+A buffer is a candidate for LX when only kernels touch it (no host copy, no CPU island, no collective, not a
+program input or output) and every kernel that touches it gives each core the same region of it, so a core finds
+in its LX exactly what it wrote there. Candidates are placed in program order at the lowest free offset that stays free for the
 buffer's whole lifetime (first to last use); a buffer that does not fit goes to DRAM, never silently wrong.
 """
 
@@ -11,7 +11,16 @@ from __future__ import annotations
 
 import math
 
-from aiu_sim.ir.program import Buffer, DeviceToHost, HostOp, HostToDevice, Kernel, arg_bytes, core_slices
+from aiu_sim.ir.program import (
+    Buffer,
+    Collective,
+    DeviceToHost,
+    HostOp,
+    HostToDevice,
+    Kernel,
+    arg_bytes,
+    core_slices,
+)
 from aiu_sim.numerics.formats import STICK_BYTES
 from torch_spyre_emu.compiler.context import CompileOptions, ProgramParts
 
@@ -52,7 +61,7 @@ def lx_planning(parts: ProgramParts, options: CompileOptions) -> ProgramParts:
             pinned.add(step.dst)
         elif isinstance(step, DeviceToHost):
             pinned.add(step.src)
-        elif isinstance(step, HostOp):
+        elif isinstance(step, HostOp | Collective):  # the host or the other cards read and write them in DRAM
             pinned.update(step.inputs + step.outputs)
         elif isinstance(step, Kernel):
             for name, uses in _regions(step, buffers).items():

@@ -5,7 +5,8 @@ largest/sorted; gelu erf form gated by `ops.gelu_erf`; fp16/bf16 -> fp32 casts g
 `numerics.rmsnorm_fp32_upcast`; int<->float casts fall back (#4643); pow with other exponents falls back;
 attention bmms with K or N not a whole number of sticks gated by `layout.head_dim_not_stick_multiple`; weight
 matmuls with a large N (>= WEIGHT_N_CHECK_MIN) that is not a stick multiple gated by
-`layout.weight_n_not_stick_multiple`), then the
+`layout.weight_n_not_stick_multiple`; collectives by compiler/collectives.classify: SUM-only all-reduce, the
+dtypes spyreccl takes, never a CPU island), then the
 dtype list: an op on a dtype the table does not list for it (e.g. fp32 off SPYRE_FP32_OPS) is treated as a
 fallback (its CPU island keeps the values right; strict mode raises).
 
@@ -23,6 +24,7 @@ import torch.fx as fx
 
 from aiu_sim.ir.layout import elems_per_stick
 from aiu_sim.numerics.formats import host_dtype_name as dtype_name
+from torch_spyre_emu.compiler import collectives
 from torch_spyre_emu.compiler.context import (
     CompileOptions,
     UnsupportedOp,
@@ -72,6 +74,8 @@ def classify(node: fx.Node, options: CompileOptions) -> tuple[str, str, str]:
     target = node.target
     ins = _tensors(node)
     out = node.meta.get("val")
+    if collectives.is_collective(target):  # its own rules: a collective never runs as a CPU island
+        return collectives.classify(node, caps, ins)
     if status == "unsupported":
         return status, key, entry.note if entry else "no lowering exists for this op"
 

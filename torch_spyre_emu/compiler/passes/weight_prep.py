@@ -16,21 +16,21 @@ from __future__ import annotations
 from dataclasses import replace
 
 from aiu_sim.ir.ops import OpGroup
-from aiu_sim.ir.program import HostOp, HostToDevice, Kernel, step_reads
+from aiu_sim.ir.program import Collective, HostOp, HostToDevice, Kernel, step_reads
 from torch_spyre_emu.compiler.context import CompileOptions, ProgramParts
 
 
 def split_weight_prep(parts: ProgramParts, options: CompileOptions) -> ProgramParts:
     steps = parts.steps
     writers: dict[str, list[Kernel]] = {}
-    other_writes: set[str] = set()  # written by host copies or CPU islands: never prepared
+    other_writes: set[str] = set()  # written by host copies, CPU islands or collectives: never prepared
     for s in steps:
         if isinstance(s, Kernel):
             for a in s.outputs:
                 writers.setdefault(a.buffer, []).append(s)
         elif isinstance(s, HostToDevice):
             other_writes.add(s.dst)
-        elif isinstance(s, HostOp):
+        elif isinstance(s, HostOp | Collective):
             other_writes.update(s.outputs)
     # a weight the program writes (none today) is not a constant source
     prepared = {b for b in parts.weight_buffers if b not in writers and b not in other_writes}
