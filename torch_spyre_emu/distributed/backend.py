@@ -21,12 +21,14 @@ Python constructor), and a creator that returns a ProcessGroup becomes the whole
 (distributed_c10d._new_process_group_helper), the gloo backend made for "cpu" included. So this group serves every
 device: CPU tensors go to its gloo group unchanged (as "cpu:gloo" asks; rejected when the group was initialised
 without a cpu backend, as c10d does), spyre tensors by spyreccl's rules. The gloo group is also registered as the
-group's cpu backend, which is where c10d keeps the group's name (functional collectives resolve groups by it).
+group's cpu and spyre backend: c10d keeps the group's name in its backends (functional collectives resolve groups
+by it), and init_process_group(device_id=torch.device("spyre", i)) looks the device's backend up. A c10d op that
+reaches that backend directly with a spyre tensor gets gloo's "unsupported device type" error, not wrong values.
 
 isend/irecv cannot be told apart from send/recv here (c10d passes no async flag for point-to-point); they complete
 before returning. dist.barrier() runs on the device c10d picks for it: the CPU (gloo) when the group has a cpu
-backend, as with the real stack; dist.barrier(device_ids=[i]) or init_process_group(device_id=...) makes it a
-spyreccl barrier.
+backend, as with the real stack; dist.barrier(device_ids=[i]) makes it a spyreccl barrier. (With the real stack
+init_process_group(device_id=...) does too; here torch drops the bound device with the group object it replaces.)
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ from torch_spyre_emu.distributed import collectives
 from torch_spyre_emu.distributed.errors import SpyreCCLError, SpyreCCLNotSupportedException
 
 BACKEND_NAME = "spyreccl"
+DEVICE = "spyre"
 _REDUCE_OPS = ("SUM", "AVG", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR", "PREMUL_SUM")
 
 
@@ -105,6 +108,7 @@ class SpyreCCLProcessGroup(dist.ProcessGroup):
             dist.PrefixStore(BACKEND_NAME, store), rank, world_size, timeout
         )
         self._register_backend(torch.device("cpu"), dist.ProcessGroup.BackendType.GLOO, self.transport)
+        self._register_backend(torch.device(DEVICE), dist.ProcessGroup.BackendType.CUSTOM, self.transport)
 
     def getBackendName(self) -> str:
         return BACKEND_NAME

@@ -148,10 +148,11 @@ def test_init_process_group_with_nine_ranks_is_a_typed_error():
 
 @pytest.fixture
 def one_rank_group():
-    """A real one-rank "cpu:gloo,spyre:spyreccl" group in this process (gloo over a HashStore)."""
+    """A real one-rank "cpu:gloo,spyre:spyreccl" group in this process (gloo over a HashStore), bound to card 0
+    (init_process_group looks the device's backend up)."""
     dist.init_process_group(
         "cpu:gloo,spyre:spyreccl", store=dist.HashStore(), rank=0, world_size=1,
-        timeout=datetime.timedelta(seconds=30),
+        timeout=datetime.timedelta(seconds=30), device_id=torch.device("spyre", 0),
     )  # fmt: skip
     try:
         yield dist.distributed_c10d._get_default_group()
