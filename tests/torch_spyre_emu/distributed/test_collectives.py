@@ -195,3 +195,22 @@ def test_group_without_a_cpu_backend_refuses_cpu_tensors():
         assert t.cpu().tolist() == [1.0, 1.0]
     finally:
         dist.destroy_process_group()
+
+
+def test_compiled_collectives_are_in_the_profile_too(one_rank_group):
+    """dynamo traces dist.all_reduce into the graph, which lowers to a Collective step: the report lists it with the
+    eager ones (a one-rank group: the step takes no time, but it is there, with its group)."""
+
+    def fn(x):
+        y = x * 2
+        dist.all_reduce(y)
+        return y + 1
+
+    x = torch.ones(4, 64, dtype=torch.float16).to("spyre")
+    rep = torch_spyre_emu.profile(fn, x)
+    (c,) = rep.collectives
+    hw = stack_config.hardware_config()
+    assert (c.op, c.rank, c.group) == ("all_reduce", 0, one_rank_group.group_name)
+    assert c.timing == collective_time("all_reduce", 4 * 64 * 2, 1, hw)
+    assert rep.name == rep.programs[0]  # named after its graph, not its collectives
+    assert "1 all_reduce" in rep.summary()
