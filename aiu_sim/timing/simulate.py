@@ -241,8 +241,8 @@ def _collective_step(
         index=index,
         name=step.name,
         kind="collective",
-        op=step.op,
-        fn=None,
+        op="collective",  # the step kind, as for host steps; fn names the collective (as the eager profile does)
+        fn=step.op,
         shapes=tuple(buffers[b].shape for b in names),
         dtypes=tuple(buffers[b].dtype for b in names),
         cores=(),

@@ -206,7 +206,7 @@ def test_timed_by_the_interconnect_model_in_order():
     report = aiu_sim.run(p, mode="timing").timing  # timing needs no callable: no values move
     step = report.steps[2]
     want = interconnect.collective_time("all_reduce", R * C * 2, 2, SPYRE)
-    assert step.kind == "collective" and step.op == "all_reduce" and step.collective == want
+    assert step.kind == step.op == "collective" and step.fn == "all_reduce" and step.collective == want
     assert step.end_ns - step.start_ns == pytest.approx(want.total_us * 1e3)
     assert step.start_ns == report.steps[1].end_ns and report.steps[3].start_ns == step.end_ns  # blocking
     assert report.collectives == [step]

@@ -87,11 +87,12 @@ def main(out: Path) -> None:
     steps = [s for s in timing.steps if s.kind == "collective"]
     want = collective_time("all_reduce", M * N * 2, 2, timing.config)
     result["collective_steps"] = [
-        {"op": s.op, "us": s.duration_us, "timing_ok": s.collective == want} for s in steps
+        {"op": s.fn, "us": s.duration_us, "timing_ok": s.collective == want} for s in steps
     ]
     result["model_us"] = want.total_us
     result["eager_timing_equal"] = eager_timing == want
-    result["profile_ops"] = [s.op for s in report.steps]
+    result["profile_steps"] = [(s.op, s.fn) for s in report.steps]
+    result["profile_collectives"] = [(c.op, c.duration_us) for c in report.collectives]
     traced = json.loads(Path(report.trace_paths[0]).read_text())["traceEvents"]
     result["trace_has_step"] = bool(steps) and any(e.get("name") == steps[0].name for e in traced)
 

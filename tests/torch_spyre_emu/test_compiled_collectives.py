@@ -62,7 +62,8 @@ def test_the_collective_step_is_in_the_program_profile_and_trace_with_the_interc
         assert step["op"] == "all_reduce" and step["timing_ok"]
         assert step["us"] == pytest.approx(found["model_us"]) and found["model_us"] > 0
         assert found["eager_timing_equal"]  # the eager backend times the same collective the same
-        assert "all_reduce" in found["profile_ops"] and found["trace_has_step"]
+        assert ["collective", "all_reduce"] in found["profile_steps"] and found["trace_has_step"]
+        assert found["profile_collectives"] == [["all_reduce", pytest.approx(found["model_us"])]]
 
 
 def test_input_mutation_and_broadcast(two_ranks):
