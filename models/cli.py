@@ -234,16 +234,24 @@ def whatif(
     serve_max_batch: int = typer.Option(8, help="Largest decode batch of the serving what-if."),
     serve_prompt: str = typer.Option("64,1024", help="Prompt length range LO,HI of the serving trace."),
     serve_output: str = typer.Option("16,256", help="Output length range LO,HI of the serving trace."),
+    tp: str = typer.Option(
+        None, help="Comma list of tensor-parallel degrees (cards, 1..8) to sweep too, e.g. 1,2,4,8."
+    ),
+    keep_going: bool = typer.Option(
+        False, help="A point whose program does not build (e.g. over the per-core span) becomes a row with its "
+        "error instead of stopping the study."
+    ),
 ) -> None:
-    """Time synthetic full-size LLM steps (timing only) across a grid of HardwareConfig overrides; writes
-    whatif.csv, PNGs and summary.md (models/whatif.py; docs/studies.md)."""
+    """Time synthetic full-size LLM steps (timing only) across a grid of HardwareConfig overrides and
+    tensor-parallel degrees; writes whatif.csv, PNGs and summary.md (models/whatif.py; docs/studies.md)."""
     from models import whatif as wi
 
     _load_config_or_exit(config)
     try:
         files = wi.run_command(
             model, prefill, decode_kv, batch, set_, config, dtype, out, console,
-            serve_rate, serve_requests, serve_max_batch, serve_prompt, serve_output,
+            serve_rate, serve_requests, serve_max_batch, serve_prompt, serve_output, tp=tp,
+            keep_going=keep_going,
         )
     except wi.WhatIfError as e:
         console.print(f"[red]error:[/red] {escape(str(e))}")

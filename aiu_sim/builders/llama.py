@@ -22,7 +22,8 @@ import numpy as np
 from aiu_sim.builders.program_builder import ProgramBuilder, SplitPolicy
 from aiu_sim.config import HardwareConfig
 from aiu_sim.errors import ProgramError
-from aiu_sim.ir.program import Arg, KernelProgram
+from aiu_sim.ir.ops import MAX_CARDS
+from aiu_sim.ir.program import Arg, Collective, KernelProgram
 
 
 def llama_decoder_program(
@@ -45,11 +46,16 @@ def llama_decoder_program(
     seed: int = 0,
     config: HardwareConfig | str | None = None,
     name: str | None = None,
+    world_size: int = 1,
 ) -> KernelProgram:
     """A Llama forward over `seq` new tokens with a KV cache of `kv_len` positions (default: seq, a prefill).
 
     logits: "all" (every new token) or "last". weights: None (device buffers without values: fine for timing),
-    "random" (seeded values for every weight and the past KV cache), or a dict buffer name -> array."""
+    "random" (seeded values for every weight and the past KV cache), or a dict buffer name -> array.
+    world_size > 1: one rank's program of a tensor-parallel group of that many cards (Megatron style): heads,
+    kv_heads, intermediate and vocab are then this rank's shards (the caller splits them), o_proj and down_proj
+    outputs are partial sums that a Collective all-reduce completes, and an all-gather stacks the ranks' logits
+    shards along dim 0, so host "logits" is (world_size * batch, rows, vocab) in rank order."""
     kv_len = seq if kv_len is None else kv_len
     if heads % kv_heads:
         raise ProgramError(f"llama: heads {heads} must be a multiple of kv_heads {kv_heads}")
@@ -59,6 +65,10 @@ def llama_decoder_program(
         raise ProgramError(f"llama: kv_len {kv_len} must be >= seq {seq} (the cache holds the new tokens)")
     if logits not in ("all", "last"):
         raise ProgramError(f"llama: logits must be 'all' or 'last', got {logits!r}")
+    if isinstance(world_size, bool) or not isinstance(world_size, int) or not 1 <= world_size <= MAX_CARDS:
+        raise ProgramError(
+            f"llama: world_size must be the cards of the group, 1..{MAX_CARDS}, got {world_size!r}"
+        )
     groups, half, past = heads // kv_heads, head_dim // 2, kv_len - seq
     b = ProgramBuilder(name or f"llama_l{layers}_h{hidden}_s{seq}_kv{kv_len}", config, split_policy)
     B, S, H, KH, G, E, T, FF = batch, seq, hidden, kv_heads, groups, head_dim, kv_len, intermediate
@@ -110,21 +120,14 @@ def llama_decoder_program(
             b.buffer(p + buf, dtype, shape)
         _rmsnorm(b, p + "attn_norm", "x", p + "attn_norm", "h", B, S, H, eps)
         _attention(b, p, B, S, H, KH, G, E, T, half, past)
+        _all_reduce(b, p + "attn_all_reduce", "o", world_size)
         _residual(b, p + "attn_residual", "o", B, S, H)
         _rmsnorm(b, p + "mlp_norm", "x", p + "mlp_norm", "h", B, S, H, eps)
         _mlp(b, p, B, S, H, FF)
+        _all_reduce(b, p + "mlp_all_reduce", "o", world_size)
         _residual(b, p + "mlp_residual", "o", B, S, H)
 
-    b.buffer("final_norm", dtype, (H,))
-    b.buffer("lm_head", dtype, (H, vocab))
-    rows = S if logits == "all" else 1
-    b.buffer("logits", dtype, (B, rows, vocab))
-    _rmsnorm(b, "final_norm", "x", "final_norm", "h", B, S, H, eps)
-    h_arg = Arg("h", ("b", "s", "k")) if logits == "all" else Arg("h", ("b", None, "k"), (0, S - 1, 0))
-    out_arg = Arg("logits", ("b", "s", "n")) if logits == "all" else Arg("logits", ("b", None, "n"))
-    space = {"b": B, "s": S, "n": vocab, "k": H} if logits == "all" else {"b": B, "n": vocab, "k": H}
-    b.kernel("lm_head", "matmul", [h_arg, ("lm_head", ("k", "n"))], [out_arg], space, reduce_dims=("k",))
-    b.host_output("logits", "logits", "float32")
+    _lm_head(b, B, S, H, vocab, dtype, eps, logits, world_size)
 
     if weights is not None:
         values = _random_weights(b, seed) if isinstance(weights, str) and weights == "random" else weights
@@ -316,6 +319,35 @@ def _attention(b: ProgramBuilder, p, B, S, H, KH, G, E, T, half, past) -> None:
         {"b": B, "s": S, "n": H, "k": KH * G * E},
         reduce_dims=("k",),
     )
+
+
+def _all_reduce(b: ProgramBuilder, name: str, buf: str, world_size: int) -> None:
+    """Sum a row-parallel projection's partial output over the group, in place (nothing on one card)."""
+    if world_size > 1:
+        b.steps.append(
+            Collective(name, "all_reduce", [buf], [buf], {"world_size": world_size, "reduce_op": "sum"})
+        )
+
+
+def _lm_head(b: ProgramBuilder, B, S, H, vocab, dtype, eps, logits="last", world_size=1) -> None:
+    """The final rmsnorm and the LM head (every new token's logits, or the last one's) into host "logits"; on
+    world_size > 1 cards the LM head is this rank's vocab shard, all-gathered (dim 0: rank, then batch)."""
+    b.buffer("final_norm", dtype, (H,))
+    b.buffer("lm_head", dtype, (H, vocab))
+    rows = S if logits == "all" else 1
+    out = "logits" if world_size == 1 else "logits_shard"
+    b.buffer(out, dtype, (B, rows, vocab))
+    _rmsnorm(b, "final_norm", "x", "final_norm", "h", B, S, H, eps)
+    h_arg = Arg("h", ("b", "s", "k")) if logits == "all" else Arg("h", ("b", None, "k"), (0, S - 1, 0))
+    out_arg = Arg(out, ("b", "s", "n")) if logits == "all" else Arg(out, ("b", None, "n"))
+    space = {"b": B, "s": S, "n": vocab, "k": H} if logits == "all" else {"b": B, "n": vocab, "k": H}
+    b.kernel("lm_head", "matmul", [h_arg, ("lm_head", ("k", "n"))], [out_arg], space, reduce_dims=("k",))
+    if world_size > 1:
+        b.buffer("logits", dtype, (world_size * B, rows, vocab))
+        b.steps.append(
+            Collective("logits_all_gather", "all_gather", [out], ["logits"], {"world_size": world_size})
+        )
+    b.host_output("logits", "logits", "float32")
 
 
 def _rotate_half(b: ProgramBuilder, name, src, dst, lead, space, half) -> None:
