@@ -107,7 +107,8 @@ def test_local_rank_picks_the_card_of_a_process():
     code = (
         "import torch, torch_spyre_emu;"
         "t = torch.ones(2, device='spyre');"
-        "print(t.device, torch.spyre.current_device(), (t * 2).device)"
+        "print(t.device, torch.spyre.current_device(), (t * 2).device, torch.ones(2).to('spyre').device,"
+        " torch.tensor([1.0], device='spyre').device, torch.nn.Linear(2, 2).to('spyre').weight.device)"
     )
     env = {
         "AIU_WORLD_SIZE": "2",
@@ -120,4 +121,4 @@ def test_local_rank_picks_the_card_of_a_process():
     env["PYTHONPATH"] = os.pathsep.join(sys.path)
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.split() == ["spyre:1", "1", "spyre:1"]
+    assert out.stdout.split() == ["spyre:1", "1"] + ["spyre:1"] * 4

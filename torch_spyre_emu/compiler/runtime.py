@@ -222,8 +222,11 @@ def run_and_record(compiled: Compiled, args: list):
     """Run `compiled` in the mode (and with the trace file) of the active profile(), else config.mode, and record
     the run for last_profile() and profile(): what every compiled call and every eager op does. Returns the user
     outputs."""
+    from torch_spyre_emu.device.tensor import card_of, on_card
+
     mode, trace_path = current_run_options(compiled.program.name)
-    outputs, result, uploads = run_compiled(compiled, args, mode=mode, trace_path=trace_path)
+    with on_card(card_of(args)):  # a program runs on its inputs' card, and its results stay there
+        outputs, result, uploads = run_compiled(compiled, args, mode=mode, trace_path=trace_path)
     record(compiled, result, uploads, trace_path)
     return outputs
 

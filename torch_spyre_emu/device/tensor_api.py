@@ -124,7 +124,36 @@ def _device_tensor_layout(self) -> SpyreTensorLayout | None:
     return spyre_tensor.device_tensor_layout(self)
 
 
+def _on_current_card(device):
+    """"spyre" without an index as the card it means, the current one (or the running op's). torch fills a missing
+    index from the device guard, which for a Python backend always says 0, so t.to("spyre") on rank 1 of a
+    one-card-per-process job would land on spyre:0; the real stack's guard answers with the current device."""
+    if isinstance(device, str | torch.device):
+        try:
+            parsed = torch.device(device)
+        except (RuntimeError, TypeError):
+            return device
+        if parsed.type == "spyre" and parsed.index is None:
+            return torch.device("spyre", spyre_tensor.allocation_card())
+    return device
+
+
+def _indexed(original):
+    """`original` with every spyre device argument given its card (see _on_current_card)."""
+
+    @functools.wraps(original)
+    def call(*args, **kwargs):
+        args = tuple(_on_current_card(a) for a in args)
+        if "device" in kwargs:
+            kwargs["device"] = _on_current_card(kwargs["device"])
+        return original(*args, **kwargs)
+
+    return call
+
+
 def _to(original):
+    original = _indexed(original)
+
     @functools.wraps(original)
     def to(self, *args, device_layout=None, **kwargs):
         if device_layout is None:
@@ -220,6 +249,8 @@ def install() -> None:
         return
     torch.Tensor.to = _to(torch.Tensor.to)
     torch.empty = _empty(torch.empty)
+    torch.tensor = _indexed(torch.tensor)
+    torch.as_tensor = _indexed(torch.as_tensor)
     torch._tensor_str._str = _str(torch._tensor_str._str)
     torch.Tensor.__deepcopy__ = _deepcopy(torch.Tensor.__deepcopy__)
     torch.Tensor._reduce_ex_internal = _reduce(torch.Tensor._reduce_ex_internal)
