@@ -197,6 +197,9 @@ class StaticGreedy:
         self.kv_heads = cfg.num_key_value_heads
         self.head_dim = causal_lm.model.layers[0].self_attn.head_dim
         self.dtype = causal_lm.lm_head.weight.dtype
+        # where the weights are: CPU tensors into the compiled programs, or spyre tensors (Module.to("spyre"), after
+        # the adapters), whose step inputs, KV cache and results then stay on that card
+        self.device = causal_lm.lm_head.weight.device
         self.compiled = compile
         self.blocks = compile and blocks
         step = StaticStep(causal_lm, blocks=self.blocks)
@@ -220,11 +223,12 @@ class StaticGreedy:
         keep = 1 - write.sum(dim=1, keepdim=True)
         select = torch.zeros(1, q, dtype=self.dtype)
         select[0, last] = 1
-        return hidden, cos.to(self.dtype), sin.to(self.dtype), mask, select, write, keep
+        out = hidden, cos.to(self.dtype), sin.to(self.dtype), mask, select, write, keep
+        return tuple(t.to(self.device) for t in out)
 
     def empty_cache(self, cache_len: int) -> tuple[torch.Tensor, ...]:
         shape = (1, self.kv_heads, cache_len, self.head_dim)
-        return tuple(torch.zeros(shape, dtype=self.dtype) for _ in range(2 * self.layers))
+        return tuple(torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(2 * self.layers))
 
     def _run(self, args: tuple, profiled: bool, trace_dir: str | None):
         if not self.compiled:
@@ -297,7 +301,7 @@ class StaticGreedy:
             out, rep = self._run(args, profiled=profiled, trace_dir=trace_dir)
             decode_profiled = decode_profiled or kind == "decode"
             logits, kv = out[0], tuple(out[1:])
-            token = int(torch.argmax(logits[0, -1].float()))  # host argmax (aten.argmax is a fallback)
+            token = int(torch.argmax(logits[0, -1].cpu().float()))  # host argmax (aten.argmax is a fallback)
             pos = start + last
             rec = StepRecord(
                 kind, pos, token, rep.total_us if rep else float("nan"), time.perf_counter() - t0, rep

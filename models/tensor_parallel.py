@@ -482,11 +482,3 @@ def _localise_configs(
         full = {r[-1].stop for r in p.intermediate.values()}
         if len(widths) == 1 and getattr(cfg, "intermediate_size", None) in full:
             handle._set(cfg, "intermediate_size", next(iter(widths)))
-
-
-def communication_us(rep) -> float:
-    """Simulated time a ProfileReport spent in card-to-card collectives: the Collective steps of its compiled
-    programs (collectives="graph") plus the eager spyreccl collectives between them ("host", on spyre tensors).
-    All-reduces of CPU tensors go over gloo and are not timed."""
-    compiled = sum(s.end_ns - s.start_ns for t in rep.timing_reports for s in t.collectives) / 1e3
-    return compiled + rep.collective_us

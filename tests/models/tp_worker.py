@@ -1,11 +1,12 @@
 """One rank of the tensor-parallel tests, launched by torchrun (tests/models/test_tensor_parallel_torchrun.py):
 
     python -m torch.distributed.run --standalone --nproc-per-node N tests/models/tp_worker.py OUT.json \\
-        --model tiny|smollm2 --tp 1,2,4 --new-tokens 20 [--families llama,mistral,...] [--prompt-seed 21]
+        --model tiny|smollm2 --tp 1,2,4,2:host --new-tokens 20 [--device spyre|cpu] [--families llama,...]
 
-All degrees run in one launch, so processes start once: degree d uses the process group of ranks 0..d-1
-(torch.distributed.new_group), the other ranks wait. For each degree, on emulated Spyre (fp16 weights, DL16, the
-adapters, the static decode loop): greedy tokens, and for d > 1 teacher forcing on the TP=1 tokens. --families
+All runs share one launch, so processes start once: degree d uses the process group of ranks 0..d-1
+(torch.distributed.new_group), the other ranks wait. For each run, on emulated Spyre (fp16 weights, DL16, the
+adapters, the static decode loop; the weights on each rank's card): greedy tokens, and for d > 1 teacher forcing on
+the TP=1 tokens. "2:host" runs TP=2 with the all-reduces between the compiled graphs (eager spyreccl). --families
 also shards each zoo family's tiny model in CPU fp32 and compares its logits with the unsharded model's. Rank 0
 writes OUT.json; any rank's exception is written there too (and the launch fails).
 """
@@ -95,45 +96,52 @@ def _load(model: str, prompt_seed: int):
     return ref, text.chat_input_ids(tok, demo.DEFAULT_PROMPT)
 
 
-def spyre_runs(model_name: str, degrees: list[int], new_tokens: int, groups: dict, prompt_seed: int) -> dict:
-    """Greedy decoding on emulated Spyre at every degree; d > 1 also teacher-forced on TP=1's tokens."""
+def spyre_runs(model_name: str, runs: list[tuple[int, str]], new_tokens: int, groups: dict, args) -> dict:
+    """Greedy decoding on emulated Spyre for every (degree, collectives) run; d > 1 also teacher-forced on TP=1's
+    tokens (when TP=1 ran first). --device spyre moves the patched model onto this rank's card (spyre:LOCAL_RANK)."""
     import adapters
     from models.generate import StaticGreedy, device_copy
-    from models.tensor_parallel import communication_us, tensor_parallel
+    from models.tensor_parallel import tensor_parallel
 
     rank = dist.get_rank()
-    ref, ids = _load(model_name, prompt_seed)
+    ref, ids = _load(model_name, args.prompt_seed)
     out: dict = {}
     tp1: list[int] | None = None
-    for d in degrees:
-        torch._dynamo.reset()  # each degree compiles its own shapes; no recompile limit across them
+    for d, collectives in runs:
+        torch._dynamo.reset()  # each run compiles its own shapes; no recompile limit across them
         record = None
         if rank < d:
             t0 = time.perf_counter()
             model = device_copy(ref, torch.float16)
-            handle = tensor_parallel(model, group=_group(d, groups), world_size=d)
-            with adapters.apply(model):
-                runner = StaticGreedy(model)
-                gen = runner.generate(ids, new_tokens)
-                forced = runner.generate(ids, new_tokens, forced=tp1) if tp1 is not None and d > 1 else None
+            handle = tensor_parallel(model, group=_group(d, groups), world_size=d, collectives=collectives)
+            patched = adapters.apply(model)  # on the CPU, before the move, as hf-adapters prepare a model
+            if args.device == "spyre":
+                model.to("spyre")
+            runner = StaticGreedy(model)
+            gen = runner.generate(ids, new_tokens)
+            forced = runner.generate(ids, new_tokens, forced=tp1) if tp1 is not None and d > 1 else None
+            patched.remove()
             record = {
                 "rank": rank,
+                "device": str(runner.device),
                 "tokens": gen.new_ids,
                 "forced_predictions": forced.new_ids if forced else None,
                 "prefill_us": gen.prefill.sim_us,
                 "decode_us": [s.sim_us for s in gen.decodes],
                 "prompt_ids": ids[0].tolist(),
-                "prefill_comm_us": communication_us(gen.prefill.report),
-                "decode_comm_us": communication_us(gen.steps[1].report) if len(gen.steps) > 1 else None,
-                "programs_per_decode": len(gen.steps[1].report.programs) if len(gen.steps) > 1 else None,
+                "prefill_comm_us": gen.prefill.report.collective_us,
+                "decode_comm_us": gen.steps[1].report.collective_us,
+                "collectives_per_decode": len(gen.steps[1].report.collectives),
+                "programs_per_decode": len(gen.steps[1].report.programs),
                 "summary": handle.summary(),
                 "collectives": handle.collectives,
                 "wall_s": time.perf_counter() - t0,
             }
         records = [None] * dist.get_world_size() if rank == 0 else None
         dist.gather_object(record, records, dst=0)
+        key = str(d) if collectives == "auto" else f"{d}:{collectives}"
         if rank == 0:
-            out[str(d)] = [r for r in records if r is not None]
+            out[key] = [r for r in records if r is not None]
         if d == 1:
             box = [gen.new_ids if rank == 0 else None]
             dist.broadcast_object_list(box, src=0)
@@ -141,16 +149,32 @@ def spyre_runs(model_name: str, degrees: list[int], new_tokens: int, groups: dic
     return out
 
 
+def bad_degree(world: int) -> str:
+    """The typed error for a degree that is not the process group's size."""
+    from models import tiny
+    from models.tensor_parallel import TensorParallelError, tensor_parallel
+
+    try:
+        tensor_parallel(tiny.tiny_llama(), world_size=world + 1)
+    except TensorParallelError as e:
+        return str(e)
+    return "no error"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("out", type=Path)
     ap.add_argument("--model", default="tiny", choices=("tiny", "smollm2"))
-    ap.add_argument("--tp", default="1,2")
+    ap.add_argument(
+        "--tp", default="1,2", help="runs: DEGREE or DEGREE:COLLECTIVES (auto, graph, host), in order"
+    )
+    ap.add_argument("--device", default="spyre", choices=("spyre", "cpu"))
     ap.add_argument("--new-tokens", type=int, default=20)
     ap.add_argument("--families", default="")
-    ap.add_argument("--prompt-seed", type=int, default=21)
+    ap.add_argument("--prompt-seed", type=int, default=39)
     args = ap.parse_args()
-    degrees = [int(x) for x in args.tp.split(",")]
+    runs = [(int(d), mode or "auto") for d, _, mode in (x.partition(":") for x in args.tp.split(","))]
+    degrees = sorted({d for d, _ in runs})
     warnings.simplefilter("ignore")
     # spyreccl for spyre tensors and compiled collectives where the stack has it, gloo for CPU tensors
     spyreccl = "spyreccl" in dist.Backend.backend_list
@@ -170,7 +194,8 @@ def main() -> None:
         if families:
             doc["cpu_families"] = cpu_families(families, degrees, groups)
         doc["cpu_families_wall_s"] = time.perf_counter() - t0
-        doc["spyre"] = spyre_runs(args.model, degrees, args.new_tokens, groups, args.prompt_seed)
+        doc["bad_degree"] = bad_degree(world)
+        doc["spyre"] = spyre_runs(args.model, runs, args.new_tokens, groups, args)
     except Exception:
         doc["error"] = f"rank {rank}: {traceback.format_exc()}"
         sys.stderr.write(doc["error"])
