@@ -11,19 +11,31 @@ number), with a forward hook on every module recording its output. Teacher-force
 continuation, the first position where the device's arg-max differs is exactly where its greedy output would first
 change: up to there both decode the same prefix.
 
-Settings (SETTINGS): "dl16" is the stack as it is (fp16 weights and activations in DLFloat16, matmuls accumulated
-in fp32 and rounded once). "fp8_<e4m3|e5m2>_<tensor|channel>" store the weights of every nn.Linear inside the
-decoder layers in FP8 with a per-tensor or per-output-channel fp32 scale (amax / the format's max finite value)
-and dequantize them to DL16 before the matmul, the way the stack's dequantize_fp8_with_scale / fp8todl16 ops do
-(torch_spyre_stack.md §3, torch_spyre_api.md §4): a weight-only (W8A16) study. The dequantize runs on the host
-before upload with the device op's arithmetic (fp32 product, one DL16 rounding), so its values are the device's
-and its time is not counted.
+Settings (SETTINGS, plus the two parametrised forms below):
+  * "dl16" is the stack as it is (fp16 weights and activations in DLFloat16, matmuls and sums accumulated in fp32,
+    results rounded once).
+  * "dl16_acc" and "chunked" run the same programs under another accumulation model
+    (torch_spyre_emu.config.accumulation, aiu_sim.numerics.accumulate): every addition of every matmul and sum
+    rounded to DL16 (torch-spyre #4232 reports DL16 accumulation for reductions), or DL16 sums over runs of
+    chunk_size k's added to a DL16 total (Wang et al. 2018; the chunk defaults to the PT array's K SIMD depth, 8,
+    spyre_hardware.md §1/§5). "chunked:N" takes another chunk size (Wang et al. used 64).
+  * "fp8_<e4m3|e5m2>_<tensor|channel>" store the weights of every nn.Linear inside the decoder layers in FP8 with a
+    per-tensor or per-output-channel fp32 scale (amax / the format's max finite value) and dequantize them to DL16
+    before the matmul, the way the stack's dequantize_fp8_with_scale / fp8todl16 ops do (torch_spyre_stack.md §3,
+    torch_spyre_api.md §4): a weight-only (W8A16) study. The dequantize runs on the host before upload with the
+    device op's arithmetic (fp32 product, one DL16 rounding), so its values are the device's and its time is not
+    counted.
+  * "fp32:<module>[+<module>...]" (fp32_islands(names)) keeps the named modules in fp32: their weights are the fp32
+    model's and their inputs are widened to fp32 and their outputs narrowed back to fp16 at the module boundary
+    (the stack's on-device dl16tofp32 / fp32todl16 casts). On the device fp32 runs only for the ops of
+    SPYRE_FP32_OPS (torch_spyre_stack.md §3: no matmul); every other op of the module takes the stack's normal CPU
+    fallback, so such a setting always runs in fallback mode and the summary counts its CPU islands. It answers
+    "does keeping this module in fp32 fix the error?".
 
-Not available (NOT_AVAILABLE says why, and asking for one is a PrecisionError): DL16 or chunked accumulation (the
-stack passes no accumulation model to aiu_sim.run; aiu_sim.run(program, accumulation=...) has them for programs
-built by hand), FP8 x FP8 matmuls (the executor has no batchmatmulfp8 numerics with 16-bit accumulation and the
-stack's capability table has mm/bmm for fp16 only), _scaled_mm, int8 weights with integer accumulation, and fp32
-islands for chosen modules.
+Not available (NOT_AVAILABLE says why, and asking for one is a PrecisionError): FP8 x FP8 matmuls (the executor has
+batchmatmulfp8's numerics, but the stack lowers no op to it: the fp8 custom ops have no lowering and mm/bmm are
+fp16 only), _scaled_mm (not in the stack's op tables), and int8 weights with integer accumulation (the executor
+has int8 x int8 -> int32 numerics for hand-built programs; the stack lowers no integer matmul).
 """
 
 from __future__ import annotations
@@ -31,6 +43,7 @@ from __future__ import annotations
 import copy
 import json
 import re
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,7 +52,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from aiu_sim.numerics import dl16, fp8, get_format
+from aiu_sim.numerics import AccumulationModel, dl16, fp8, get_format
 
 
 class PrecisionError(ValueError):
@@ -52,32 +65,85 @@ class Setting:
     note: str
     weight_format: str | None = None  # an FP8 format name of aiu_sim.numerics.fp8, or None (DL16 weights)
     granularity: str | None = None  # "tensor" or "channel" (one scale per output channel)
+    # torch_spyre_emu.config.accumulation for the device run ("dl16", "chunked", "chunked:N"); None: the default
+    accumulation: str | None = None
+    fp32_modules: tuple[str, ...] = ()  # modules kept in fp32 (fp32 islands); the run is in fallback mode
+
+
+# aiu_sim's default chunk: the PT array's K SIMD depth (one fact, one place)
+CHUNK = AccumulationModel().chunk_size
 
 
 def _fp8(fmt: str, gran: str) -> Setting:
-    scope = "one scale per tensor" if gran == "tensor" else "one scale per output channel (qfp8ch's arrangement)"
-    return Setting(f"{fmt}_{gran}", f"decoder Linear weights in {fmt}, {scope}, dequantized to DL16", fmt, gran)
+    scope = (
+        "one scale per tensor" if gran == "tensor" else "one scale per output channel (qfp8ch's arrangement)"
+    )
+    return Setting(
+        f"{fmt}_{gran}", f"decoder Linear weights in {fmt}, {scope}, dequantized to DL16", fmt, gran
+    )
 
 
 SETTINGS: dict[str, Setting] = {
     s.name: s
     for s in (
         Setting("dl16", "the stack as it is: DLFloat16 weights and activations, fp32 accumulation"),
+        Setting(
+            "dl16_acc",
+            "DLFloat16 accumulation: every addition of every matmul and sum rounded to DL16",
+            accumulation="dl16",
+        ),
+        Setting(
+            "chunked",
+            f"chunked DL16 accumulation: DL16 sums of {CHUNK} k's added to a DL16 total",
+            accumulation="chunked",
+        ),
         *(_fp8(f, g) for f in fp8.FORMAT_NAMES for g in ("tensor", "channel")),
     )
 }
-_NO_ACC = ("torch_spyre_emu passes no accumulation model to aiu_sim.run, so a compiled model always accumulates "
-           "in fp32; aiu_sim.run(program, accumulation=...) compares accumulation models on hand-built programs")
+_NO_INT8 = (
+    "the stack lowers no integer matmul (mm/bmm are fp16 only; integer formats have native add and mul "
+    "only, spyre_hardware.md §5); aiu_sim's executor has int8 x int8 -> int32 numerics for hand-built "
+    "programs (docs/numerics.md)"
+)
 NOT_AVAILABLE: dict[str, str] = {
-    "dl16_acc": _NO_ACC,
-    "chunked": _NO_ACC,
-    "fp8_matmul": "the executor has no FP8 x FP8 matmul numerics (batchmatmulfp8: FP8 operands, 16-bit "
-                  "accumulation, DL16 output) and the stack lowers mm/bmm for fp16 only",
-    "scaled_mm": "aten._scaled_mm is not lowered by the stack",
-    "int8": "no int8 weight matmul with integer accumulation in the stack (mm/bmm are fp16 only)",
-    "fp32_islands": "the stack lowers fp32 only for the ops of SPYRE_FP32_OPS (no matmul), so a module cannot "
-                    "be moved to fp32 as a whole",
+    "fp8_matmul": "the stack lowers no op to batchmatmulfp8 (FP8 x FP8, 16-bit accumulation, DL16 output): the "
+    "fp8 custom ops (qfp8ch, quantize/dequantize_fp8_with_scale) have no lowering and mm/bmm are "
+    "fp16 only; aiu_sim's executor has its numerics for hand-built programs (docs/numerics.md)",
+    "scaled_mm": "aten._scaled_mm is in none of torch-spyre's op tables (torch_spyre_stack.md §1.7, §3), so the "
+    "stack rejects it",
+    "int8_tensor": _NO_INT8,
+    "int8_channel": _NO_INT8,
 }
+FP32_PREFIX = "fp32:"
+CHUNKED_PREFIX = "chunked:"
+
+
+def fp32_islands(modules: Sequence[str]) -> Setting:
+    """The setting that keeps `modules` (names of model.named_modules()) in fp32; checked against the model when
+    the study runs."""
+    names = tuple(dict.fromkeys(m.strip() for m in modules if m.strip()))
+    if not names:
+        raise PrecisionError("fp32 islands: no module names; give e.g. model.layers.0.mlp")
+    return Setting(
+        FP32_PREFIX + "+".join(names),
+        f"fp32 islands: {', '.join(names)} in fp32 (fallback mode)",
+        fp32_modules=names,
+    )
+
+
+def _chunked(text: str) -> Setting:
+    size = text.removeprefix(CHUNKED_PREFIX)
+    if not size.isdigit() or int(size) < 1:
+        raise PrecisionError(
+            f"precision setting {text!r}: the chunk size must be a positive integer, e.g. chunked:64"
+        )
+    return Setting(
+        f"chunked:{int(size)}",
+        f"chunked DL16 accumulation: DL16 sums of {int(size)} k's added to a DL16 total",
+        accumulation=f"chunked:{int(size)}",
+    )
+
+
 LAYER = re.compile(r"\blayers?\.(\d+)\b|\bh\.(\d+)\b|\blayer\.(\d+)\b")
 DECODER_LINEAR = re.compile(r"\b(layers?|h)\.\d+\.")
 
@@ -87,10 +153,17 @@ def setting(name: str | Setting) -> Setting:
         return name
     if name in SETTINGS:
         return SETTINGS[name]
+    if name.startswith(FP32_PREFIX):
+        return fp32_islands(name.removeprefix(FP32_PREFIX).split("+"))
+    if name.startswith(CHUNKED_PREFIX):
+        return _chunked(name)
     if name in NOT_AVAILABLE:
         raise PrecisionError(f"precision setting {name!r} is not available: {NOT_AVAILABLE[name]}")
-    raise PrecisionError(f"unknown precision setting {name!r}; available: {', '.join(SETTINGS)}; "
-                         f"not available yet: {', '.join(NOT_AVAILABLE)}")
+    raise PrecisionError(
+        f"unknown precision setting {name!r}; available: {', '.join(SETTINGS)}, "
+        f"{CHUNKED_PREFIX}N, {FP32_PREFIX}MODULE[+MODULE...]; not available yet: "
+        f"{', '.join(NOT_AVAILABLE)}"
+    )
 
 
 def parse_settings(text: str) -> list[Setting]:
@@ -118,8 +191,9 @@ def fp8_dequantized(weight: torch.Tensor, fmt: str, granularity: str) -> tuple[t
     return torch.from_numpy(deq).to(torch.float16), scale
 
 
-def quantize_linear_weights(model: torch.nn.Module, fmt: str, granularity: str,
-                            include: Callable[[str], bool] | None = None) -> list[str]:
+def quantize_linear_weights(
+    model: torch.nn.Module, fmt: str, granularity: str, include: Callable[[str], bool] | None = None
+) -> list[str]:
     """Replace the weights of the chosen nn.Linear modules (default: those inside decoder layers) in place by their
     FP8-dequantized values; returns the module names."""
     include = include or (lambda name: bool(DECODER_LINEAR.search(name)))
@@ -131,8 +205,10 @@ def quantize_linear_weights(model: torch.nn.Module, fmt: str, granularity: str,
                 mod.weight.copy_(deq.to(mod.weight.dtype))
                 done.append(name)
     if not done:
-        raise PrecisionError(f"{type(model).__name__}: no nn.Linear matched for FP8 weights (decoder layers' "
-                             f"Linear modules by default; pass include=)")
+        raise PrecisionError(
+            f"{type(model).__name__}: no nn.Linear matched for FP8 weights (decoder layers' "
+            f"Linear modules by default; pass include=)"
+        )
     return done
 
 
@@ -148,6 +224,7 @@ def capture(model: torch.nn.Module, run: Callable[[], object]) -> tuple[object, 
             t = out[0] if isinstance(out, tuple | list) and out else out
             if isinstance(t, torch.Tensor) and t.is_floating_point():
                 store[name] = t
+
         return hook
 
     handles = [m.register_forward_hook(hook_for(n)) for n, m in model.named_modules() if n]
@@ -187,12 +264,19 @@ def module_table(setting_name: str, device: dict, reference: dict, model: torch.
     rows = []
     for order, (name, ref) in enumerate(reference.items()):
         dev = device.get(name)
-        row = {"setting": setting_name, "order": order, "module": name, "kind": kinds.get(name, ""),
-               "layer": layer_of(name), "shape": "x".join(map(str, ref.shape))}
+        row = {
+            "setting": setting_name,
+            "order": order,
+            "module": name,
+            "kind": kinds.get(name, ""),
+            "layer": layer_of(name),
+            "shape": "x".join(map(str, ref.shape)),
+        }
         if dev is None or dev.shape != ref.shape:
             # an adapter padded or replaced the module (head_dim_pad, lm_head_pad), or it ran inside a fused op
-            row["note"] = "not comparable: " + ("no output on the device run" if dev is None
-                                                 else f"device shape {tuple(dev.shape)}")
+            row["note"] = "not comparable: " + (
+                "no output on the device run" if dev is None else f"device shape {tuple(dev.shape)}"
+            )
         else:
             row.update(error_metrics(dev, ref))
             row["note"] = ""
@@ -236,22 +320,81 @@ def cast_copy(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
     return copy.deepcopy(model).to(dtype).eval()
 
 
+def check_modules(model: torch.nn.Module, st: Setting) -> None:
+    """Every fp32-island module of `st` is a module of `model`, else a PrecisionError naming it and close names."""
+    import difflib
+
+    known = [n for n, _ in model.named_modules() if n]
+    for name in st.fp32_modules:
+        if name not in known:
+            near = difflib.get_close_matches(name, known, n=3, cutoff=0.6)
+            hint = f"did you mean {', '.join(near)}?" if near else f"e.g. {', '.join(known[:3])}"
+            raise PrecisionError(
+                f"setting {st.name!r}: {type(model).__name__} has no module {name!r}; {hint} "
+                "(names as in model.named_modules())"
+            )
+
+
+def _cast(x, dtype: torch.dtype):
+    """Floating tensors in x (nested tuples, lists, dicts) cast to dtype, the rest as it is."""
+    if isinstance(x, torch.Tensor):
+        return x.to(dtype) if x.is_floating_point() and x.dtype != dtype else x
+    if isinstance(x, tuple | list):
+        return type(x)(_cast(y, dtype) for y in x)
+    if isinstance(x, dict):
+        return {k: _cast(v, dtype) for k, v in x.items()}
+    return x
+
+
+def keep_in_fp32(model: torch.nn.Module, reference: torch.nn.Module, names: Sequence[str]) -> None:
+    """In the fp16 `model`, replace each named module by the fp32 `reference`'s (fp32 weights), widening its
+    floating inputs to fp32 and narrowing its outputs to the model's dtype at the boundary."""
+    for name in names:
+        island = copy.deepcopy(reference.get_submodule(name)).float()
+        island.register_forward_pre_hook(
+            lambda _m, args, kwargs: (_cast(args, torch.float32), _cast(kwargs, torch.float32)),
+            with_kwargs=True,
+        )
+        island.register_forward_hook(lambda _m, _inp, out: _cast(out, torch.float16))
+        model.set_submodule(name, island)
+
+
 def device_run(model_fp32: torch.nn.Module, st: Setting, ids: torch.Tensor, strict: bool = True):
-    """(logits [seq, vocab] fp32, module outputs, the patched fp16 model) of one setting on emulated Spyre."""
+    """(logits [seq, vocab] fp32, module outputs, the patched fp16 model, the FallbackWarnings of its CPU islands)
+    of one setting on emulated Spyre. A setting with fp32 islands runs in fallback mode (their non-fp32 ops take the CPU fallback)."""
     import adapters
     import torch_spyre_emu
+    from torch_spyre_emu.errors import FallbackWarning
 
     model = cast_copy(model_fp32, torch.float16)
     if st.weight_format:
         quantize_linear_weights(model, st.weight_format, st.granularity)
+    if st.fp32_modules:
+        check_modules(model, st)
+        keep_in_fp32(model, model_fp32, st.fp32_modules)
+        strict = False
     handle = adapters.apply(model)
     try:
         compiled = torch.compile(model, backend="spyre", dynamic=False)
-        strict_ctx = torch_spyre_emu.strict() if strict else torch_spyre_emu.strict(False)
+
+        fallbacks: list[str] = []
 
         def run():
-            with strict_ctx:
-                return torch_spyre_emu.profile(compiled, mode="functional", input_ids=ids, use_cache=False)
+            with (
+                torch_spyre_emu.strict(strict),
+                torch_spyre_emu.config.use_accumulation(st.accumulation),
+                warnings.catch_warnings(record=True) as seen,
+            ):
+                warnings.simplefilter("always", FallbackWarning)
+                try:
+                    return torch_spyre_emu.profile(
+                        compiled, mode="functional", input_ids=ids, use_cache=False
+                    )
+                finally:
+                    fallbacks.extend(str(w.message) for w in seen if issubclass(w.category, FallbackWarning))
+                    for w in seen:  # other warnings as raised
+                        if not issubclass(w.category, FallbackWarning):
+                            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
 
         try:
             rep, outs = capture(model, run)
@@ -265,7 +408,7 @@ def device_run(model_fp32: torch.nn.Module, st: Setting, ids: torch.Tensor, stri
         logits = rep.outputs.logits[0].detach().float().cpu()
     finally:
         handle.remove()
-    return logits, outs, model
+    return logits, outs, model, sorted(set(fallbacks))
 
 
 def run_precision(
@@ -280,9 +423,13 @@ def run_precision(
     if not sts:
         raise PrecisionError("run_precision: no settings; give at least one of " + ", ".join(SETTINGS))
     if input_ids.dim() != 2 or input_ids.shape[0] != 1:
-        raise PrecisionError(f"run_precision: input_ids must be [1, prompt_len], got {tuple(input_ids.shape)}")
+        raise PrecisionError(
+            f"run_precision: input_ids must be [1, prompt_len], got {tuple(input_ids.shape)}"
+        )
     if not isinstance(new_tokens, int) or new_tokens < 1:
         raise PrecisionError(f"run_precision: new_tokens must be an integer >= 1, got {new_tokens!r}")
+    for st in sts:  # bad module names fail before any model runs
+        check_modules(model, st)
     reference = cast_copy(model, torch.float32)
     prompt_len = input_ids.shape[1]
     ids = greedy(reference, input_ids, new_tokens)
@@ -293,7 +440,7 @@ def run_precision(
     logits = {"reference": ref_logits}
     tables, rows, agree = [], [], {}
     for st in sts:
-        dev_logits, dev_mods, patched = device_run(model, st, ids, strict)
+        dev_logits, dev_mods, _, islands = device_run(model, st, ids, strict)
         logits[st.name] = dev_logits
         tables.append(module_table(st.name, dev_mods, ref_mods, reference))
         top = dev_logits.argmax(-1)
@@ -301,14 +448,17 @@ def run_precision(
         agree[st.name] = match
         generated = match[prompt_len - 1 : -1]  # positions whose arg-max is a generated token
         changed = np.flatnonzero(generated == 0)
-        rows.append({
-            "setting": st.name,
-            "note": st.note,
-            **{f"logits_{k}": v for k, v in error_metrics(dev_logits, ref_logits).items()},
-            "top1_agreement": float(match.mean()),
-            "first_changed_token": int(changed[0]) if changed.size else None,
-            "greedy_tokens_compared": int(generated.size),
-        })
+        rows.append(
+            {
+                "setting": st.name,
+                "note": st.note,
+                **{f"logits_{k}": v for k, v in error_metrics(dev_logits, ref_logits).items()},
+                "top1_agreement": float(match.mean()),
+                "first_changed_token": int(changed[0]) if changed.size else None,
+                "greedy_tokens_compared": int(generated.size),
+                "cpu_islands": len(islands),
+            }
+        )
     return PrecisionResult(
         modules=pd.concat(tables, ignore_index=True),
         summary=pd.DataFrame(rows).set_index("setting"),
@@ -407,20 +557,32 @@ def write_outputs(result: PrecisionResult, out, model_name: str = "") -> Precisi
     result.modules.to_csv(out / "modules.csv", index=False)
     table = out / "summary.md"
     s = result.summary
-    lines = [f"# Precision: {model_name or 'model'} on emulated Spyre vs CPU fp32", "",
-             f"{result.prompt_len} prompt tokens, {len(result.tokens) - result.prompt_len} greedy tokens of the "
-             "reference, teacher-forced.", "",
-             "| setting | logits rel RMS | logits cosine | top-1 agreement | first changed greedy token |",
-             "|---|---:|---:|---:|---:|"]
+    lines = [
+        f"# Precision: {model_name or 'model'} on emulated Spyre vs CPU fp32",
+        "",
+        f"{result.prompt_len} prompt tokens, {len(result.tokens) - result.prompt_len} greedy tokens of the "
+        "reference, teacher-forced.",
+        "",
+        "| setting | logits rel RMS | logits cosine | top-1 agreement | first changed greedy token | "
+        "CPU-island ops |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
     for name, r in s.iterrows():
-        changed = "none" if r.first_changed_token is None or pd.isna(r.first_changed_token) else \
-            str(int(r.first_changed_token))
-        lines.append(f"| {name} | {r.logits_rel_rms:.3e} | {r.logits_cosine:.6f} | "
-                     f"{100 * r.top1_agreement:.1f}% | {changed} |")
+        changed = (
+            "none"
+            if r.first_changed_token is None or pd.isna(r.first_changed_token)
+            else str(int(r.first_changed_token))
+        )
+        lines.append(
+            f"| {name} | {r.logits_rel_rms:.3e} | {r.logits_cosine:.6f} | "
+            f"{100 * r.top1_agreement:.1f}% | {changed} | {int(r.cpu_islands)} |"
+        )
     worst = result.modules.dropna(subset=["rel_rms"]).sort_values("rel_rms", ascending=False).head(5)
     lines += ["", "Largest module errors:", ""]
-    lines += [f"- {r.setting}: `{r.module}` ({r.kind}) rel RMS {r.rel_rms:.3e}, max |diff| {r.max_abs:.3g}"
-              for r in worst.itertuples()]
+    lines += [
+        f"- {r.setting}: `{r.module}` ({r.kind}) rel RMS {r.rel_rms:.3e}, max |diff| {r.max_abs:.3g}"
+        for r in worst.itertuples()
+    ]
     lines += ["", "Not available yet:", ""] + [f"- `{k}`: {v}" for k, v in result.notes.items()]
     table.write_text("\n".join(lines) + "\n")
     doc = {
@@ -433,8 +595,11 @@ def write_outputs(result: PrecisionResult, out, model_name: str = "") -> Precisi
     }
     js = out / "precision.json"
     js.write_text(json.dumps(doc, indent=1))
-    plots = {"layers": out / "error_by_layer.png", "logits": out / "logit_diffs.png",
-             "agreement": out / "agreement.png"}
+    plots = {
+        "layers": out / "error_by_layer.png",
+        "logits": out / "logit_diffs.png",
+        "agreement": out / "agreement.png",
+    }
     if layer_errors(result).empty:
         del plots["layers"]
     else:
@@ -465,9 +630,20 @@ def load_model(name: str, prompt: str | None, seed: int = 0) -> tuple[torch.nn.M
     raise PrecisionError(f"unknown --model {name!r}; choose one of: {', '.join(MODELS)}")
 
 
-def run_command(model: str, settings: str, prompt: str | None, new_tokens: int, out, strict: bool,
-                console) -> PrecisionFiles:
+def run_command(
+    model: str,
+    settings: str,
+    prompt: str | None,
+    new_tokens: int,
+    out,
+    strict: bool,
+    console,
+    fp32: str | None = None,
+) -> PrecisionFiles:
+    """`spyre-emu precision`: `fp32` is a comma list of modules for one more setting, fp32 islands."""
     sts = parse_settings(settings)  # bad names fail before any model loads
+    if fp32 is not None:
+        sts.append(fp32_islands(fp32.split(",")))
     net, ids = load_model(model, prompt)
     with console.status(f"{model}: reference and {len(sts)} setting(s) on emulated Spyre"):
         result = run_precision(net, ids, sts, new_tokens, strict)

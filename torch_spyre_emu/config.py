@@ -10,6 +10,11 @@
 - `torch_spyre_emu.config.fuse` (bool; env SPYRE_EMU_FUSE, default on): group consecutive kernels into bundles
   launched once, as torch-spyre's scheduler fusion does (compiler/passes/bundle.py); off gives every kernel its
   own launch. Values are the same either way. `with torch_spyre_emu.config.fusion(False): ...` for a block.
+- `torch_spyre_emu.config.accumulation` (env SPYRE_EMU_ACCUMULATION): how compiled programs accumulate matmuls
+  and sums: an aiu_sim AccumulationModel, a kind ("fp32", the default and the reference's recommended default;
+  "dl16", every addition rounded to DLFloat16, as torch-spyre #4232 reports for reductions; "chunked", DL16 sums
+  over runs of K), "chunked:N" for a chunk size N, or None (fp32). It is a compile option, so a program compiled
+  under one model is never reused under another. `with torch_spyre_emu.config.use_accumulation("dl16"): ...`.
 - `torch_spyre_emu.config.debug` (int; env SPYRE_EMU_DEBUG): 1 prints what the kernel passes decided (layouts,
   splits, bundles, and why adjacent kernels were not bundled) and each lowered KernelProgram, 2 also prints the
   graph after each graph pass and per-kernel timings.
@@ -23,6 +28,8 @@ import sys
 from collections.abc import Iterator
 
 from aiu_sim.config import HardwareConfig, preset
+from aiu_sim.numerics.accumulate import KINDS, AccumulationModel
+from aiu_sim.numerics.errors import NumericsError
 
 
 def _env_flag(name: str) -> bool:
@@ -33,6 +40,7 @@ strict: bool = _env_flag("SPYRE_EMU_STRICT")
 fuse: bool = os.environ.get("SPYRE_EMU_FUSE", "1").strip().lower() not in ("0", "false", "no", "off")
 hardware: HardwareConfig | str | None = os.environ.get("SPYRE_EMU_HARDWARE") or None
 mode: str = os.environ.get("SPYRE_EMU_MODE", "both") or "both"
+accumulation: AccumulationModel | str | None = os.environ.get("SPYRE_EMU_ACCUMULATION") or None
 try:
     debug: int = int(os.environ.get("SPYRE_EMU_DEBUG", "0") or 0)
 except ValueError:
@@ -54,6 +62,30 @@ def hardware_config() -> HardwareConfig:
             f"torch_spyre_emu.config.hardware must be a HardwareConfig, a preset name or None, got {hw!r}"
         )
     return inductor_config.apply_to_hardware(hw)
+
+
+def accumulation_model(spec: AccumulationModel | str | None = None) -> AccumulationModel:
+    """The AccumulationModel compiled programs run under: `spec`, else torch_spyre_emu.config.accumulation.
+
+    Strings: a kind of aiu_sim.numerics.accumulate.KINDS, or "chunked:N" (chunks of N k's). A bad value raises a
+    ValueError naming it and the accepted forms (SPYRE_EMU_ACCUMULATION is read only when a program compiles)."""
+    spec = sys.modules[__name__].accumulation if spec is None else spec
+    if spec is None or isinstance(spec, AccumulationModel):
+        return spec or AccumulationModel()
+    accepted = f"an AccumulationModel, one of {', '.join(KINDS)}, or 'chunked:N' with N a positive integer"
+    if isinstance(spec, str):
+        kind, sep, chunk = spec.strip().lower().partition(":")
+        try:
+            if sep:
+                if kind != "chunked" or not chunk.isdigit():
+                    raise ValueError
+                return AccumulationModel("chunked", chunk_size=int(chunk))
+            return AccumulationModel(kind)
+        except (ValueError, NumericsError):
+            pass
+    raise ValueError(
+        f"torch_spyre_emu.config.accumulation (or SPYRE_EMU_ACCUMULATION) is {spec!r}; it must be {accepted}"
+    )
 
 
 @contextlib.contextmanager
@@ -89,6 +121,19 @@ def use_hardware(hw: HardwareConfig | str | None) -> Iterator[HardwareConfig]:
         yield hardware_config()
     finally:
         mod.hardware = old
+
+
+@contextlib.contextmanager
+def use_accumulation(spec: AccumulationModel | str | None) -> Iterator[AccumulationModel]:
+    """The accumulation model of the programs compiled and run in a block (see accumulation_model)."""
+    model = accumulation_model(spec) if spec is not None else AccumulationModel()
+    mod = sys.modules[__name__]
+    old = mod.accumulation
+    mod.accumulation = model
+    try:
+        yield model
+    finally:
+        mod.accumulation = old
 
 
 def debug_level() -> int:

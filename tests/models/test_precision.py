@@ -23,10 +23,13 @@ def result():
 
 
 def test_settings_name_what_is_missing():
-    assert set(prec.SETTINGS) == {"dl16"} | {f"{f}_{g}" for f in fp8.FORMAT_NAMES for g in ("tensor", "channel")}
-    with pytest.raises(prec.PrecisionError, match="'chunked' is not available: torch_spyre_emu passes no accum"):
-        prec.setting("chunked")
-    with pytest.raises(prec.PrecisionError, match="no FP8 x FP8 matmul numerics"):
+    fp8_names = {f"{f}_{g}" for f in fp8.FORMAT_NAMES for g in ("tensor", "channel")}
+    assert set(prec.SETTINGS) == {"dl16", "dl16_acc", "chunked"} | fp8_names
+    with pytest.raises(
+        prec.PrecisionError, match="'int8_channel' is not available: the stack lowers no integer"
+    ):
+        prec.setting("int8_channel")
+    with pytest.raises(prec.PrecisionError, match="lowers no op to batchmatmulfp8"):
         prec.setting("fp8_matmul")
     with pytest.raises(prec.PrecisionError, match="unknown precision setting 'bf8'; available: dl16"):
         prec.parse_settings("dl16,bf8")
@@ -69,9 +72,15 @@ def test_module_attribution_and_greedy(result):
     # modules an adapter widened (head_dim_pad: 32 -> 64) are reported, not compared
     assert dl.loc["model.layers.0.self_attn.q_proj", "note"].startswith("not comparable")
     layers = prec.layer_errors(result)
-    assert list(layers.index) == [0, 1] and set(layers.columns) == {"dl16", "fp8_e4m3_channel", "fp8_e5m2_tensor"}
+    assert list(layers.index) == [0, 1] and set(layers.columns) == {
+        "dl16",
+        "fp8_e4m3_channel",
+        "fp8_e5m2_tensor",
+    }
     # 3 or 2 mantissa bits in the weights cost more than DLFloat16's 9, at every layer
-    assert (layers.fp8_e4m3_channel > layers.dl16).all() and (layers.fp8_e5m2_tensor > layers.fp8_e4m3_channel).all()
+    assert (layers.fp8_e4m3_channel > layers.dl16).all() and (
+        layers.fp8_e5m2_tensor > layers.fp8_e4m3_channel
+    ).all()
     s = result.summary
     assert s.loc["dl16", "logits_cosine"] > 0.999
     assert s.loc["dl16", "greedy_tokens_compared"] == 4 and len(result.tokens) == 12 + 4
@@ -84,7 +93,7 @@ def test_files(result, tmp_path):
     files = prec.write_outputs(result, tmp_path, "tiny-llama")
     doc = json.loads(files.json.read_text())
     assert [r["setting"] for r in doc["summary"]] == ["dl16", "fp8_e4m3_channel", "fp8_e5m2_tensor"]
-    assert "chunked" in doc["not_available"] and len(doc["modules"]) == len(result.modules)
+    assert "fp8_matmul" in doc["not_available"] and len(doc["modules"]) == len(result.modules)
     assert set(files.plots) == {"layers", "logits", "agreement"}
     assert all(p.stat().st_size > 1000 for p in files.plots.values())
     assert "| fp8_e4m3_channel |" in files.table.read_text()
@@ -105,11 +114,13 @@ def test_a_model_that_does_not_run_is_named():
 def test_precision_command(tmp_path):
     runner = CliRunner()
     out = tmp_path / "p"
-    r = runner.invoke(app, ["precision", "--model", "tiny-llama", "--settings", "dl16", "--new-tokens", "2",
-                            "--out", str(out)])
+    r = runner.invoke(
+        app,
+        ["precision", "--model", "tiny-llama", "--settings", "dl16", "--new-tokens", "2", "--out", str(out)],
+    )
     assert r.exit_code == 0, r.output
     assert {p.name for p in out.iterdir()} >= {"summary.md", "modules.csv", "precision.json", "agreement.png"}
-    r = runner.invoke(app, ["precision", "--model", "tiny-llama", "--settings", "dl16,chunked"])
-    assert r.exit_code == 2 and "'chunked' is not available" in r.output
+    r = runner.invoke(app, ["precision", "--model", "tiny-llama", "--settings", "dl16,int8_channel"])
+    assert r.exit_code == 2 and "'int8_channel' is not available" in r.output
     r = runner.invoke(app, ["precision", "--model", "gpt5", "--settings", "dl16"])
     assert r.exit_code == 2 and "unknown --model 'gpt5'" in r.output

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, fields
 
 from aiu_sim.config import HardwareConfig
 from aiu_sim.ir.program import Buffer
+from aiu_sim.numerics.accumulate import AccumulationModel
 from torch_spyre_emu import config as stack_config
 from torch_spyre_emu.capabilities import Capabilities, capabilities
 
@@ -43,8 +44,8 @@ class UnsupportedOp:
 @dataclass(frozen=True)
 class CompileOptions:
     """What one compilation is asked to do. No pass changes it; equal `key`s (with equal inputs) give equal
-    programs, so the compile caches key on it. The stack switches (strict, capabilities, hardware, fuse) are
-    read from torch_spyre_emu.config when not given."""
+    programs, so the compile caches key on it. The stack switches (strict, capabilities, hardware, fuse,
+    accumulation) are read from torch_spyre_emu.config when not given."""
 
     name: str = "graph"
     strict: bool = field(default_factory=lambda: stack_config.strict)
@@ -52,6 +53,9 @@ class CompileOptions:
     hardware: HardwareConfig = field(default_factory=stack_config.hardware_config)
     # group kernels into bundles launched once (passes/bundle.py; torch_spyre_emu.config.fuse)
     fuse: bool = field(default_factory=lambda: stack_config.fuse)
+    # how the program's matmuls and sums accumulate when it runs (torch_spyre_emu.config.accumulation): the program
+    # is the same, its values are not, so programs (and their caches) are per model
+    accumulation: AccumulationModel = field(default_factory=stack_config.accumulation_model)
     # place buffers in LX (passes/lx_planning.py; torch_spyre._inductor.config.lx_planning)
     lx_planning: bool = field(default_factory=lambda: _inductor_config().lx_planning_enabled())
     # placeholder indices of the parameters and of the spyre tensors (both device-resident)

@@ -30,6 +30,7 @@ from torch_spyre_emu.compiler.builder import HostSpec, host_array
 from torch_spyre_emu.compiler.codegen import Lowered
 from torch_spyre_emu.compiler.collectives import run_collective
 from torch_spyre_emu.compiler.pipeline import Compiled
+from torch_spyre_emu.config import accumulation_model
 from torch_spyre_emu.device import host_dtypes
 from torch_spyre_emu.device.host_dtypes import device_format
 from torch_spyre_emu.profiling import current_run_options, record, timing_stand_in
@@ -231,9 +232,14 @@ def run_and_record(compiled: Compiled, args: list):
     return outputs
 
 
-def run_compiled(compiled: Compiled, args: list, mode: str = "both", trace_path=None):
-    """Run `compiled` on the call's flat args. Returns (user outputs, RunResult, UploadRecord)."""
+def run_compiled(compiled: Compiled, args: list, mode: str = "both", trace_path=None, accumulation=None):
+    """Run `compiled` on the call's flat args. Returns (user outputs, RunResult, UploadRecord).
+
+    accumulation: the AccumulationModel (or a kind string, see config.accumulation_model) of the run's matmuls and
+    sums; None: the one the program was compiled for (CompileOptions.accumulation). Timing does not depend on it
+    (an assumption: the engine times fp32 partial sums either way), so the timing memo is shared."""
     lowered: Lowered = compiled.lowered
+    model = compiled.options.accumulation if accumulation is None else accumulation_model(accumulation)
     program = compiled.program
     hw = compiled.options.hardware
     inputs: dict[str, np.ndarray] = {}
@@ -296,6 +302,7 @@ def run_compiled(compiled: Compiled, args: list, mode: str = "both", trace_path=
             if compiled.options.outputs_on_device and compute
             else None,
             resident_exact=exact,
+            accumulation=model,
             collectives=run_collective,  # Collective steps: spyreccl's value functions (compiler/collectives.py)
         )
     if timed is not None:  # the first call's timing: same program, same chip
