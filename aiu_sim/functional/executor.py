@@ -327,7 +327,8 @@ class _State:
         return table[k.fn](*xs, k.attrs)
 
     def _matmul(self, k: Kernel, xs: list[np.ndarray], where: str) -> np.ndarray:
-        return exec_reduce.matmul(k, self.buffers, _f32(xs[0]), _f32(xs[1]), self._model(k, where))
+        # as read: integer operands (float64 holding integers) go to the integer accumulator, floats to fp32
+        return exec_reduce.matmul(k, self.buffers, xs[0], xs[1], self._model(k, where))
 
     def _reduce(self, k: Kernel, xs: list[np.ndarray], where: str) -> np.ndarray:
         x = xs[0]

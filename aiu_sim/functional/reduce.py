@@ -18,7 +18,16 @@ import numpy as np
 
 from aiu_sim.errors import ExecutionError
 from aiu_sim.ir.program import Arg, Buffer, Kernel, core_slices
-from aiu_sim.numerics.accumulate import AccumulationModel, ReductionOrder, combine, partial_sums
+from aiu_sim.numerics import fp8
+from aiu_sim.numerics.accumulate import (
+    AccumulationModel,
+    ReductionOrder,
+    combine,
+    combine_int,
+    fp8_matmul_model,
+    partial_sums,
+    partial_sums_int,
+)
 from aiu_sim.numerics.formats import get_format
 
 Region = dict[str, tuple[int, int]]
@@ -91,7 +100,41 @@ def _take(x: np.ndarray, kernel: Kernel, kdim: str, k_range: tuple[int, int] | N
 def matmul(kernel: Kernel, buffers: dict[str, Buffer], a: np.ndarray, b: np.ndarray, model) -> np.ndarray:
     """C = sum over reduce_dims of A * B, einsum-style over kernel.space; returns space-aligned accumulator values
     (reduce dims kept with size 1). Dims only A indexes are M, only B: N, both or neither: batch; several reduce
-    dims are contracted as one K in row-major order."""
+    dims are contracted as one K in row-major order.
+
+    Operand formats pick the arithmetic: two integer operands (int8, int4, int16) accumulate exactly into 32 bits
+    (numerics.accumulate.matmul_int; float64 results holding int32 values); two FP8 operands are batchmatmulfp8,
+    16-bit accumulation (numerics.accumulate.fp8_matmul_model, unless the kernel names its model); anything else
+    runs `model`, an FP8 operand next to a DL16 one widened exactly (FP8 values are DL16 values)."""
+    fmts = [get_format(buffers[arg.buffer].dtype) for arg in kernel.inputs]
+    if all(f.kind == "int" and f.bits <= 16 for f in fmts):
+        pieces = _matmul_pieces(kernel, a, b)
+
+        def int_partial(k_range):
+            a3, b3, back = pieces(k_range)
+            return back(partial_sums_int(a3, b3)[0])
+
+        kdim = split_reduce_dim(kernel)
+        if kdim is None:
+            return int_partial(None).astype(np.float64)
+        ranges = sorted({region[kdim] for region in core_slices(kernel, buffers)})
+        parts = np.stack([int_partial(r) for r in ranges])
+        return combine_int(parts, reduction_tree(kernel, len(ranges))).astype(np.float64)
+    if "accumulation" not in kernel.attrs and all(f.name in fp8.FORMAT_NAMES for f in fmts):
+        model = fp8_matmul_model(model)
+    exact = all(exact_products_format(f.name) for f in fmts)
+    pieces = _matmul_pieces(kernel, a, b)
+
+    def partial(k_range):
+        a3, b3, back = pieces(k_range)
+        return back(partial_sums(_f32(a3), _f32(b3), model, 1, exact)[0])  # accumulator format
+
+    return split_accumulate(kernel, buffers, model, partial)
+
+
+def _matmul_pieces(kernel: Kernel, a: np.ndarray, b: np.ndarray):
+    """pieces(k_range) -> (A as (batch, M, K), B as (batch, K, N) over that K range, and `back`, which turns a
+    (batch, M, N) result into the space-aligned layout with reduce dims of size 1)."""
     space = list(kernel.space)
     ext = kernel.space
     red = list(kernel.reduce_dims)
@@ -106,9 +149,12 @@ def matmul(kernel: Kernel, buffers: dict[str, Buffer], a: np.ndarray, b: np.ndar
     mt = math.prod(ext[d] for d in m_dims)
     nt = math.prod(ext[d] for d in n_dims)
     idx = {d: i for i, d in enumerate(space)}
-    exact = all(exact_products_format(buffers[arg.buffer].dtype) for arg in (a_arg, b_arg))
 
-    def partial(k_range):
+    def back(c: np.ndarray) -> np.ndarray:
+        c = c.reshape([ext[d] for d in batch + m_dims + n_dims] + [1] * len(red))
+        return np.transpose(c, [(batch + m_dims + n_dims + red).index(d) for d in space])
+
+    def pieces(k_range):
         ap, bp = _take(a, kernel, kdim, k_range), _take(b, kernel, kdim, k_range)
         k_ext = {d: (k_range[1] - k_range[0] if d == kdim and k_range else ext[d]) for d in red}
         kt = math.prod(k_ext.values())
@@ -120,11 +166,9 @@ def matmul(kernel: Kernel, buffers: dict[str, Buffer], a: np.ndarray, b: np.ndar
             [ext[d] for d in batch] + [k_ext[d] for d in red] + [ext[d] for d in n_dims] + [1] * len(m_dims)
         )
         b3 = np.broadcast_to(b3, b_shape).reshape(bt, kt, nt)
-        c = partial_sums(_f32(a3), _f32(b3), model, 1, exact)[0]  # (bt, mt, nt), accumulator format
-        c = c.reshape([ext[d] for d in batch + m_dims + n_dims] + [1] * len(red))
-        return np.transpose(c, [(batch + m_dims + n_dims + red).index(d) for d in space])
+        return a3, b3, back
 
-    return split_accumulate(kernel, buffers, model, partial)
+    return pieces
 
 
 def reduce_sum(kernel: Kernel, buffers: dict[str, Buffer], x: np.ndarray, model) -> np.ndarray:

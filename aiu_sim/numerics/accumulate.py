@@ -27,6 +27,14 @@ Then the accumulated value A satisfies |A - S| <= gamma_h * T with gamma_h = h*u
 Higham, "Accuracy and Stability of Numerical Algorithms", 2nd ed., ch. 4), and the output R = round_out(A) satisfies
 |R - S| <= gamma_h * T + u_out * (|S| + gamma_h * T), with u_out = 2**-10 for DL16 and 2**-24 for fp32 outputs.
 For DL16 accumulation h*u reaches 1 at w = 1024: long DL16 sums have no useful bound, which is why chunking exists.
+
+FP8 operands (``fp8_matmul_model``): batchmatmulfp8 takes FP8 operands, accumulates in 16 bits and writes DL16
+(spyre_hardware.md §5), so an fp32 model becomes DL16 accumulation for it; dl16 and chunked models apply as given.
+
+Integer operands (``matmul_int``, ``partial_sums_int``, ``combine_int``): int8 / int4 (and int16, an assumption)
+products summed exactly into a 32-bit accumulator (spyre_hardware.md §5: the integer accumulator width is not
+public, default 32 bits). Assumption: each K slice's exact sum is saturated to int32 once, and every addition of
+partials saturates too (int8 needs K >= 2**17 in one slice before this can matter).
 """
 
 from dataclasses import dataclass
@@ -46,9 +54,13 @@ __all__ = [
     "AccumulationModel",
     "ReductionOrder",
     "combine",
+    "combine_int",
     "finalize",
+    "fp8_matmul_model",
     "matmul",
+    "matmul_int",
     "partial_sums",
+    "partial_sums_int",
     "reduce_mean",
     "reduce_sum",
 ]
@@ -84,6 +96,17 @@ class AccumulationModel:
 
 
 DEFAULT_MODEL = AccumulationModel()
+INT_ACCUMULATOR = (-(2**31), 2**31 - 1)  # spyre_hardware.md §5: integer accumulator width not public; 32 bits
+INT_OPERAND = (
+    -(2**15),
+    2**15 - 1,
+)  # int8, int4 and int16 operands: products and long sums stay exact in int64
+
+
+def fp8_matmul_model(model: AccumulationModel = DEFAULT_MODEL) -> AccumulationModel:
+    """The model a matmul of two FP8 operands runs under: batchmatmulfp8 accumulates in 16 bits (spyre_hardware.md
+    §5), so fp32 accumulation becomes DL16 accumulation (chunk size and output kept); dl16 / chunked as given."""
+    return AccumulationModel("dl16", model.chunk_size, model.output) if model.kind == "fp32" else model
 
 
 def matmul(a, b, model: AccumulationModel = DEFAULT_MODEL, k_splits: int = 1, order=None) -> np.ndarray:
@@ -257,3 +280,88 @@ def _add(x: np.ndarray, y: np.ndarray, model: AccumulationModel) -> np.ndarray:
     with serial_if_small(x.size):
         add_arrays_dl16(x.reshape(-1), y.reshape(-1), out.reshape(-1))
     return out
+
+
+def matmul_int(a, b, k_splits: int = 1, order=None) -> np.ndarray:
+    """a @ b of integer operands (2-D or batched, as np.matmul) with a 32-bit accumulator: int32 results, see the
+    module docstring for the saturation rule. ``order``: a ReductionOrder (or a nested-tuple tree) over the
+    k_splits partials."""
+    return combine_int(partial_sums_int(a, b, k_splits), order).astype(np.int32)
+
+
+def partial_sums_int(a, b, k_splits: int = 1) -> np.ndarray:
+    """Per-slice exact partials of integer a @ b, each saturated to int32: int64, shape (k_splits, *result)."""
+    a64, b64 = _int_operand(a, "a"), _int_operand(b, "b")
+    if a64.ndim < 2 or b64.ndim < 2:
+        raise UnsupportedInputError(
+            f"matmul_int needs 2-D (or batched) operands, got shapes {a64.shape} and {b64.shape}"
+        )
+    if a64.shape[-1] != b64.shape[-2]:
+        raise UnsupportedInputError(
+            f"matmul_int: inner dimensions differ, a is {a64.shape} and b is {b64.shape} (a[..., K] @ b[..., K, N])"
+        )
+    n_k = a64.shape[-1]
+    _check_splits(k_splits, n_k)
+    width = n_k // k_splits
+    lo, hi = INT_ACCUMULATOR
+    # |product| <= 2**30, so any K below 2**33 sums exactly in int64 (numpy's integer matmul is exact until then)
+    return np.stack(
+        [np.clip(np.matmul(a64[..., s * width : (s + 1) * width], b64[..., s * width : (s + 1) * width, :]), lo, hi)
+         for s in range(k_splits)]
+    )  # fmt: skip
+
+
+def combine_int(partials, order=None) -> np.ndarray:
+    """Add integer partials (leading axis = leaf index) along the tree ``order`` (default: a chain), every addition
+    saturated to int32. Returns int64 arrays of int32 values."""
+    parts = np.asarray(partials)
+    if parts.dtype.kind not in "iu" or parts.ndim == 0:
+        raise UnsupportedInputError(
+            f"combine_int takes integer partials stacked along a leading axis, got dtype {parts.dtype}, "
+            f"shape {parts.shape}"
+        )
+    parts = parts.astype(np.int64)
+    if order is None:
+        order = ReductionOrder.chain(parts.shape[0])
+    elif not isinstance(order, ReductionOrder):
+        order = ReductionOrder(order)
+    if order.n_leaves != parts.shape[0]:
+        raise UnsupportedInputError(
+            f"combine_int: the order has {order.n_leaves} leaves but there are {parts.shape[0]} partials ({order!r})"
+        )
+    lo, hi = INT_ACCUMULATOR
+
+    def evaluate(tree):
+        if isinstance(tree, int):
+            return np.clip(parts[tree], lo, hi)
+        total = evaluate(tree[0])
+        for child in tree[1:]:
+            total = np.clip(total + evaluate(child), lo, hi)
+        return total
+
+    return evaluate(order.tree)
+
+
+def _int_operand(x, name: str) -> np.ndarray:
+    """An integer operand as int64, its values in INT_OPERAND's range (int8, int4, int16). Integral float64 arrays
+    (the executor holds integer operands so) are accepted too; anything else raises naming what was wrong."""
+    arr = np.asarray(x)
+    if (
+        arr.dtype.kind == "f"
+        and arr.dtype.itemsize == 8
+        and np.all(np.isfinite(arr))
+        and np.all(arr == np.rint(arr))
+    ):
+        arr = arr.astype(np.int64)
+    if arr.dtype.kind not in "iu":
+        raise UnsupportedInputError(
+            f"matmul_int: operand {name} must be an integer array (int8, int4 held in int8, int16), got dtype "
+            f"{arr.dtype}; quantize floats first with aiu_sim.numerics.ints.quantize(x, 'int8')"
+        )
+    lo, hi = INT_OPERAND
+    if arr.size and (arr.min() < lo or arr.max() > hi):
+        raise UnsupportedInputError(
+            f"matmul_int: operand {name} has values in [{arr.min()}, {arr.max()}], outside the 16-bit operand range "
+            f"[{lo}, {hi}] the PT array multiplies (int8, int4, int16)"
+        )
+    return arr.astype(np.int64)
