@@ -80,3 +80,19 @@ def test_smollm2_accumulation_and_islands():
     s = r.summary
     assert s.logits_rel_rms["dl16"] < s.logits_rel_rms["chunked"] < s.logits_rel_rms["dl16_acc"]
     assert s.cpu_islands["fp32:model.layers.0.mlp"] > 0 and (s.logits_cosine > 0.9).all()
+
+
+def test_scaled_mm_is_rejected_in_every_mode_as_not_available_says():
+    import torch_spyre_emu
+    from torch_spyre_emu.errors import SpyreUnsupportedOpError
+
+    a = torch.randn(16, 64).to(torch.float8_e4m3fn)
+    b = torch.randn(32, 64).to(torch.float8_e4m3fn).t()
+    one = torch.tensor(1.0)
+    f = torch.compile(lambda a, b: torch._scaled_mm(a, b, one, one, out_dtype=torch.float16), backend="spyre")
+    with (
+        torch_spyre_emu.strict(False),
+        pytest.raises(SpyreUnsupportedOpError, match="do not run on Spyre in any mode"),
+    ):
+        f(a, b)
+    assert "none of torch-spyre's op tables" in prec.NOT_AVAILABLE["scaled_mm"]
