@@ -1,8 +1,11 @@
-"""RMSNorm in a DL16-safe form.
+"""RMSNorm in a DL16-safe form. Retired: the stack runs HF's fp32 upcast on the device.
 
-Gap: numerics.rmsnorm_fp32_upcast -- HF's LlamaRMSNorm upcasts to fp32 and uses pow(2).mean(); the
-stack cannot run that variance in fp32 on the device (hf-adapters: no on-device dtype conversion,
-pow(2) poorly supported). Bridge: everything stays in the activation dtype, the square is x*x and the
+Gap: cast.float16->float32 / cast.bfloat16->float32 -- HF's LlamaRMSNorm upcasts to fp32 and uses
+pow(2).mean(). hf-adapters wrote this patch when they found no on-device dtype conversion; the June 2026
+torch-spyre code has one (dl16tofp32 / fp32todl16 in _inductor/dtype_ops.py), and the fp32 pieces (x*x for
+pow(2), mean, add, rsqrt, mul) are all on SPYRE_FP32_OPS, so the stock norm runs on the device and this
+adapter retires itself (adapters.apply reports it as retired). It comes back only if a capabilities override
+takes those casts off the device. Bridge: everything stays in the activation dtype, the square is x*x and the
 mean is a sum of pre-scaled squares, sum((x/sqrt(H))^2). Pre-scaling keeps the accumulator at
 mean(x^2) instead of H*mean(x^2): in IEEE fp16 a plain sum of squares overflows once rms(x) exceeds
 256/sqrt(H) (~11 for H=576), the pre-scaled one only past rms(x) = 256; DL16's range (~2^32) is wider.
@@ -51,7 +54,8 @@ def _dl16_rmsnorm_forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
 @register_adapter
 class DL16RMSNorm(Adapter):
     name = "rmsnorm"
-    gap = "numerics.rmsnorm_fp32_upcast"
+    gap = "cast.float16->float32"
+    also = ("cast.bfloat16->float32",)
     applies_to = frozenset({"any module whose forward is LlamaRMSNorm.forward's code"})
     order = 70
 

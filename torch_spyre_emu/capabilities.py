@@ -12,6 +12,10 @@ and the torch dtypes it accepts *on the device* (fp16/bf16 are stored as DLFloat
 torch-spyre's SPYRE_FP32_OPS list; int64 is narrowed to int32). An op called with another dtype is treated like a
 fallback op (CPU island in fallback mode, typed error in strict mode).
 
+The cast table lists the dtype conversions that run on the device (torch-spyre's dtype-op table,
+_inductor/dtype_ops.py: identity, dl16tofp32, fp32todl16, fp8todl16); a `.to(dtype)` or a copy between dtypes of
+any other pair runs on the CPU (spyre::to_dtype_cpu) with a FallbackWarning.
+
 Named features describe layout/numerics behaviours that adapters patch around (e.g. whether a matmul whose
 reduction dim is not a whole number of sticks lowers). Sources: ../shared/reference/torch_spyre_stack.md
 (STACK §1.7 op classes, §2 layouts, §3 dtypes and SPYRE_FP32_OPS, §4 gaps); hf_adapters.md for the features.
@@ -21,6 +25,8 @@ Usage:
     caps.status("aten.sin")            -> "fallback"
     caps.supports("aten.mm")           -> True
     caps.supports("layout.weight_n_not_stick_multiple") -> False
+    caps.cast("float16", "float32").opfunc -> "dl16tofp32"    (None: the cast falls back)
+    caps.supports("cast.float16->float32") -> True
     with torch_spyre_emu.capabilities.override({"aten.sin": "native", "ops.gelu_erf": True}):
         ...
 """
@@ -46,6 +52,7 @@ ALL = FP + INT + BOOL + ("int8", "float8_e4m3fn", "float8_e5m2")
 
 S17 = "STACK §1.7 (docs user_guide/supported_operations.md, June 2026)"
 S3 = "STACK §3 (_inductor/constants.py SPYRE_FP32_OPS)"
+S3_CASTS = "STACK §3 on-device casts (_inductor/dtype_ops.py)"
 S4 = "STACK §4 known gaps"
 S8 = "torch_spyre_api.md §8 (spyreccl: supported and rejected collectives)"
 VIEW = "view op: metadata only on the host side, lowered as a (possibly zero-cost) copy/restickify on device"
@@ -66,6 +73,30 @@ class Feature:
     supported: bool
     note: str = ""
     source: str = ""
+
+
+@dataclass(frozen=True)
+class Cast:
+    """One on-device dtype conversion: torch dtype names and the OpFunc that performs it."""
+
+    src: str
+    dst: str
+    opfunc: str  # identity | dl16tofp32 | fp32todl16 | fp8todl16 | to_dtype
+    note: str = ""
+    source: str = ""
+
+    @property
+    def name(self) -> str:
+        return cast_key(self.src, self.dst)
+
+
+def cast_key(src: object, dst: object) -> str:
+    """The capability key of a cast: "cast.float16->float32" (torch dtypes or their names)."""
+    return f"cast.{str(src).removeprefix('torch.')}->{str(dst).removeprefix('torch.')}"
+
+
+def _casts(srcs, dsts, opfunc: str, note: str = "", source: str = S3_CASTS) -> list[Cast]:
+    return [Cast(s, d, opfunc, note, source) for s in srcs for d in dsts if s != d]
 
 
 def _e(name: str, status: str, dtypes: tuple[str, ...], note: str = "", source: str = S17) -> OpEntry:
@@ -108,11 +139,16 @@ _OPS: list[OpEntry] = [
         "_to_copy",
         "native",
         ALL,
-        "to_dtype: fp16<->bf16<->bool identity, fp32 -> fp16/bf16 on device; fp16/bf16 -> fp32 gated by "
-        "numerics.rmsnorm_fp32_upcast (off: CPU fallback); int<->float casts fall back (#4643)",
+        "to_dtype: the pairs of the cast table (capabilities().casts: dl16tofp32, fp32todl16, fp8todl16, "
+        "identity) run on the device; any other pair falls back (int<->float #4643, fp16 -> fp8)",
     ),
     _e("clone", "native", ALL, "identity copy"),
-    _e("copy", "native", ALL, "copy_ lowered (PR #490)"),
+    _e(
+        "copy",
+        "native",
+        ALL,
+        "copy_ lowered (PR #490); between dtypes, the cast table decides as for _to_copy",
+    ),
     _e("fill", "native", ALL, "constant"),
     _e("full", "native", FP + INT + BOOL, "custom op constant/full"),
     _e("full_like", "native", FP + INT + BOOL, "custom op constant/full"),
@@ -129,6 +165,18 @@ _OPS: list[OpEntry] = [
         "scalars become 1-element tensors (convert_constant_with_graph_node)",
     ),
     _e("lift_fresh_copy", "native", ALL, "identity"),
+    *(
+        _e(
+            name,
+            "native",
+            ALL,
+            "allocation; modelled as a zero fill (emulation assumption: the real one writes nothing)",
+        )
+        for name in ("empty", "empty_strided", "empty_permuted")
+    ),
+    _e("empty_like", "decomposed", ALL, "-> empty_permuted (core-aten)"),
+    _e("new_empty", "decomposed", ALL, "-> empty (core-aten)"),
+    _e("zero", "decomposed", ALL, "zero_ -> full_like(x, 0): the constant fill"),
     # --- native custom ops (customops.py) ---------------------------------------------------------------------
     _e("gelu", "native", F16, "approximate='tanh' native; exact erf form gated by feature ops.gelu_erf"),
     _e("silu", "native", F16),
@@ -144,7 +192,7 @@ _OPS: list[OpEntry] = [
         "rms_norm",
         "native",
         F16,
-        "custom op rms_norm; fp32 upcast inside gated by numerics.rmsnorm_fp32_upcast",
+        "custom op rms_norm; torch's own rms_norm upcasts to fp32 (dl16tofp32), whose pieces are on SPYRE_FP32_OPS",
     ),
     _e("_fused_rms_norm", "native", F16, "custom op rms_norm"),
     # --- reductions ---------------------------------------------------------------------------------------------
@@ -152,8 +200,22 @@ _OPS: list[OpEntry] = [
     _e("mean", "native", FP, "DL16 accumulation; may be inaccurate for small fp16 values (#2400)", S3),
     _e("amax", "native", FP, "max", S3),
     _e("amin", "native", FP, "min", S3),
-    _e("max", "decomposed", F16, "max.dim -> max reduce + argmax reduce (STACK §1.7 decompositions)"),
-    _e("min", "decomposed", F16, "min.dim -> min reduce + argmin reduce"),
+    _e(
+        "max",
+        "decomposed",
+        F16,
+        "max.dim -> max reduce + argmax reduce (STACK §1.7 decompositions); max() -> max",
+    ),
+    _e("min", "decomposed", F16, "min.dim -> min reduce + argmin reduce; min() -> min"),
+    _e("aminmax", "decomposed", FP, "-> amin + amax (core-aten)", S3),
+    _e(
+        "linalg_vector_norm",
+        "decomposed",
+        FP,
+        "Inductor's decomposition (torch._refs): fp16/bf16 upcast to fp32 (dl16tofp32), sum of |x|^ord, ^(1/ord): "
+        "ord 2 -> x*x, sum, sqrt; 1 -> abs, sum; inf/-inf -> amax/amin of abs; 0 -> a sum of bools (falls "
+        "back: sum takes floats). Other ords: pow falls back. Matrix norms: 'fro' is a vector norm over two dims; 'nuc' and 2 need svd (unsupported)",
+    ),
     _e(
         "_softmax", "native", F16, "fused row softmax; ~2e-5 leaks into -inf positions (hf-adapters findings)"
     ),
@@ -187,7 +249,27 @@ _OPS: list[OpEntry] = [
     _e("sign", "decomposed", F16),
     _e("bitwise_not", "decomposed", BOOL, "bool only (logical_not)"),
     _e("bitwise_and", "decomposed", BOOL, "bool only (logical_and)"),
-    _e("constant_pad_nd", "decomposed", F16),
+    _e(
+        "constant_pad_nd",
+        "decomposed",
+        F16,
+        "a fill and a copy into the window; negative pads crop the source in the same copy (emulation assumption)",
+    ),
+    _e(
+        "repeat",
+        "decomposed",
+        ALL,
+        "-> expand + copy (the view torch's CompositeExplicit kernel copies from; Inductor lowers repeat as one "
+        "pointwise read). ops/fallbacks.py lists repeat.out: emulation assumption, out= calls run on device too",
+    ),
+    _e(
+        "convolution",
+        "decomposed",
+        F16,
+        "conv2d via bmm, im2col on CPU (STACK §1.7, RFC 1632-v3): 2-D, groups=1, not transposed -> im2col (a CPU "
+        "island) + bmm (+ bias add) on device; other convolutions run whole on the CPU",
+        S4,
+    ),
     _e("cat", "decomposed", FP + INT + BOOL, "copies into windows of one output"),
     _e(
         "pow",
@@ -217,7 +299,33 @@ _OPS: list[OpEntry] = [
     _e("slice", "fallback", ALL, "in-graph aten.slice falls back to CPU (RFC 1632-v3)", S4),
     _e("split", "fallback", ALL, "made of slices (RFC 1632-v3)", S4),
     _e("split_with_sizes", "fallback", ALL, "made of slices (RFC 1632-v3)", S4),
-    _e("unfold", "unsupported", (), "does not lower (RFC 1632-v3)", S4),
+    _e("unbind", "native", ALL, "one select view per index (Inductor lowers unbind as views)"),
+    _e(
+        "unfold",
+        "fallback",
+        ALL,
+        "Tensor.unfold's overlapping windows do not lower (RFC 1632-v3): a CPU island in compiled code, as "
+        "spyre::unfold is CPU-backed; eager it is a view (metadata only)",
+        S4,
+    ),
+    _e(
+        "im2col",
+        "fallback",
+        ALL,
+        "F.unfold: spyre::unfold is CPU-backed (torch_spyre_api.md §4, FallbackWarning)",
+    ),
+    *(
+        _e(
+            name,
+            "native",
+            ALL,
+            "an in-place op on a view, functionalized: the base copied, the window written (copy_ with a view "
+            "destination, PR #2102); on a base of 3 or more dims it fails (#4441; emulation assumption: "
+            "unsupported for rank >= 3); step slices fall back",
+            S4,
+        )
+        for name in ("slice_scatter", "select_scatter")
+    ),
     # --- CPU fallbacks (ops/fallbacks.py, June table) ----------------------------------------------------------
     _e("embedding", "fallback", ALL, "June table: CPU fallback (made native later by PR #3337)"),
     _e("arange", "fallback", ALL),
@@ -251,7 +359,6 @@ _OPS: list[OpEntry] = [
     ),
     _e("index_copy", "fallback", ALL, "time proportional to the destination (#4239)"),
     _e("any", "fallback", ALL, "any reduction is an UnimplementedOp; eager falls back"),
-    _e("convolution", "fallback", ALL, "conv runs im2col on CPU (RFC 1632-v3)", S4),
     _e("erf", "fallback", ALL, "not an OpFunc; emulation assumption: CPU fallback"),
     # --- gaps (no device lowering, no CPU island) ---------------------------------------------------------------
     _e("gather", "unsupported", (), "no eager kernel; compiled path has open bugs (#4328)", S4),
@@ -259,7 +366,6 @@ _OPS: list[OpEntry] = [
     _e("index_put", "unsupported", (), "indirect writes (#1880)", S4),
     _e("scatter", "unsupported", (), "indirect writes", S4),
     _e("scatter_add", "unsupported", (), "indirect writes", S4),
-    _e("slice_scatter", "unsupported", (), "indirect writes", S4),
     _e("sort", "unsupported", (), "#4072", S4),
     _e("masked_fill", "unsupported", (), "masked_fill_ does not lower (RFC 1632-v3)", S4),
     _e("masked_scatter", "unsupported", (), "RFC 1632-v3", S4),
@@ -368,19 +474,45 @@ _FEATURES: list[Feature] = [
         "hf_adapters.md §2 (pad_lm_head)",
     ),
     Feature(
-        "numerics.rmsnorm_fp32_upcast",
-        False,
-        "RMSNorm variance cannot be computed in fp32 on device (no on-device fp16->fp32 conversion in the adapter "
-        "path); the compiled graph's fp32 upcast in HF RMSNorm is not honoured: fp32 ops off SPYRE_FP32_OPS fall "
-        "back, so adapters keep the variance in fp16 (x*x).",
-        "hf_adapters.md §2 ('No on-device dtype conversion; pow(2) poorly supported')",
-    ),
-    Feature(
         "ops.gelu_erf",
         False,
         "The gelu custom op implements the tanh approximation; aten.gelu(approximate='none') (erf form) is not "
         "native. Emulation assumption: it falls back to CPU.",
         "STACK §1.7 customops gelu; emulation assumption",
+    ),
+]
+
+
+# The dtype conversions that run on the device; any other pair of dtypes falls back (CPU island, spyre::to_dtype_cpu).
+# Why a table of pairs: the real stack picks the cast's OpFunc from (source, destination) in _inductor/dtype_ops.py.
+_INTS = ("int8", "int16", "int32", "int64", "uint8")
+_CASTS: list[Cast] = [
+    *_casts(("float16",), ("bfloat16", "bool"), "identity", "same storage (SEN169_FP16)"),
+    *_casts(("bfloat16", "bool"), ("float16",), "identity", "same storage (SEN169_FP16)"),
+    *_casts(
+        F16,
+        F32,
+        "dl16tofp32",
+        "widening: exact; staggers the elements in the stick (RFC 2971), values only here",
+    ),
+    *_casts(F32, F16, "fp32todl16", "rounds to DL16 (bf16: then to the host's bf16 on the way out)"),
+    *_casts(("float8_e4m3fn",), ("float16",), "fp8todl16", "exact (every e4m3 value is a DL16 value)"),
+    # Not in the digest's table but on the device before it was written down; kept as emulation assumptions.
+    *_casts(
+        ("bfloat16", "bool"),
+        ("bfloat16", "bool"),
+        "identity",
+        "same storage (SEN169_FP16)",
+        "emulation assumption",
+    ),
+    *_casts(("bool",), F32, "dl16tofp32", "bool is stored as DL16", "emulation assumption"),
+    *_casts(F32, ("bool",), "fp32todl16", "x != 0 into DL16 storage", "emulation assumption"),
+    *_casts(
+        _INTS + BOOL,
+        _INTS + BOOL,
+        "to_dtype",
+        "integer formats and bool among themselves (int64 is int32 on device)",
+        "emulation assumption",
     ),
 ]
 
@@ -394,16 +526,24 @@ _content_keys_lock = threading.Lock()
 class Capabilities:
     """An immutable snapshot of the capability table (ops and features)."""
 
-    def __init__(self, ops: Mapping[str, OpEntry], features: Mapping[str, Feature]):
+    def __init__(
+        self, ops: Mapping[str, OpEntry], features: Mapping[str, Feature], casts: Mapping[str, Cast] = {}
+    ):
         self.ops: dict[str, OpEntry] = dict(ops)
         self.features: dict[str, Feature] = dict(features)
+        self.casts: dict[str, Cast] = dict(casts)  # cast_key -> Cast, the on-device conversions only
+
+    @property
+    def contents(self) -> tuple:
+        """Everything the table says, sorted (what caches key on)."""
+        return tuple(tuple(sorted(t.items())) for t in (self.ops, self.features, self.casts))
 
     @functools.cached_property
     def content_key(self) -> int:
         """What compile caches key on: equal for snapshots with equal contents (an override entered again reuses
         its programs), different otherwise, and never reused, unlike id() of a snapshot, which a later override can
         take over once this one is gone."""
-        contents = (tuple(sorted(self.ops.items())), tuple(sorted(self.features.items())))
+        contents = self.contents
         with _content_keys_lock:
             if contents not in _CONTENT_KEYS:
                 _CONTENT_KEYS[contents] = next(_next_content_key)
@@ -432,18 +572,32 @@ class Capabilities:
     def entry(self, op: object) -> OpEntry | None:
         return self.ops.get(self.op_key(op))
 
+    def cast(self, src: object, dst: object) -> Cast | None:
+        """The on-device cast from dtype `src` to `dst` (torch dtypes or names), None if it falls back."""
+        if str(src) == str(dst):
+            return Cast(
+                str(src).removeprefix("torch."), str(dst).removeprefix("torch."), "identity", "same dtype"
+            )
+        return self.casts.get(cast_key(src, dst))
+
     def status(self, name: object) -> str:
-        """Op status ("native" | "decomposed" | "fallback" | "unsupported"), or for a feature "native"/"unsupported".
-        Ops absent from the table are "unsupported" (the real stack has no lowering for them either)."""
+        """Op status ("native" | "decomposed" | "fallback" | "unsupported"), for a feature "native"/"unsupported",
+        for a cast key "native"/"fallback". Ops absent from the table are "unsupported" (the real stack has no
+        lowering for them either)."""
         if isinstance(name, str) and name in self.features:
             return "native" if self.features[name].supported else "unsupported"
+        if isinstance(name, str) and name.startswith("cast."):
+            return "native" if name in self.casts else "fallback"
         e = self.entry(name)
         return e.status if e is not None else "unsupported"
 
     def supports(self, name: object, dtype: str | None = None) -> bool:
-        """True if the feature is on, or the op runs on the device (native or decomposed) [for `dtype`]."""
+        """True if the feature is on, the cast ("cast.float16->float32") runs on the device, or the op runs on the
+        device (native or decomposed) [for `dtype`]."""
         if isinstance(name, str) and name in self.features:
             return self.features[name].supported
+        if isinstance(name, str) and name.startswith("cast."):
+            return name in self.casts
         e = self.entry(name)
         if e is None or e.status not in ("native", "decomposed"):
             return False
@@ -474,15 +628,26 @@ class Capabilities:
             }
             for f in self.features.values()
         ]
+        rows += [
+            {
+                "name": c.name,
+                "kind": "cast",
+                "status": "native",
+                "dtypes": f"{c.src}->{c.dst}",
+                "note": f"{c.opfunc}: {c.note}" if c.note else c.opfunc,
+                "source": c.source,
+            }
+            for c in self.casts.values()
+        ]
         return pd.DataFrame(rows)
 
     def __repr__(self) -> str:
         counts = {s: sum(e.status == s for e in self.ops.values()) for s in STATUSES}
         on = [f.name for f in self.features.values() if f.supported]
-        return f"Capabilities({len(self.ops)} ops {counts}, features on: {on})"
+        return f"Capabilities({len(self.ops)} ops {counts}, {len(self.casts)} on-device casts, features on: {on})"
 
 
-_BASE = Capabilities({e.name: e for e in _OPS}, {f.name: f for f in _FEATURES})
+_BASE = Capabilities({e.name: e for e in _OPS}, {f.name: f for f in _FEATURES}, {c.name: c for c in _CASTS})
 
 
 class _CapabilitiesAccessor:
@@ -500,11 +665,26 @@ class _CapabilitiesAccessor:
 
     @contextlib.contextmanager
     def override(self, changes: Mapping[str, object]) -> Iterator[Capabilities]:
-        """Temporarily change entries. Keys are feature names (value: bool) or op names (value: a status string,
-        or a dict of OpEntry fields, e.g. {"status": "native", "dtypes": ("float16",)})."""
+        """Temporarily change entries. Keys are feature names (value: bool), cast keys ("cast.float16->float32",
+        value: bool, on the device or not) or op names (value: a status string, or a dict of OpEntry fields, e.g.
+        {"status": "native", "dtypes": ("float16",)})."""
         cur = self._stack[-1]
-        ops, feats = dict(cur.ops), dict(cur.features)
+        ops, feats, casts = dict(cur.ops), dict(cur.features), dict(cur.casts)
         for key, value in changes.items():
+            if key.startswith("cast."):
+                src, _, dst = key.removeprefix("cast.").partition("->")
+                if not {src, dst} <= set(ALL + _INTS):
+                    raise KeyError(
+                        f"capabilities.override: cast key {key!r} is not 'cast.<dtype>-><dtype>' with dtypes of "
+                        f"{sorted(set(ALL + _INTS))}"
+                    )
+                if not isinstance(value, bool):
+                    raise TypeError(f"capabilities.override: cast {key!r} takes a bool, got {value!r}")
+                if value:
+                    casts[key] = cur.casts.get(key) or Cast(src, dst, "to_dtype", "capabilities.override")
+                else:
+                    casts.pop(key, None)
+                continue
             if key in feats:
                 if not isinstance(value, bool):
                     raise TypeError(f"capabilities.override: feature {key!r} takes a bool, got {value!r}")
@@ -525,7 +705,7 @@ class _CapabilitiesAccessor:
                     f"capabilities.override: op {name} takes a status string or a dict, got {value!r}"
                 )
             ops[name] = new
-        snap = Capabilities(ops, feats)
+        snap = Capabilities(ops, feats, casts)
         self._stack.append(snap)
         try:
             yield snap

@@ -47,7 +47,8 @@ def test_smollm2_all_adapters_equivalent_and_same_greedy_text(smollm2):
         ref = model(**inputs).logits
     ref_gen = model.generate(**inputs, max_new_tokens=16, do_sample=False)
     with adapters.apply(model) as h:
-        assert {"embedding", "attention_mask", "rope", "rmsnorm"} <= set(h.report.applied)
+        assert {"embedding", "attention_mask", "rope"} <= set(h.report.applied)
+        assert "rmsnorm" in dict(h.report.retired)  # the stack runs the fp32 upcast on device (dl16tofp32)
         with torch.no_grad():
             out = model(**inputs).logits
         gen = model.generate(**inputs, max_new_tokens=16, do_sample=False)

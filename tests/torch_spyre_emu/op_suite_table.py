@@ -102,6 +102,38 @@ def rms_norm_formula(x, w):
     return x * torch.rsqrt((x * x).mean(-1, keepdim=True) + 1e-6) * w
 
 
+def conv2d_bound(xs, ref, dt):
+    """conv2d as the stack runs it: im2col (exact copies), then cols^T @ W^T + bias (addmm's bound per output)."""
+    x, w, b = xs
+    a = F.unfold(x, w.shape[-2:]).transpose(1, 2)  # [N, L, C*kh*kw]
+    r = ref.flatten(2).transpose(1, 2)  # [N, L, O]
+    return addmm_bound(b, a, w.reshape(w.shape[0], -1).t(), r, dt).transpose(1, 2).reshape(ref.shape)
+
+
+def norm_bound(xs, ref, dt):
+    """A vector norm in fp32 (torch's decomposition upcasts), rounded once to the device format."""
+    return dl16_tolerance("pointwise", xs, ref, dt).bound(ref) + 2**-20 * ref.abs()
+
+
+def scatter_mul(x):
+    """An in-place op on a view (functionalized to slice_scatter)."""
+    y = x.clone()
+    y[..., 3:40].mul_(2)
+    return y
+
+
+def scatter_select(x):
+    """An in-place op on a selected row (select_scatter)."""
+    y = x.clone()
+    y[1].add_(1.5)
+    return y
+
+
+def to_bool_copy(x):
+    """copy_ from float into a bool tensor (x != 0)."""
+    return torch.empty(x.shape, dtype=torch.bool, device=x.device).copy_(x)
+
+
 SDPA_SHAPES = ((1, 2, 5, 64), (2, 1, 7, 64))
 SDPA_SLOW = ((1, 1, 1, 64), (1, 4, 65, 64))
 MM_SLOW = ((64, 128), (1, 1))
@@ -185,6 +217,27 @@ OPS: list[Op] = [
     Op("max_dim", lambda x: torch.max(x, -1), "max", exact),
     Op("min_dim_keepdim", lambda x: torch.min(x, 0, keepdim=True), "min", exact),
     Op("max_all", lambda x: x.max(), "max", exact),
+    Op("min_all", lambda x: x.min(), "min", exact),
+    Op("aminmax", lambda x: torch.aminmax(x, dim=-1), "aminmax", exact),
+    Op("aminmax_all", lambda x: torch.aminmax(x), "aminmax", exact),
+    # --- norms (torch's decomposition: fp32 upcast on device, dl16tofp32) -----------------------------------------
+    Op("vector_norm", lambda x: torch.linalg.vector_norm(x, dim=-1), "linalg_vector_norm", norm_bound),
+    Op("norm_p1", lambda x: x.norm(p=1, dim=-1, keepdim=True), "linalg_vector_norm", norm_bound),
+    Op("norm_inf", lambda x: torch.linalg.vector_norm(x, float("inf")), "linalg_vector_norm", exact),
+    Op(
+        "matrix_norm_fro",
+        lambda x: torch.linalg.matrix_norm(x),
+        "linalg_vector_norm",
+        norm_bound,
+        shapes=(S2, S3),
+        slow_shapes=((64, 128), (4, 3, 2, 70)),
+    ),
+    Op(
+        "normalize",
+        lambda x: F.normalize(x, dim=-1),
+        "clamp_min",  # its clamp_min (norm.clamp_min(eps)) is not on SPYRE_FP32_OPS: fp32 falls back
+        lambda xs, r, d: chain(2)(xs, r, d) + 2**-20 * r.abs(),
+    ),
     # --- matmul (K not a multiple of 64) ------------------------------------------------------------------------
     Op(
         "matmul",
@@ -307,6 +360,30 @@ OPS: list[Op] = [
         lambda s: [(s, "normal"), ((*s[:-1], 30), "normal")],
     ),
     Op("cat_first", lambda x, y: torch.cat([x, y], 0), "cat", exact, binary()),
+    Op("pad", lambda x: F.pad(x, (2, 3)), "constant_pad_nd", exact),
+    Op("pad_negative", lambda x: F.pad(x, (-2, -3)), "constant_pad_nd", exact),
+    Op("pad_mixed", lambda x: F.pad(x, (3, -5), value=1.5), "constant_pad_nd", exact),
+    Op("repeat", lambda x: x.repeat(2, *[1] * (x.dim() - 1)), "repeat", exact),
+    Op("repeat_new_dims", lambda x: x.repeat(2, 1, 3), "repeat", exact),
+    Op("unbind", lambda x: x.unbind(0), "unbind", exact, shapes=(S2, S3), slow_shapes=((1,), (4, 3, 2, 70))),
+    Op("unbind_last_pick", lambda x: x.unbind(-2)[1] * 2, "unbind", exact, shapes=(S2, S3), slow_shapes=()),
+    Op(
+        "slice_scatter",
+        scatter_mul,
+        "slice_scatter",
+        exact,
+        shapes=(S2, S1),
+        fallback=frozenset({"compiled"}),  # the slice read of the view (in-graph aten.slice falls back)
+        slow_shapes=((64, 128),),
+    ),
+    Op(
+        "select_scatter",
+        scatter_select,
+        "select_scatter",
+        pointwise,
+        shapes=(S2, (2, 257)),
+        slow_shapes=((64, 128),),
+    ),
     Op(
         "expand_clone",
         lambda x: x.expand(4, *x.shape[1:]).contiguous(),
@@ -330,11 +407,27 @@ OPS: list[Op] = [
         lambda xs, r, d: U_DL16 * r.abs(),
         ref=lambda x: x,
     ),
+    # on-device casts of torch-spyre's dtype-op table: fp16/bf16 -> fp32 is exact (dl16tofp32)
+    Op("to_fp32", lambda x: x.to(torch.float32), "_to_copy", exact),
+    Op("to_bool_copy", to_bool_copy, "copy", exact, lambda s: [(s, "int")]),
+    # conv2d via bmm: im2col on the CPU (a FallbackWarning on both paths), the matmul on the device
+    Op(
+        "conv2d",
+        lambda x, w, b: F.conv2d(x, w, b),
+        "convolution",
+        conv2d_bound,
+        lambda s: [(s, "normal"), ((64, s[1], 3, 3), "normal"), ((64,), "normal")],
+        ((1, 3, 9, 10), (2, 5, 7, 7)),
+        fallback=frozenset({"compiled", "eager"}),
+        slow_shapes=((1, 8, 16, 16),),
+    ),
     # --- constants ------------------------------------------------------------------------------------------------
     Op("zeros_add", lambda x: x + torch.zeros(x.shape, dtype=x.dtype, device=x.device), "add", exact),
     Op("ones_like", lambda x: torch.ones_like(x) * x, "mul", exact),
     Op("full_mul", lambda x: torch.full(x.shape, 2.5, dtype=x.dtype, device=x.device) * x, "mul", pointwise),
     Op("fill", lambda x: torch.zeros_like(x).fill_(1.5) + x, "add", pointwise),
+    Op("empty_like_fill", lambda x: torch.empty_like(x).fill_(1.5) + x, "empty_like", pointwise),
+    Op("zero_", lambda x: x.clone().zero_() + x, "zero", exact),
 ]
 
 OPS_BY_NAME = {op.name: op for op in OPS}

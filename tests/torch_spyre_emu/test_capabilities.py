@@ -24,6 +24,8 @@ def test_reference_statuses():
         "aten.argmin",
         "aten.embedding",
         "aten.slice",
+        "aten.unfold",  # spyre::unfold is CPU-backed (torch_spyre_api.md §4)
+        "aten.im2col",
     ):
         assert caps.status(op) == "fallback", op
     for op in (
@@ -33,7 +35,6 @@ def test_reference_statuses():
         "aten.sort",
         "aten.view_as_complex",
         "aten.masked_fill",
-        "aten.unfold",
     ):
         assert caps.status(op) == "unsupported", op
     assert caps.status("aten.no_such_op") == "unsupported"
@@ -60,7 +61,6 @@ def test_features_default_off_and_override():
     for f in (
         "layout.head_dim_not_stick_multiple",
         "layout.weight_n_not_stick_multiple",
-        "numerics.rmsnorm_fp32_upcast",
         "ops.gelu_erf",
     ):
         assert f in caps.features and not caps.supports(f)
@@ -83,9 +83,49 @@ def test_override_rejects_bad_values():
             pass
 
 
+def test_casts_are_torch_spyres_dtype_op_table():
+    """STACK §3 (_inductor/dtype_ops.py): dl16tofp32, fp32todl16, fp8todl16 and identity run on the device; any
+    other pair (int <-> float #4643, fp16 -> fp8, anything from float64) falls back."""
+    caps = torch_spyre_emu.capabilities()
+    for src, dst, opfunc in (
+        ("float16", "float32", "dl16tofp32"),
+        ("bfloat16", "float32", "dl16tofp32"),
+        ("float32", "float16", "fp32todl16"),
+        (torch.float32, torch.bfloat16, "fp32todl16"),
+        ("float8_e4m3fn", "float16", "fp8todl16"),
+        ("float16", "bfloat16", "identity"),
+        ("float16", "bool", "identity"),
+        ("float32", "float32", "identity"),
+    ):
+        assert caps.cast(src, dst).opfunc == opfunc, (src, dst)
+    for src, dst in (
+        ("float16", "float8_e4m3fn"),
+        ("float8_e4m3fn", "float32"),
+        ("float16", "int64"),
+        ("int32", "float32"),
+        ("float64", "float32"),
+    ):
+        assert caps.cast(src, dst) is None, (src, dst)
+        assert caps.status(f"cast.{src}->{dst}") == "fallback" and not caps.supports(f"cast.{src}->{dst}")
+    assert caps.supports("cast.float16->float32") and caps.status("cast.float16->float32") == "native"
+
+
+def test_cast_override():
+    with torch_spyre_emu.capabilities.override({"cast.float16->float32": False, "cast.int32->float32": True}):
+        caps = torch_spyre_emu.capabilities()
+        assert caps.cast("float16", "float32") is None and caps.cast("int32", "float32") is not None
+    assert torch_spyre_emu.capabilities().cast("float16", "float32") is not None
+    with pytest.raises(KeyError, match="cast"):
+        with torch_spyre_emu.capabilities.override({"cast.float16->float99": True}):
+            pass
+    with pytest.raises(TypeError, match="bool"):
+        with torch_spyre_emu.capabilities.override({"cast.float16->float32": "yes"}):
+            pass
+
+
 def test_dataframe_has_every_entry():
     caps = torch_spyre_emu.capabilities()
     df = caps.to_dataframe()
     assert set(df.columns) >= {"name", "kind", "status", "dtypes", "note", "source"}
-    assert len(df) == len(caps.ops) + len(caps.features)
+    assert len(df) == len(caps.ops) + len(caps.features) + len(caps.casts)
     assert set(df["status"]) <= set(STATUSES)

@@ -32,13 +32,22 @@ GAPS = {
         "fallback",
     ),
     "gelu_erf": (lambda x: F.gelu(x), [(S, "normal")], "ops.gelu_erf", "fallback"),
-    "rms_norm_fp32_upcast": (
-        lambda x, w: F.rms_norm(x, (100,), w, 1e-6),
-        [(S, "normal"), ((100,), "normal")],
-        "numerics.rmsnorm_fp32_upcast",
+    # casts off torch-spyre's dtype-op table (the cast keys the support check names)
+    "to_fp8": (
+        lambda x: x.to(torch.float8_e4m3fn).to(torch.float16),
+        [(S, "normal")],
+        "cast.float16->float8_e4m3fn",
         "fallback",
     ),
+    "to_int": (lambda x: (x * 8).to(torch.int32), [(S, "normal")], "cast.float16->int32", "fallback"),
     "pow_scalar_base": (lambda x: 2**x, [(S, "normal")], "aten.pow", "fallback"),
+    "im2col": (lambda x: F.unfold(x, 2), [((1, 2, 8, 8), "normal")], "aten.im2col", "fallback"),
+    "conv_grouped": (
+        lambda x, w: F.conv2d(x, w, groups=4),
+        [((1, 4, 8, 8), "normal"), ((4, 1, 3, 3), "normal")],
+        "aten.convolution",
+        "fallback",
+    ),
     "sort": (lambda x: torch.sort(x, -1)[0], [(S, "normal")], "aten.sort", "unsupported"),
     "masked_fill": (lambda x: x.masked_fill(x > 0, 0.0), [(S, "normal")], "aten.masked_fill", "unsupported"),
     "gather": (

@@ -236,17 +236,9 @@ Q = (1, 2, 5, 64)
 # op packet -> [(fn, inputs, capabilities that may send a piece to the host, as the table's notes say)]
 SAMPLES = {
     aten.layer_norm: [(lambda x, w, b: F.layer_norm(x, (64,), w, b), (_t(3, 64), _t(64), _t(64)), ())],
-    # torch's CompositeImplicitAutograd rms_norm upcasts to fp32: the feature gate the table's note names
-    aten.rms_norm: [
-        (lambda x, w: F.rms_norm(x, (64,), w, 1e-6), (_t(3, 64), _t(64)), ("numerics.rmsnorm_fp32_upcast",))
-    ],
-    aten._fused_rms_norm: [
-        (
-            lambda x, w: aten._fused_rms_norm(x, [64], w, 1e-6)[0],
-            (_t(3, 64), _t(64)),
-            ("numerics.rmsnorm_fp32_upcast",),
-        )
-    ],
+    # torch's CompositeImplicitAutograd rms_norm upcasts to fp32: dl16tofp32 and SPYRE_FP32_OPS, all on device
+    aten.rms_norm: [(lambda x, w: F.rms_norm(x, (64,), w, 1e-6), (_t(3, 64), _t(64)), ())],
+    aten._fused_rms_norm: [(lambda x, w: aten._fused_rms_norm(x, [64], w, 1e-6)[0], (_t(3, 64), _t(64)), ())],
     aten._log_softmax: [(lambda x: torch.log_softmax(x, -1), (_t(3, 64),), ())],
     aten.mm: [(lambda x, y: torch.mm(x, y), (_t(3, 64), _t(64, 70)), ())],
     aten.matmul: [(lambda x, y: torch.matmul(x, y), (_t(2, 3, 64), _t(64, 70)), ())],
@@ -281,6 +273,30 @@ SAMPLES = {
     aten.rsub: [
         (lambda x: 1.5 - x, (_t(3, 64),), ()),
         (lambda x, y: torch.rsub(x, y), (_t(3, 64), _t(3, 64)), ()),
+    ],
+    aten.empty_like: [(lambda x: torch.empty_like(x).fill_(1.0) + x, (_t(3, 64),), ())],
+    aten.new_empty: [(lambda x: x.new_empty((3, 64)).fill_(2.0) * x, (_t(3, 64),), ())],
+    aten.zero: [(lambda x: x.clone().zero_() + x, (_t(3, 64),), ())],
+    aten.aminmax: [(lambda x: torch.aminmax(x, dim=-1), (_t(3, 64),), ())],
+    aten.repeat: [(lambda x: x.repeat(2, 1, 3), (_t(3, 64),), ())],
+    # torch._refs' vector norm (Inductor's): fp32 upcast on device; ords other than 0/1/2/inf end in a pow
+    aten.linalg_vector_norm: [
+        (
+            lambda x: (
+                torch.linalg.vector_norm(x, dim=-1)
+                + x.norm(p=1, dim=-1)
+                + torch.linalg.vector_norm(x, float("inf"), -1)
+            ),
+            (_t(3, 64),),
+            (),
+        ),
+        (lambda x: torch.linalg.vector_norm(x, 3, -1), (_t(3, 64),), ("aten.pow",)),
+        (lambda x: torch.linalg.vector_norm(x, 0, -1), (_t(3, 64),), ("aten.sum",)),  # a sum of bools
+    ],
+    # conv2d via bmm: im2col on the CPU; a grouped conv stays whole, on the CPU
+    aten.convolution: [
+        (lambda x, w, b: F.conv2d(x, w, b), (_t(1, 3, 8, 8), _t(64, 3, 3, 3), _t(64)), ("aten.im2col",)),
+        (lambda x, w: F.conv2d(x, w, groups=4), (_t(1, 4, 8, 8), _t(4, 1, 3, 3)), ("aten.convolution",)),
     ],
     # decomposed by the Spyre table for some exponents; the others fall back (the table's note)
     aten.pow: [

@@ -1,6 +1,7 @@
 """Strict vs fallback mode: typed errors naming op, dtypes, shapes and module path; CPU islands with warnings."""
 
 import gc
+import re
 import warnings
 
 import pytest
@@ -30,7 +31,9 @@ class Net(torch.nn.Module):
 def test_fallback_mode_runs_cpu_island_with_warning():
     net = Net().half()
     x = torch.randn(4, 64, dtype=torch.float16)
-    with pytest.warns(FallbackWarning, match=r"aten\.sin is falling back to cpu \(in rope"):  # torch-spyre's form
+    with pytest.warns(
+        FallbackWarning, match=r"aten\.sin is falling back to cpu \(in rope"
+    ):  # torch-spyre's form
         out = torch.compile(net, backend="spyre")(x)
     with torch.no_grad():
         ref = net.float()(x.float())
@@ -133,38 +136,54 @@ def test_max_dim_decomposes_to_values_and_indices():
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_fp32_upcast_eager_and_compiled_agree_with_the_table(dtype):
-    # The table: the fp16/bf16 -> fp32 upcast does not run on the device (feature off), so x.float() is a CPU
-    # island with a FallbackWarning, or an error in strict mode, on every path.
-    capability = "numerics.rmsnorm_fp32_upcast"
-    assert not torch_spyre_emu.capabilities().supports(capability)
+def test_fp32_upcast_runs_on_device_on_every_path(dtype):
+    # dl16tofp32 (torch-spyre's dtype-op table): x.float() runs on the device in strict mode, exactly (widening)
+    assert torch_spyre_emu.capabilities().cast(dtype, torch.float32).opfunc == "dl16tofp32"
     x = torch.randn(4, 64, dtype=dtype) * 1000
+    on_device = x.to("spyre").cpu().float()  # the fp16/bf16 values as stored on the device (DL16)
+    with torch_spyre_emu.strict():
+        outs = {
+            "eager": x.to("spyre").float(),
+            "compiled, spyre input": torch.compile(lambda u: u.float(), backend="spyre")(x.to("spyre")),
+            "compiled, cpu input": torch.compile(lambda u: u.float(), backend="spyre")(x),
+        }
+    for name, out in outs.items():
+        assert out.dtype == torch.float32 and torch.equal(out.cpu(), on_device), name
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_cast_off_the_table_eager_and_compiled_agree_with_the_table(dtype):
+    # The table has no fp16/bf16 -> fp8 cast (fp8 is only qfp8ch's output), so x.to(fp8) is a CPU island with a
+    # FallbackWarning, or an error in strict mode, on every path.
+    capability = f"cast.{str(dtype)[6:]}->float8_e4m3fn"
+    assert not torch_spyre_emu.capabilities().supports(capability)
+    x = torch.randn(4, 64, dtype=dtype)
+
+    def to_fp8(u):
+        return u.to(torch.float8_e4m3fn)
 
     def compiled(t):  # a fresh compile per call: its FallbackWarning comes when it compiles
-        return torch.compile(lambda u: u.float(), backend="spyre")(t)
+        return torch.compile(to_fp8, backend="spyre")(t)
 
     paths = {
-        "eager": (lambda t: t.float(), x.to("spyre")),
+        "eager": (to_fp8, x.to("spyre")),
         "compiled, spyre input": (compiled, x.to("spyre")),
         "compiled, cpu input": (compiled, x),
     }
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         # eager's process-wide cache now holds this signature: the warning must not vanish with it
-        x.to("spyre").float()
+        to_fp8(x.to("spyre"))
     outs = {}
     for name, (run, arg) in paths.items():
-        with pytest.warns(FallbackWarning, match=capability.replace(".", r"\.")):
+        with pytest.warns(FallbackWarning, match=re.escape(capability)):
             outs[name] = run(arg)
-        assert outs[name].dtype == torch.float32, name
-        with (
-            torch_spyre_emu.strict(),
-            pytest.raises(SpyreUnsupportedOpError, match=capability.replace(".", r"\.")),
-        ):
+        assert outs[name].dtype == torch.float8_e4m3fn, name
+        with torch_spyre_emu.strict(), pytest.raises(SpyreUnsupportedOpError, match=re.escape(capability)):
             run(arg)
-    on_device = x.to("spyre").cpu().float()  # the fp16/bf16 values as stored on the device (DL16)
+    on_device = x.to("spyre").cpu().to(torch.float8_e4m3fn).float()  # the host casts the device's values
     for name, out in outs.items():
-        assert torch.equal(out.cpu(), on_device), name
+        assert torch.equal(out.cpu().float(), on_device), name
 
 
 def _positions_added(t):

@@ -163,8 +163,7 @@ def _option(value) -> str:
     from torch_spyre_emu.capabilities import Capabilities
 
     if isinstance(value, Capabilities):
-        contents = (tuple(sorted(value.ops.items())), tuple(sorted(value.features.items())))
-        return hashlib.sha256(repr(contents).encode()).hexdigest()
+        return hashlib.sha256(repr(value.contents).encode()).hexdigest()
     if isinstance(value, HardwareConfig):
         return value.token
     if isinstance(value, frozenset):

@@ -52,6 +52,10 @@ KEEP_WHOLE = {
     # them whole and report them, not their core-aten pieces
     aten.std,
     aten.std_mean,
+    # views the stack lowers as views: core-aten's unbind is slices (which fall back), its select_scatter an
+    # arange/eq/where over the whole base (and the support check must see the in-place write, #4441)
+    aten.unbind,
+    aten.select_scatter,
 }
 
 

@@ -33,7 +33,7 @@ NON_NATIVE_LOWERINGS: dict[object, str] = {
     aten.max: "max()/max.dim: a max reduce (+ an argmax reduce for .dim), the stack's max.dim decomposition",
     aten.min: "min()/min.dim: a min reduce (+ an argmin reduce for .dim), the stack's min.dim decomposition",
     aten.cat: "cat: one copy kernel per input into its window of the output",
-    aten.constant_pad_nd: "constant_pad_nd: a fill kernel and a copy into the window",
+    aten.constant_pad_nd: "constant_pad_nd: a fill kernel and a copy into the window (negative pads crop the source)",
     aten.ceil: "ceil: one SFP kernel; emulation assumption: the stack's decomposition costs like one op",
     aten.sign: "sign: one SFP kernel; emulation assumption: the stack's decomposition costs like one op",
     aten.bitwise_not: "bool only: the logical_not kernel (the table's decomposition)",
@@ -265,6 +265,11 @@ def lower_select(b, node, x, dim, index):
     return x.select(dim, index)
 
 
+@lowering(aten.unbind)
+def lower_unbind(b, node, x, dim=0):
+    return tuple(x.select(dim, i) for i in range(x.shape[dim]))
+
+
 @lowering(aten.slice)
 def lower_slice(b, node, x, dim=0, start=None, end=None, step=1):
     size = x.shape[dim]
@@ -286,6 +291,33 @@ def lower_view(b, node, x, shape):
 @lowering(aten.copy)
 def lower_copy(b, node, dst, src, non_blocking=False):
     return b.materialize(src.expand(dst.shape) if src.shape != dst.shape else src, out_val(node).dtype)
+
+
+def _scatter_into(b: Builder, node: fx.Node, base: TRef, window, src: TRef) -> TRef:
+    """An in-place op on a view, functionalized: a copy of `base` with the window (a view of that copy made by
+    `window(TRef)`) overwritten by `src`; two copy kernels, as copy_ into a view destination (PR #2102)."""
+    val = out_val(node)
+    shape = tuple(val.shape)
+    out = TRef.whole(b.new_buffer(shape, val.dtype, "scatter"), shape)
+    dims = dims_for(len(shape))
+    b.kernel("copy", [b.arg(base, dims)], [Arg(out.buffer, dims)], dict(zip(dims, shape, strict=True)))
+    dst = window(out)
+    src = src.expand(dst.shape) if src.shape != dst.shape else src
+    wdims = dims_for(dst.rank)
+    b.kernel("copy", [b.arg(src, wdims)], [b.arg(dst, wdims)], dict(zip(wdims, dst.shape, strict=True)))
+    return out
+
+
+@lowering(aten.slice_scatter)
+def lower_slice_scatter(b, node, base, src, dim=0, start=None, end=None, step=1):
+    size = base.shape[dim]
+    start, end, _ = slice(start, end).indices(size)
+    return _scatter_into(b, node, base, lambda t: t.narrow(dim, start, max(0, end - start)), src)
+
+
+@lowering(aten.select_scatter)
+def lower_select_scatter(b, node, base, src, dim, index):
+    return _scatter_into(b, node, base, lambda t: t.select(dim, index % base.shape[dim]), src)
 
 
 # --- constants -----------------------------------------------------------------------------------------------------
@@ -328,6 +360,13 @@ def lower_zeros(b, node, *a, **kw):
 @lowering(aten.ones, aten.ones_like, aten.new_ones)
 def lower_ones(b, node, *a, **kw):
     return fill(b, node, 1.0)
+
+
+@lowering(aten.empty, aten.empty_strided, aten.empty_permuted)
+def lower_empty(b, node, *a, **kw):
+    # Emulation assumption: device memory an allocation hands out is read as zeros (the executor's cleared
+    # memory); a fill kernel keeps a read of it defined, the real allocation writes nothing.
+    return fill(b, node, 0.0)
 
 
 # --- matmul --------------------------------------------------------------------------------------------------------
@@ -476,16 +515,23 @@ def lower_cat(b, node, tensors, dim=0):
 def lower_pad(b, node, x, pad, value=0.0):
     val = out_val(node)
     shape = tuple(val.shape)
-    if any(p < 0 for p in pad):
-        raise SpyreCompileError(f"{node.name}: constant_pad_nd with negative padding {pad} is not lowered")
-    out = fill(b, node, value)
     off = [0] * x.rank
     for i in range(len(pad) // 2):
-        off[x.rank - 1 - i] = pad[2 * i]
+        d, lo, hi = x.rank - 1 - i, pad[2 * i], pad[2 * i + 1]
+        # a negative pad crops: the copy reads a narrower window of the source
+        x = x.narrow(d, max(0, -lo), x.shape[d] - max(0, -lo) - max(0, -hi))
+        off[d] = max(0, lo)
+    if x.shape == shape:  # nothing left to pad: the cropped view, copied
+        return b.materialize(x)
+    out = fill(b, node, value)
     dims = dims_for(x.rank)
-    b.kernel(
-        "copy", [b.arg(x, dims)], [Arg(out.buffer, dims, tuple(off))], dict(zip(dims, x.shape, strict=True))
-    )
+    if 0 not in x.shape:
+        b.kernel(
+            "copy",
+            [b.arg(x, dims)],
+            [Arg(out.buffer, dims, tuple(off))],
+            dict(zip(dims, x.shape, strict=True)),
+        )
     return TRef.whole(out.buffer, shape)
 
 

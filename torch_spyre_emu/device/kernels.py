@@ -139,6 +139,12 @@ def as_strided_(self, size, stride, storage_offset=None):
     return op_dispatch.inplace_view(aten.as_strided_.default, (self, size, stride, storage_offset), {})
 
 
+def convolution_overrideable(*args, **kwargs):
+    """torch picks convolution_overrideable for a backend without its own conv kernels (its default raises
+    NotImplementedError): the same arguments as aten.convolution, which the compiler decomposes (im2col + bmm)."""
+    return op_dispatch.run_on_device(aten.convolution.default, args, kwargs)
+
+
 _KERNELS = {
     "empty.memory_format": empty_memory_format,
     "empty_strided": empty_strided,
@@ -155,6 +161,7 @@ _KERNELS = {
     "resize_": resize_,
     "view.dtype": view_dtype,
     "as_strided_": as_strided_,
+    "convolution_overrideable": convolution_overrideable,
 }
 
 

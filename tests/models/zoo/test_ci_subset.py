@@ -23,7 +23,7 @@ EXPECTED = {
     "mistral": "pass_device",  # issue 11: host masks (masking_utils), Llama-copy RMSNorm and RoPE matched by structure
     "qwen2": "pass_device",  # as mistral
     "qwen3": "pass_device",  # as mistral (q_norm/k_norm are Llama RMSNorm copies)
-    "gemma2": "pass_fallback",  # aten.embedding (scaled embedding subclass), Gemma (1 + weight) RMSNorm upcast
+    "gemma2": "pass_fallback",  # aten.embedding (scaled embedding subclass); its RMSNorm upcast is on device now
     "gemma3_text": "pass_fallback",  # as gemma2, plus its per-layer-type rotary on the device
     "phi3": "unsupported",  # layout.head_dim_not_stick_multiple (partial-rotary attention, head_dim 96)
     "gpt2": "pass_device",
@@ -32,7 +32,7 @@ EXPECTED = {
     "bloom": "pass_fallback",  # aten.cumsum (ALiBi positions from the padding mask)
     "falcon": "unsupported",  # aten.index and aten._safe_softmax in its own attention (ALiBi/rotary paths)
     "granite": "pass_device",  # as mistral
-    "olmo2": "pass_fallback",  # its q_norm/k_norm RMSNorm is not Llama's code: fp32 upcast islands
+    "olmo2": "pass_device",  # its q_norm/k_norm RMSNorm (not Llama's code) upcasts to fp32: on device (dl16tofp32)
     "stablelm": "unsupported",  # layout.head_dim_not_stick_multiple (partial rotary)
     "mixtral": "pass_device",  # moe_dense: routing on the host, experts dense
     "bert": "pass_device",
@@ -41,7 +41,7 @@ EXPECTED = {
     "t5": "unsupported",  # aten.isinf (the fp16 clamp check in T5 blocks)
     "bart": "unsupported",  # aten.all (the fp16 isfinite clamp check)
     "whisper": "unsupported",  # aten.index (learned decoder positions)
-    "vit": "pass_fallback",  # aten.convolution (patch embedding) runs as a CPU island
+    "vit": "pass_fallback",  # patch-embedding conv2d: im2col is a CPU island, its matmul on the device
     "clip": "unsupported",  # aten.index (the text tower pools the EOS position: argmax + index)
     "mamba": "unsupported",  # aten.stack in the selective scan
 }

@@ -1,6 +1,7 @@
 """Decompositions torch-spyre does itself (STACK §1.7): addmm -> matmul + scale + add (baddbmm alike); linear
 (already t + addmm after capture); SDPA (under each of its kernels' names) -> the explicit QK^T.V math path;
-rms_norm; pow with small exponents; log_softmax. layer_norm is captured as native_layer_norm and lowered whole
+rms_norm; pow with small exponents; log_softmax; conv2d -> im2col (a CPU island) + bmm. And those Inductor's
+own tables do before Spyre codegen sees the graph: linalg_vector_norm (torch._refs), repeat (expand + copy). layer_norm is captured as native_layer_norm and lowered whole
 (custom ops exx2/layernormscale/layernormnorm).
 
 Applied by re-tracing the graph with this table (capture.retrace), so every new node gets fake metadata and keeps
@@ -12,6 +13,7 @@ from __future__ import annotations
 import math
 
 import torch
+import torch._refs.linalg
 import torch.fx as fx
 
 from torch_spyre_emu.compiler.capture import retrace
@@ -137,6 +139,46 @@ def log_softmax(x, dim, half_to_float=False):
     return torch.log(torch.softmax(x, dim))
 
 
+def repeat(x, repeats):
+    """x.repeat(r0, r1, ...): each dim d seen as (r_d, n_d) by a broadcast view, then one copy."""
+    lead = len(repeats) - x.dim()
+    x = x.reshape((1,) * lead + tuple(x.shape))
+    wide = []
+    for r, n in zip(repeats, x.shape, strict=True):
+        wide += [r, n]
+    view = x.reshape([v for n in x.shape for v in (1, n)]).expand(wide)
+    return view.contiguous().reshape([r * n for r, n in zip(repeats, x.shape, strict=True)])
+
+
+def conv2d_as_matmul(x, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
+    """conv2d (and conv1d) via bmm (STACK §1.7): im2col on the CPU, then cols^T @ W^T on the device, a linear over the patches
+    with the output channels as its stick dim (+ the bias, broadcast along it)."""
+    if transposed or groups != 1 or x.dim() not in (3, 4):
+        return NotImplemented  # left whole: the support check sends it to the CPU
+    if x.dim() == 3:  # conv1d as conv2d over a height of 1, as torch's dispatcher hands it to a backend
+        out = conv2d_as_matmul(
+            x.unsqueeze(2),
+            weight.unsqueeze(2),
+            bias,
+            [1, *stride],
+            [0, *padding],
+            [1, *dilation],
+            False,
+            [0],
+            1,
+        )
+        return out.squeeze(2)
+    n, _, h, w = x.shape
+    out_c, _, kh, kw = weight.shape
+    ho = (h + 2 * padding[0] - dilation[0] * (kh - 1) - 1) // stride[0] + 1
+    wo = (w + 2 * padding[1] - dilation[1] * (kw - 1) - 1) // stride[1] + 1
+    cols = torch.ops.aten.im2col(x, [kh, kw], list(dilation), list(padding), list(stride))  # [N, C*kh*kw, L]
+    out = torch.matmul(cols.transpose(1, 2), weight.reshape(out_c, -1).t())  # [N, L, O]
+    if bias is not None:
+        out = out + bias
+    return out.transpose(1, 2).reshape(n, out_c, ho, wo)
+
+
 SPYRE_DECOMPOSITIONS = {
     aten.addmm.default: addmm,
     aten.baddbmm.default: baddbmm,
@@ -149,6 +191,9 @@ SPYRE_DECOMPOSITIONS = {
     aten._fused_rms_norm.default: fused_rms_norm,
     aten.pow.Tensor_Scalar: pow_scalar,
     aten._log_softmax.default: log_softmax,
+    aten.repeat.default: repeat,
+    aten.linalg_vector_norm.default: torch._refs.linalg.vector_norm,  # Inductor's decomposition
+    aten.convolution.default: conv2d_as_matmul,
 }
 
 

@@ -1,9 +1,12 @@
 """Support check: read the capability table (the one source of truth) and decide, per op node, device or host.
 
 Status per node: the table's status for the op, then per-op conditions the table's notes describe (topk only
-largest/sorted; gelu erf form gated by `ops.gelu_erf`; fp16/bf16 -> fp32 casts gated by
-`numerics.rmsnorm_fp32_upcast`; int<->float casts fall back (#4643); pow with other exponents falls back;
-attention bmms with K or N not a whole number of sticks gated by `layout.head_dim_not_stick_multiple`; weight
+largest/sorted; gelu erf form gated by `ops.gelu_erf`; a cast (_to_copy, copy_ between dtypes) runs on the
+device only if the cast table has the pair (dl16tofp32, fp32todl16, fp8todl16, identity), else it falls back as
+spyre::to_dtype_cpu does (int<->float #4643); pow with other exponents falls back;
+convolutions other than plain conv2d fall back whole; in-place ops on views (slice_scatter/select_scatter) of
+rank >= 3 are unsupported (#4441), on step slices fall back; attention bmms with K or N not a whole number of
+sticks gated by `layout.head_dim_not_stick_multiple`; weight
 matmuls with a large N (>= WEIGHT_N_CHECK_MIN) that is not a stick multiple gated by
 `layout.weight_n_not_stick_multiple`; collectives by compiler/collectives.classify: SUM-only all-reduce, the
 dtypes spyreccl takes, never a CPU island), then the
@@ -24,6 +27,7 @@ import torch.fx as fx
 
 from aiu_sim.ir.layout import elems_per_stick
 from aiu_sim.numerics.formats import host_dtype_name as dtype_name
+from torch_spyre_emu.capabilities import cast_key
 from torch_spyre_emu.compiler import collectives
 from torch_spyre_emu.compiler.context import (
     CompileOptions,
@@ -35,7 +39,8 @@ from torch_spyre_emu.errors import FallbackWarning, SpyreUnsupportedOpError, fal
 
 aten = torch.ops.aten
 UNSUPPORTED_META = "spyre_unsupported"  # gm.meta key: every op that does not run on the device
-FLOAT16 = (torch.float16, torch.bfloat16)
+# ops that convert between dtypes: the cast table decides, not the op's dtype list
+CASTING = (aten._to_copy.default, aten.copy.default)
 # emulation assumption: only weight matmuls with N >= this are checked for whole sticks (see the capability note)
 WEIGHT_N_CHECK_MIN = 1000
 
@@ -88,19 +93,28 @@ def classify(node: fx.Node, options: CompileOptions) -> tuple[str, str, str]:
     if target is aten.gelu.default and node.kwargs.get("approximate", "none") == "none":
         if not caps.supports("ops.gelu_erf"):
             return "fallback", "ops.gelu_erf", "gelu(approximate='none') (erf form) is not native"
-    if target is aten._to_copy.default and ins and isinstance(out, torch.Tensor):
-        src, dst = ins[0].dtype, out.dtype
-        if src in FLOAT16 and dst == torch.float32 and not caps.supports("numerics.rmsnorm_fp32_upcast"):
+    if target in CASTING and isinstance(out, torch.Tensor) and ins:
+        src = (node.args[1].meta["val"] if target is aten.copy.default else ins[0]).dtype
+        if caps.cast(src, out.dtype) is None:
             return (
                 "fallback",
-                "numerics.rmsnorm_fp32_upcast",
-                "fp16/bf16 -> fp32 upcast does not run on device",
+                cast_key(src, out.dtype),
+                f"{dtype_name(src)} -> {dtype_name(out.dtype)} is not in torch-spyre's dtype-op table (on-device "
+                "casts: capabilities().casts); it runs on the CPU (spyre::to_dtype_cpu)",
             )
-        if src.is_floating_point != dst.is_floating_point and torch.bool not in (src, dst):
-            return "fallback", key, f"{dtype_name(src)} -> {dtype_name(dst)} cast falls back to CPU (#4643)"
-        if TORCH_TO_FORMAT.get(dst) is None or TORCH_TO_FORMAT.get(src) is None:
-            return "fallback", key, f"no device format for {dtype_name(src)} -> {dtype_name(dst)}"
         return status, key, ""
+    if target is aten.convolution.default:  # what decompose left: not a plain conv2d
+        return "fallback", key, "only 2-D, groups=1, non-transposed convolutions decompose (im2col + bmm)"
+    if target in (aten.slice_scatter.default, aten.select_scatter.default) and ins:
+        if ins[0].dim() >= 3:
+            return (
+                "unsupported",
+                key,
+                f"an in-place op on a view of a {ins[0].dim()}-D tensor: mutating a view of a 3-D tensor fails "
+                "(#4441; emulation assumption: any rank >= 3); write the result out of place (torch.cat, a mask)",
+            )
+        if target is aten.slice_scatter.default and (node.args[5] if len(node.args) > 5 else 1) != 1:
+            return "fallback", key, "an in-place op on a strided slice (step != 1): emulation assumption, CPU"
     if getattr(target, "overloadpacket", None) is aten.pow:
         # what decompose left: another exponent, a tensor exponent or a scalar base (2 ** x); no pow lowering
         return "fallback", key, "pow is only lowered for exponents 2, 3, 0.5, -0.5, -1"

@@ -1,0 +1,252 @@
+"""Issue 12 §4: the on-device casts of torch-spyre's dtype-op table, what they retire (the rmsnorm upcast adapter),
+and the ops the real stack lowers or falls back on: where each runs (device, CPU island, error) in eager and compiled
+mode, and that the values are right. The op suite (op_suite_table.py) has a compare-with-CPU row for each op."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.nn import functional
+
+import adapters
+import torch_spyre_emu
+from torch_spyre_emu.compiler import find_unsupported
+from torch_spyre_emu.errors import FallbackWarning, SpyreUnsupportedOpError
+
+aten = torch.ops.aten
+
+
+@pytest.fixture(autouse=True)
+def _functional_mode(monkeypatch):
+    monkeypatch.setattr(torch_spyre_emu.config, "mode", "functional")
+
+
+def compiled(fn):
+    return torch.compile(fn, backend="spyre", dynamic=False)
+
+
+def host_ops(fn, *inputs) -> list[tuple[str, str]]:
+    """(op, capability) of every piece of fn's graph that does not run on the device."""
+    return [(u.op, u.capability) for u in find_unsupported(fn, inputs)]
+
+
+# --- casts ------------------------------------------------------------------------------------------------------
+def test_fp8_e4m3_to_fp16_runs_on_device_exactly():
+    x8 = (torch.randn(4, 128) * 8).to(torch.float8_e4m3fn)
+    want = x8.to(torch.float16)  # every e4m3 value is a DL16 value: fp8todl16 is exact
+    with torch_spyre_emu.strict():
+        eager = x8.to("spyre").to(torch.float16).cpu()
+        comp = compiled(lambda t: t.to(torch.float16))(x8)
+    assert torch.equal(eager, want) and torch.equal(comp, want)
+
+
+def test_fp8_to_fp32_is_not_in_the_table_and_falls_back():
+    x8 = torch.randn(4, 128).to(torch.float8_e4m3fn)
+    assert host_ops(lambda t: t.to(torch.float32), x8) == [("aten._to_copy", "cast.float8_e4m3fn->float32")]
+
+
+@pytest.mark.parametrize(
+    "src,dst,on_device",
+    [
+        (torch.float16, torch.float32, True),
+        (torch.float32, torch.bfloat16, True),
+        (torch.int32, torch.float32, False),  # int <-> float falls back (#4643)
+        (torch.float16, torch.int64, False),
+    ],
+)
+def test_copy_between_dtypes_obeys_the_cast_table(src, dst, on_device):
+    """copy_ into a tensor of another dtype is a cast: the same table decides as for .to()."""
+
+    def fn(x):
+        out = torch.zeros(x.shape, dtype=dst)
+        out.copy_(x)
+        return out
+
+    x = (torch.randn(3, 64) * 4).to(src)
+    found = host_ops(fn, x)
+    expected = [] if on_device else [("aten.copy", f"cast.{str(src)[6:]}->{str(dst)[6:]}")]
+    assert found == expected
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FallbackWarning)
+        got = compiled(fn)(x)
+        # on device: the cast eager .to() does (fp32 -> bf16 goes through DL16); on the CPU: the host's cast
+        want = x.to("spyre").to(dst).cpu() if on_device else fn(x.to("spyre").cpu())
+    assert torch.equal(got, want)
+    if on_device:
+        assert torch.allclose(got.double(), fn(x).double(), rtol=2**-7)
+
+
+def test_cast_override_off_brings_the_fallback_back():
+    x = torch.randn(3, 64, dtype=torch.float16)
+    with torch_spyre_emu.capabilities.override({"cast.float16->float32": False}):
+        assert host_ops(lambda t: t.float() * 2, x) == [("aten._to_copy", "cast.float16->float32")]
+    assert host_ops(lambda t: t.float() * 2, x) == []
+
+
+# --- HF RMSNorm's fp32 path, and the adapter it retires ---------------------------------------------------------
+def _llama_norm(hidden=576):
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+    norm = LlamaRMSNorm(hidden, eps=1e-5).half().eval()
+    with torch.no_grad():
+        norm.weight.copy_(torch.rand(hidden) + 0.5)
+    return norm
+
+
+def test_hf_rmsnorm_fp32_path_runs_on_device_where_the_real_stack_puts_it():
+    """to(fp32) -> pow(2) (x*x) -> mean -> add eps -> rsqrt -> mul -> to(fp16): every fp32 piece's OpFunc is on
+    SPYRE_FP32_OPS and both casts are in the dtype-op table, so nothing falls back; the result is that of an fp32
+    variance (closer to CPU fp32 than the fp16 formula the adapter used)."""
+    norm = _llama_norm()
+    x = torch.randn(2, 64, 576, dtype=torch.float16) * 3
+    assert host_ops(norm, x) == []
+    with torch_spyre_emu.strict(), torch.no_grad():
+        got = compiled(norm)(x).double()
+    xd = x.to("spyre").cpu().double()  # the device's input values
+    ref = norm.weight.double() * (xd * torch.rsqrt(xd.pow(2).mean(-1, keepdim=True) + 1e-5))
+    # two DL16 roundings (the fp16 result, then the weight product) and the host's fp16 on the way out
+    assert ((got - ref).abs() <= 3 * 2.0**-10 * ref.abs() + 1e-6).all()
+
+
+def test_fp32_off_the_list_still_falls_back():
+    """The upcast is on device now, but an fp32 op whose OpFunc is not on SPYRE_FP32_OPS still is not (#3680)."""
+    x = torch.rand(3, 64, dtype=torch.float16) + 0.5
+    assert host_ops(lambda t: t.float().log().half(), x) == [("aten.log", "aten.log")]
+    assert host_ops(lambda t: torch.tanh(t.float()), x) == [("aten.tanh", "aten.tanh")]
+
+
+def test_rmsnorm_adapter_retires_and_comes_back_when_the_cast_is_taken_away():
+    from models.tiny import tiny_llama
+
+    model = tiny_llama().half().eval()
+    with adapters.apply(model) as handle:
+        assert "rmsnorm" in dict(handle.report.retired) and "rmsnorm" not in handle.report.applied
+    with torch_spyre_emu.capabilities.override({"cast.float16->float32": False}):
+        with adapters.apply(model) as handle:
+            assert "rmsnorm" in handle.report.applied
+
+
+# --- ops --------------------------------------------------------------------------------------------------------
+def test_repeat_unbind_empty_like_norms_aminmax_run_on_device_in_strict_mode():
+    x = torch.randn(3, 100, dtype=torch.float16)
+    cases = {
+        "repeat": lambda t: t.repeat(2, 1, 3),
+        "unbind": lambda t: t.unbind(0)[2] * 2,
+        "empty_like": lambda t: torch.empty_like(t).fill_(0.5) * t,
+        "vector_norm": lambda t: torch.linalg.vector_norm(t, dim=-1),
+        "norm_fro": lambda t: torch.linalg.matrix_norm(t.reshape(3, 4, 25)),
+        "aminmax": lambda t: torch.aminmax(t, dim=0),
+        "max_all": lambda t: t.max(),
+        "pad_negative": lambda t: F.pad(t, (-7, 2)),
+        "float_to_bool": lambda t: torch.empty(t.shape, dtype=torch.bool).copy_(torch.relu(t - 0.5)),
+    }
+    xs = x.to("spyre")
+    for name, fn in cases.items():
+        with torch_spyre_emu.strict():
+            comp, eager = compiled(fn)(x), fn(xs)
+        ref = fn(xs.cpu())  # the device's input values, on the CPU
+        for got in (comp, eager):
+            got = got if isinstance(got, tuple) else (got,)
+            want = ref if isinstance(ref, tuple) else (ref,)
+            for g, w in zip(got, want, strict=True):
+                assert g.dtype == w.dtype and g.shape == w.shape, name
+                assert torch.allclose(g.cpu().double(), w.double(), rtol=2**-9, atol=1e-6), name
+
+
+def test_zeros_like_of_a_cpu_tensor_on_spyre():
+    """zeros_like(cpu, device='spyre') allocates on spyre and zero_()s it: zero_ decomposes to the constant fill."""
+    with torch_spyre_emu.strict():
+        z = torch.zeros_like(torch.randn(3, 4), device="spyre")
+        o = torch.ones(2, 64, device="spyre").zero_()
+    assert z.device.type == "spyre" and torch.equal(z.cpu(), torch.zeros(3, 4))
+    assert torch.equal(o.cpu(), torch.zeros(2, 64))
+
+
+def test_is_nonzero_eager_and_across_a_graph_break():
+    x = torch.tensor([[0.0, 2.0]], dtype=torch.float16)
+    xs = x.to("spyre")
+    assert xs[0, 1].is_nonzero() and not xs[0, 0].is_nonzero()
+
+    def fn(t):  # a data-dependent branch: dynamo breaks the graph at is_nonzero, as for any backend
+        return t * 2 if t[0, 1].is_nonzero() else t * 3
+
+    assert torch.equal(torch.compile(fn, backend="spyre")(x), x * 2)
+
+
+def test_conv2d_runs_im2col_on_the_cpu_and_the_matmul_on_device():
+    x = torch.randn(1, 3, 9, 10, dtype=torch.float16)
+    w = torch.randn(64, 3, 3, 3, dtype=torch.float16) * 0.3
+    b = torch.randn(64, dtype=torch.float16)
+
+    def conv(x, w, b):
+        return F.conv2d(x, w, b, padding=1, stride=(2, 1))
+
+    assert host_ops(conv, x, w, b) == [("aten.im2col", "aten.im2col")]
+    with pytest.warns(FallbackWarning, match=r"aten\.im2col"):
+        comp = compiled(conv)(x, w, b)
+    with pytest.warns(FallbackWarning, match=r"aten\.im2col"):
+        eager = conv(x.to("spyre"), w.to("spyre"), b.to("spyre")).cpu()
+    assert torch.equal(comp, eager)
+    ref = conv(*(t.to("spyre").cpu().float() for t in (x, w, b)))
+    assert torch.allclose(comp.float(), ref, rtol=2**-7, atol=2**-6)
+    with torch_spyre_emu.strict(), pytest.raises(SpyreUnsupportedOpError, match=r"aten\.im2col"):
+        compiled(conv)(x, w, b)
+
+
+def test_conv1d_decomposes_like_conv2d_and_other_convolutions_fall_back_whole():
+    x1 = torch.randn(1, 8, 20, dtype=torch.float16)
+    w1 = torch.randn(64, 8, 3, dtype=torch.float16)
+    assert host_ops(lambda x, w: F.conv1d(x, w), x1, w1) == [("aten.im2col", "aten.im2col")]
+    x = torch.randn(1, 4, 8, 8, dtype=torch.float16)
+    grouped = torch.randn(4, 1, 3, 3, dtype=torch.float16)
+    assert host_ops(lambda x, w: F.conv2d(x, w, groups=4), x, grouped) == [
+        ("aten.convolution", "aten.convolution")
+    ]
+    with pytest.warns(FallbackWarning, match=r"aten\.convolution"):
+        got = compiled(lambda x, w: F.conv2d(x, w, groups=4))(x, grouped)
+    ref = F.conv2d(x.to("spyre").cpu().float(), grouped.to("spyre").cpu().float(), groups=4)
+    assert torch.allclose(got.float(), ref, rtol=2**-8, atol=2**-8)
+
+
+def test_unfold_falls_back_in_compiled_code_and_is_a_view_eagerly():
+    x = torch.randn(3, 100, dtype=torch.float16)
+
+    def fn(t):
+        return t.unfold(-1, 10, 5) * 2
+
+    assert host_ops(fn, x) == [("aten.unfold", "aten.unfold")]
+    with pytest.warns(FallbackWarning, match=r"aten\.unfold"):
+        comp = compiled(fn)(x)
+    with torch_spyre_emu.strict():
+        eager = fn(x.to("spyre")).cpu()
+    assert torch.equal(comp, eager) and torch.equal(eager, fn(x.to("spyre").cpu()))
+    img = torch.randn(1, 2, 8, 8, dtype=torch.float16)
+    assert host_ops(lambda t: functional.unfold(t, 2), img) == [("aten.im2col", "aten.im2col")]
+
+
+def test_inplace_ops_on_views():
+    """Functionalized, an in-place op on a view is a scatter into the base: on the device for 1-D and 2-D bases
+    (copy_ with a view destination, PR #2102), an error from 3 dims on (#4441) in compiled code."""
+
+    def row(t):
+        y = t.clone()
+        y[1].mul_(2)
+        return y
+
+    def plane(t):
+        y = t.clone()
+        y[0].add_(1.0)
+        return y
+
+    x2 = torch.randn(3, 100, dtype=torch.float16)
+    with torch_spyre_emu.strict():
+        assert torch.equal(compiled(row)(x2), row(x2.to("spyre")).cpu())
+    assert torch.equal(compiled(row)(x2), row(x2.to("spyre").cpu()))
+    x3 = torch.randn(2, 3, 50, dtype=torch.float16)
+    with pytest.raises(SpyreUnsupportedOpError, match="#4441"):
+        compiled(plane)(x3)
+    eager = plane(x3.to("spyre")).cpu()  # eager mutates the view itself: no scatter, no error
+    assert torch.allclose(eager.float(), plane(x3.to("spyre").cpu()).float(), rtol=2**-9)
