@@ -64,6 +64,12 @@ def demo(
         help="smollm2: continue the interrupted run in --out after its last complete step (same prompt, "
         "--max-new-tokens and --config; another job there is an error). Starts a new run if there is none.",
     ),
+    tp: int = typer.Option(
+        1,
+        "--tp",
+        help="smollm2: tensor-parallel degree: shard the model over this many emulated cards, one process per card "
+        "(1..8; launched for you), and print every rank's timing with its all-reduce share.",
+    ),
 ) -> None:
     """The main job: a real model on emulated Spyre, compared with CPU fp32, with simulated timings."""
     from models import demo as demo_mod
@@ -80,9 +86,18 @@ def demo(
             f"[red]error:[/red] --resume applies to the smollm2 demo only (--model {model} is one program)"
         )
         raise typer.Exit(2)
+    if tp != 1 and (model != "smollm2" or resume):
+        why = "a tensor-parallel run cannot be resumed" if resume else f"--model {model} runs on one card"
+        console.print(f"[red]error:[/red] --tp applies to a fresh smollm2 run only ({why})")
+        raise typer.Exit(2)
     _load_config_or_exit(config)
     try:
-        if model == "smollm2":
+        if tp != 1:
+            result = demo_mod.run_chat_tp(
+                prompt or demo_mod.DEFAULT_PROMPT, max_new_tokens, config, out, console, tp
+            )
+            demo_mod.print_chat_tp(result, console)
+        elif model == "smollm2":
             result = demo_mod.run_chat(
                 prompt or demo_mod.DEFAULT_PROMPT, max_new_tokens, config, out, console, resume=resume
             )

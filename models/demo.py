@@ -3,6 +3,8 @@
 smollm2: SmolLM2-135M-Instruct (fp16 on the device, adapters applied) answers a chat prompt by greedy decoding
 with two static programs (models/generate.py); the unpatched CPU fp32 model judges every token.
 minilm: all-MiniLM-L6-v2 embeds a few sentences; the cosine-similarity matrix is compared with CPU fp32's.
+smollm2 with --tp N: the same chat sharded over N emulated cards (models/tensor_parallel.py), one process per card
+launched here with torch's launcher; rank 0 judges the answer and gathers every rank's timing and all-reduce share.
 
 Each run writes into the output directory: Perfetto traces, a PNG and summary.json; a smollm2 run also run.json (its
 job), steps.jsonl (one line per generated token) and decode_state.safetensors (the KV cache), both written as it
@@ -13,8 +15,11 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import io
 import json
+import logging
+import os
 import shutil
 import statistics
 import time
@@ -38,7 +43,7 @@ from rich.progress import (
 import adapters
 import torch_spyre_emu
 from models import plots, report, rundir, text, weights, weights_cache
-from models.generate import Generation, StaticGreedy, device_copy
+from models.generate import Generation, StaticGreedy, cache_length, device_copy
 from torch_spyre_emu.profiling import ProfileReport
 
 DEFAULT_PROMPT = "What is the capital of France? Tell me three facts about it."
@@ -243,6 +248,281 @@ def run_chat(
     )
     result.files = _write_chat_files(result, out)
     return result
+
+
+# --- SmolLM2 over several cards (tensor parallel) -------------------------------------------------------------
+
+
+@dataclass
+class RankTiming:
+    """One rank's share of the model and its simulated times (each rank times its own card)."""
+
+    rank: int
+    device: str
+    share: str  # TensorParallel.summary(): its heads, KV heads and MLP width
+    collectives: str  # where its all-reduces ran: "graph" (Collective steps) or "host" (eager spyreccl)
+    prefill_us: float
+    decode_us: float  # mean per decode step
+    prefill_comm_us: float
+    decode_comm_us: float
+    all_reduces_per_step: int
+    weights_mib: float  # this card's share of the weights (fp16), resident on it
+    decode_classes: dict[str, float]
+    wall_s: dict[str, float]
+
+
+@dataclass
+class TensorParallelChat:
+    """What rank 0 of `spyre-emu demo --tp N` hands back: the answer, its agreement with CPU fp32, every rank's
+    timing. The ranks meet at every all-reduce, so a step takes as long as its slowest rank (a lower bound: the
+    emulated collectives are timed without waiting for the other cards)."""
+
+    prompt: str
+    answer: str
+    cpu_answer: str
+    agreement: report.Agreement
+    tp: int
+    hardware: str
+    new_tokens: int
+    prompt_tokens: int
+    prompt_pad: int
+    cache_len: int
+    adapters_report: str
+    ranks: list[RankTiming]
+    files: dict[str, Path] = field(default_factory=dict)
+    wall_s: dict[str, float] = field(default_factory=dict)
+    ended_at: float = 0.0  # wall clock when rank 0 finished (the launcher's return measures the exit from it)
+
+    @property
+    def ttft_us(self) -> float:
+        return max(r.prefill_us for r in self.ranks)
+
+    @property
+    def decode_us(self) -> float:
+        return max(r.decode_us for r in self.ranks)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return 1e6 / self.decode_us
+
+
+def check_tp(tp: int, model: torch.nn.Module | None = None) -> None:
+    """A DemoError naming what is wrong with --tp: 1..8 cards, and (given the model) no more than its heads."""
+    from aiu_sim.timing.interconnect import MAX_CARDS
+    from models import tensor_parallel
+
+    if not 1 <= tp <= MAX_CARDS:
+        raise DemoError(
+            f"--tp must be 1..{MAX_CARDS} (spyreccl runs on one node of up to {MAX_CARDS} cards), got {tp}"
+        )
+    if model is None:
+        return
+    try:
+        tensor_parallel.plan(model, tp)
+    except tensor_parallel.TensorParallelError as e:
+        raise DemoError(f"--tp {tp}: {e}") from None
+
+
+def run_chat_tp(
+    prompt: str = DEFAULT_PROMPT,
+    max_new_tokens: int = 32,
+    config: str | None = None,
+    out: Path = Path("spyre_emu_out"),
+    console: Console | None = None,
+    tp: int = 2,
+) -> TensorParallelChat:
+    """SmolLM2 sharded over `tp` emulated cards: launches one process per card with torch's own launcher
+    (torch.distributed.launcher, as torchrun does: a c10d rendezvous, RANK/LOCAL_RANK/WORLD_SIZE per process,
+    AIU_WORLD_SIZE=tp); rank 0 shows the progress and returns the result."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    console = console or Console()
+    if max_new_tokens < 2:
+        raise DemoError(
+            f"--max-new-tokens must be at least 2 (one prefill and one decode step to time), got {max_new_tokens}"
+        )
+    _hardware(config)  # a bad --config or --tp fails here, before any process starts
+    check_tp(tp)
+    with _quiet_loaders(), contextlib.redirect_stderr(io.StringIO()):
+        # de-quantized once here (if the weights cache is cold), so the ranks only read the cache
+        cpu_model, tok = weights.load_smollm2()
+    check_tp(tp, cpu_model)
+    cache_length(text.chat_input_ids(tok, prompt).shape[1], max_new_tokens, cpu_model.config)
+    out.mkdir(parents=True, exist_ok=True)
+    job = {"prompt": prompt, "max_new_tokens": max_new_tokens, "config": config, "out": str(out), "tp": tp}
+    job["launched_at"] = time.time()  # wall clock: the ranks measure their start-up (spawn, imports) from it
+    launch = LaunchConfig(
+        min_nodes=1,
+        max_nodes=1,
+        nproc_per_node=tp,
+        run_id=f"spyre-emu-demo-{os.getpid()}",
+        rdzv_backend="c10d",
+        rdzv_endpoint="localhost:0",  # torchrun --standalone: a free port on this machine
+        max_restarts=0,
+        monitor_interval=0.5,
+    )
+    # each process is one card; the cores are shared out so the ranks' numba/OpenMP pools do not oversubscribe them
+    threads = str(max(1, (os.cpu_count() or 1) // tp))
+    env = {
+        "AIU_WORLD_SIZE": str(tp),  # the emulated cards, as the real stack reads it
+        "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", threads),
+        "NUMBA_NUM_THREADS": os.environ.get("NUMBA_NUM_THREADS", threads),
+    }
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)  # the spawned processes inherit it
+    console.print(
+        f"launching {tp} processes, one per emulated card (torch.distributed.launcher, c10d rendezvous)"
+    )
+    t0 = time.perf_counter()
+    # the launcher logs a failed rank's traceback and the terminations that follow; the CLI says it in one line
+    loggers = [logging.getLogger(n) for n in ("torch.distributed.elastic", "torch.multiprocessing")]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.CRITICAL)
+    try:
+        results = elastic_launch(launch, _tp_rank)(job)
+    except ChildFailedError as e:
+        rank, failure = e.get_first_failure()
+        raise DemoError(f"rank {rank} of {tp} failed: {_failure_line(failure)}") from None
+    except SignalException as e:  # Ctrl-C or a kill: the launcher stopped the ranks
+        raise DemoError(f"interrupted by {e.sigval.name}: the {tp} processes were stopped") from None
+    finally:
+        for lg, lvl in zip(loggers, levels, strict=True):
+            lg.setLevel(lvl)
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    result: TensorParallelChat = results[0]
+    result.wall_s["processes' exit"] = time.time() - result.ended_at
+    result.wall_s["total (launch to last rank)"] = time.perf_counter() - t0
+    result.files["summary"] = out / "summary.json"
+    result.files["summary"].write_text(json.dumps(_tp_summary(result), indent=2))
+    return result
+
+
+def _failure_line(failure) -> str:
+    """The exception line of a failed rank (its error file, which the launcher's record() writes), else its exit
+    code."""
+    data = failure.error_file_data if isinstance(failure.error_file_data, dict) else {}
+    message = data.get("message", {})
+    text = message.get("message", "") if isinstance(message, dict) else str(message)
+    lines = [x for x in text.strip().splitlines() if x.strip()]
+    return lines[-1] if lines else f"exit code {failure.exitcode}"
+
+
+def _tp_rank(job: dict) -> TensorParallelChat | None:
+    """One card of `spyre-emu demo --tp N` (a spawned process, so module level; the launcher records its
+    exception for the parent): its shard of SmolLM2 in fp16 on spyre:LOCAL_RANK, the adapters, the static decode
+    loop; rank 0 gathers every rank's timing and judges the tokens against the unsharded CPU fp32 model."""
+    import torch.distributed as dist
+
+    from models.tensor_parallel import tensor_parallel
+
+    warnings.simplefilter("ignore")
+    wall = {"start-up (spawn, imports)": time.time() - job["launched_at"]}
+    t0 = time.perf_counter()
+    dist.init_process_group("cpu:gloo,spyre:spyreccl")
+    wall["process group"] = time.perf_counter() - t0
+    try:
+        rank, tp, out = dist.get_rank(), job["tp"], Path(job["out"])
+        console = Console(soft_wrap=True, highlight=False) if rank == 0 else Console(file=io.StringIO())
+        hw = _hardware(job["config"])
+        with _quiet_loaders(), progress(console) as bar, torch_spyre_emu.config.use_hardware(hw):
+            t0 = time.perf_counter()
+            load = bar.add_task(f"loading SmolLM2-135M-Instruct, sharding it over {tp} cards", total=1)
+            with contextlib.redirect_stderr(io.StringIO()):
+                cpu_model, tok = weights.load_smollm2()
+            model = device_copy(cpu_model, torch.float16)
+            shard = tensor_parallel(model, world_size=tp)
+            handle = adapters.apply(model)  # on the CPU, before the move, as hf-adapters prepare a model
+            model.to("spyre")  # this process's card: spyre:LOCAL_RANK
+            bar.advance(load)
+            wall["load"] = time.perf_counter() - t0
+
+            ids = text.chat_input_ids(tok, job["prompt"])
+            steps = bar.add_task(
+                f"compiling + generating on {tp} emulated cards (rank 0 shown)", total=job["max_new_tokens"]
+            )
+            t0 = time.perf_counter()
+            on_step = lambda rec: bar.advance(steps)  # noqa: E731
+            runner = StaticGreedy(model)
+            gen = runner.generate(ids, job["max_new_tokens"], eos_token_id=tok.eos_token_id, on_step=on_step)
+            wall["generate"] = time.perf_counter() - t0
+            bar.update(steps, total=len(gen.new_ids), completed=len(gen.new_ids))
+            prefill = gen.prefill.report
+            decode = next((s.report for s in gen.decodes if s.report is not None), prefill)
+            files = {}
+            for name, rep in (("prefill", prefill), ("decode", decode)):
+                moved = _move_trace(rep, out / f"tp{tp}_rank{rank}_{name}.trace.json")
+                if moved:
+                    files[f"rank {rank} {name} trace"] = moved
+            mine = RankTiming(
+                rank=rank,
+                device=str(model.lm_head.weight.device),
+                share=shard.summary(),
+                collectives=shard.collectives,
+                prefill_us=gen.prefill.sim_us,
+                decode_us=statistics.fmean(s.sim_us for s in gen.decodes) if gen.decodes else float("nan"),
+                prefill_comm_us=prefill.collective_us,
+                decode_comm_us=decode.collective_us,
+                all_reduces_per_step=len(decode.collectives),
+                weights_mib=sum(p.numel() * p.element_size() for p in model.parameters()) / 2**20,
+                decode_classes=report.class_breakdown(decode),
+                wall_s=wall,
+            )
+            gathered = [None] * tp if rank == 0 else None
+            dist.gather_object((mine, files), gathered, dst=0)
+            if rank != 0:
+                return None
+            t0 = time.perf_counter()
+            ref = bar.add_task("CPU fp32 reference (teacher-forced + its own greedy text)", total=1)
+            agree = report.agreement(cpu_model, ids, gen.new_ids, tok.eos_token_id)
+            bar.advance(ref)
+            wall["cpu_reference"] = time.perf_counter() - t0
+        all_files: dict[str, Path] = {}
+        for _, f in gathered:
+            all_files.update(f)
+        return TensorParallelChat(
+            prompt=job["prompt"],
+            answer=tok.decode(gen.new_ids, skip_special_tokens=True),
+            cpu_answer=tok.decode(agree.cpu_ids, skip_special_tokens=True),
+            agreement=agree,
+            tp=tp,
+            hardware=hw.name,
+            new_tokens=len(gen.new_ids),
+            prompt_tokens=len(gen.prompt_ids),
+            prompt_pad=gen.prompt_pad,
+            cache_len=gen.cache_len,
+            adapters_report=str(handle.report),
+            ranks=[m for m, _ in gathered],
+            files=all_files,
+            wall_s={f"rank 0 {k}": v for k, v in wall.items()},
+            ended_at=time.time(),
+        )
+    finally:
+        dist.destroy_process_group()
+
+
+def _tp_summary(r: TensorParallelChat) -> dict:
+    return {
+        "prompt": r.prompt,
+        "answer": r.answer,
+        "cpu_fp32_answer": r.cpu_answer,
+        "tp": r.tp,
+        "new_tokens": r.new_tokens,
+        "teacher_forced_top1": r.agreement.teacher_forced,
+        "first_divergence_step": r.agreement.first_divergence,
+        "hardware": r.hardware,
+        "ttft_us": r.ttft_us,
+        "decode_us_per_token": r.decode_us,
+        "tokens_per_s": r.tokens_per_s,
+        "ranks": [dataclasses.asdict(x) for x in r.ranks],
+        "wall_s": r.wall_s,
+    }
 
 
 def _move_trace(rep: ProfileReport, dest: Path) -> Path | None:
@@ -477,6 +757,70 @@ def print_chat(r: ChatResult, console: Console) -> None:
     console.print(
         "[bold]what runs where:[/bold] device: 30 decoder layers, final norm, LM head, KV-cache write (one-hot blend); "
         "host: token embedding gather, RoPE table gather, attention mask, argmax (between programs)."
+    )
+    console.print("[bold]adapters:[/bold] " + escape(r.adapters_report))
+    console.print("[bold]wall time:[/bold] " + ", ".join(f"{k} {v:.1f} s" for k, v in r.wall_s.items()))
+    console.print("[bold]files:[/bold]")
+    for name, path in r.files.items():
+        hint = " (open in https://ui.perfetto.dev)" if "trace" in name else ""
+        console.print(f"  {name}: {path}{hint}")
+
+
+def print_chat_tp(r: TensorParallelChat, console: Console) -> None:
+    from rich.table import Table
+
+    a = r.agreement
+    console.rule(f"SmolLM2-135M-Instruct on {r.tp} emulated Spyre cards (tensor parallel)")
+    console.print(f"[bold]prompt:[/bold] {escape(r.prompt)}")
+    console.print(
+        f"[bold]answer[/bold] ({r.new_tokens} new tokens, greedy, fp16 weights, DL16 arithmetic, from rank 0; every "
+        "rank holds the same logits after the last all-reduce):"
+    )
+    console.print(escape("  " + r.answer.replace("\n", "\n  ")))
+    console.print()
+    console.print("[bold]agreement with CPU fp32[/bold] (same weights, unsharded stock model, no adapters):")
+    console.print(
+        f"  teacher-forced top-1: {100 * a.teacher_forced:.1f}% ({sum(a.matches)}/{a.positions} generated positions)"
+    )
+    if a.first_divergence is None:
+        console.print("  greedy texts: identical")
+    else:
+        console.print(f"  greedy texts first differ at step {a.first_divergence}; CPU fp32 says:")
+        console.print(escape("  " + r.cpu_answer.replace("\n", "\n  ")))
+    console.print()
+    console.print(
+        f"[bold]simulated timing per rank[/bold] on chip '{r.hardware}' (prompt of {r.prompt_tokens} tokens padded "
+        f"to {r.prompt_pad}, {r.cache_len}-slot static KV cache):"
+    )
+    for x in r.ranks:
+        console.print(f"  {escape(x.share)}; {x.weights_mib:,.0f} MiB of weights on {x.device}")
+    table = Table(show_edge=False)
+    for col in ("rank", "prefill ms", "decode ms/token", "all-reduce ms/token", "all-reduces/token"):
+        table.add_column(col, justify="right")
+    for x in r.ranks:
+        table.add_row(
+            str(x.rank),
+            f"{x.prefill_us / 1e3:,.2f}",
+            f"{x.decode_us / 1e3:,.2f}",
+            f"{x.decode_comm_us / 1e3:,.3f} ({100 * x.decode_comm_us / x.decode_us:.1f}%)",
+            f"{x.all_reduces_per_step} ({x.collectives})",
+        )
+    console.print(table)
+    comm_prefill = max(x.prefill_comm_us for x in r.ranks)
+    console.print(
+        f"  time to first token {r.ttft_us / 1e3:,.2f} ms (of it all-reduces {comm_prefill / 1e3:,.2f} ms), decode "
+        f"{r.decode_us / 1e3:,.2f} ms per token -> {r.tokens_per_s:,.1f} tokens/s: the slowest rank, since the ranks "
+        "meet at every all-reduce"
+    )
+    slowest = max(r.ranks, key=lambda x: x.decode_us)
+    total = sum(slowest.decode_classes.values())
+    console.print(
+        f"  where rank {slowest.rank}'s decode step went: "
+        + ", ".join(f"{c} {100 * us / total:.1f}%" for c, us in list(slowest.decode_classes.items())[:6])
+    )
+    console.print(
+        "  all-reduces: two per decoder layer (after attention's o_proj and the MLP's down_proj), timed by the "
+        "interconnect model (aiu_sim.timing.interconnect: PCIe Gen5 x16 per card, assumed ring algorithm)"
     )
     console.print("[bold]adapters:[/bold] " + escape(r.adapters_report))
     console.print("[bold]wall time:[/bold] " + ", ".join(f"{k} {v:.1f} s" for k, v in r.wall_s.items()))

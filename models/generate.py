@@ -47,6 +47,19 @@ def round_up(n: int, block: int = BLOCK) -> int:
     return -(-n // block) * block
 
 
+def cache_length(prompt_tokens: int, max_new_tokens: int, config) -> int:
+    """Slots of the static KV cache for a prompt and its new tokens; a GenerationError if the model has fewer
+    positions."""
+    cache_len = round_up(prompt_tokens + max_new_tokens)
+    limit = config.max_position_embeddings
+    if cache_len > limit:
+        raise GenerationError(
+            f"{prompt_tokens} prompt + {max_new_tokens} new tokens need a {cache_len}-slot cache, over the model's "
+            f"{limit} positions"
+        )
+    return cache_len
+
+
 def device_copy(causal_lm: nn.Module, dtype: torch.dtype = torch.float16) -> nn.Module:
     """A fresh instance of the model's class with its weights cast to `dtype`; the original is untouched.
 
@@ -276,13 +289,7 @@ class StaticGreedy:
             )
         n = prompt_ids.shape[1]
         pad = round_up(n)
-        cache_len = round_up(n + max_new_tokens)
-        limit = self.lm.config.max_position_embeddings
-        if cache_len > limit:
-            raise GenerationError(
-                f"{n} prompt + {max_new_tokens} new tokens need a {cache_len}-slot cache, over the model's "
-                f"{limit} positions"
-            )
+        cache_len = cache_length(n, max_new_tokens, self.lm.config)
         gen = Generation(prompt_ids[0].tolist(), [], prompt_pad=pad, cache_len=cache_len)
         padded = torch.zeros(1, pad, dtype=prompt_ids.dtype)
         padded[:, :n] = prompt_ids  # right padding: pads sit in slots n..P-1, never attended by real tokens

@@ -22,16 +22,28 @@ size (`head_layouts`): a KV head may be stored twice, and a q slot may be a zero
 columns: it adds exactly 0). The per-rank module attributes and config then describe the local heads, so the stock
 forward, the adapters and the static decode loop run unchanged.
 
+The embeddings and the LM head stay whole on every rank (transformers' plan also splits lm_head by vocab with a
+gather of the logits, `colwise_gather_output`; not done here: the compiled all-gather is one spyreccl rejects).
+
 The all-reduce is a forward hook on each attention and MLP module (`torch.distributed.all_reduce`), so it survives
 adapters that swap the projections (head_dim_pad replaces o_proj). Under torch.compile dynamo turns it into a
-functional collective inside the graph (`collectives="graph"`), which the stack must lower; `"host"` runs it between
-the graphs (a graph break), eagerly, on whatever device the activations are (gloo for CPU tensors, spyreccl for
-spyre tensors). "auto" picks "graph" when torch_spyre_emu.capabilities() supports the functional all_reduce.
+functional collective inside the graph (`collectives="graph"`), which the stack lowers to a Collective step;
+`"host"` runs it between the graphs (a graph break), eagerly, on whatever device the activations are (gloo for CPU
+tensors, spyreccl for spyre tensors). "auto" picks "graph" when torch_spyre_emu.capabilities() supports the
+functional all_reduce.
+
+A model utility, not an adapter: adapters (adapters/) change how a model is expressed so the stack can lower it, are
+undone by remove() and retire when the stack gains the capability; sharding changes what each process computes,
+needs a process group, and bridges no stack gap, so it never retires. It runs before the adapters, on the CPU, as
+hf-adapters load with the TP plan and then prepare the model (models/demo.py, `spyre-emu demo --tp N`):
 
     import torch.distributed as dist
-    from models.tensor_parallel import tensor_parallel
-    dist.init_process_group("gloo")          # under torchrun; on spyre tensors "cpu:gloo,spyre:spyreccl"
-    handle = tensor_parallel(model)         # shards in place for this rank; handle.remove() restores the model
+    dist.init_process_group("cpu:gloo,spyre:spyreccl")   # in each process torchrun starts (AIU_WORLD_SIZE=N)
+    model = device_copy(cpu_model, torch.float16)
+    handle = tensor_parallel(model)                      # this rank's share, in place; handle.remove() restores it
+    adapters.apply(model)
+    model.to("spyre")                                    # spyre:LOCAL_RANK
+    StaticGreedy(model).generate(ids, 32)                # every rank decodes the same tokens
 """
 
 from __future__ import annotations

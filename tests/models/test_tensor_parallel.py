@@ -259,3 +259,42 @@ def test_teacher_forcing_in_the_static_loop_predicts_what_hf_predicts():
     assert got == teacher_forced_predictions(
         ref, ids, tokens
     )  # 12 steps: an end-of-turn token does not stop it
+
+
+# --- spyre-emu demo --tp: bad input is one line, before any process starts ------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--tp", "0"], "error: --tp must be 1..8 (spyreccl runs on one node of up to 8 cards), got 0"),
+        (["--tp", "9"], "error: --tp must be 1..8 (spyreccl runs on one node of up to 8 cards), got 9"),
+        (
+            ["--tp", "2", "--model", "minilm"],
+            "error: --tp applies to a fresh smollm2 run only (--model minilm runs",
+        ),
+        (
+            ["--tp", "2", "--resume"],
+            "error: --tp applies to a fresh smollm2 run only (a tensor-parallel run cannot",
+        ),
+    ],
+)
+def test_bad_tp_is_a_one_line_cli_error(tmp_path, args, message):
+    from typer.testing import CliRunner
+
+    from models.cli import app
+
+    result = CliRunner().invoke(app, ["demo", *args, "--out", str(tmp_path)])
+    assert result.exit_code == 2, result.output
+    assert result.output.strip().splitlines() == [result.output.strip()] and result.output.startswith(message)
+    assert not list(tmp_path.iterdir())  # nothing launched, nothing written
+
+
+def test_tp_above_the_models_heads_is_a_demo_error():
+    from models.demo import DemoError, check_tp
+
+    check_tp(4, tiny.tiny_llama())
+    with pytest.raises(
+        DemoError, match=r"^--tp 5: tensor-parallel degree 5 is out of range for 4 attention heads"
+    ):
+        check_tp(5, tiny.tiny_llama())

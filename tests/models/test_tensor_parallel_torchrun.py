@@ -152,3 +152,43 @@ def test_smollm2_tp2_gives_the_tp1_tokens(tmp_path):
     assert "q heads 0..4 of 9 (+1 zero), KV heads [0, 1] of 3" in r0["summary"]
     assert "q heads 5..8 of 9 (+2 zero), KV heads [1, 2] of 3" in r1["summary"]
     assert forced >= 0.95 and greedy >= 0.95
+
+
+@pytest.mark.slow
+def test_demo_tp2_runs_start_to_finish(tmp_path):
+    # the real command: it launches its two processes itself (torch's launcher), rank 0's result is printed
+    cmd = [
+        sys.executable,
+        "-m",
+        "models.cli",
+        "demo",
+        "--tp",
+        "2",
+        "--max-new-tokens",
+        "4",
+        "--out",
+        str(tmp_path),
+    ]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=1800)
+    out = proc.stdout
+    assert proc.returncode == 0, out + proc.stderr[-4000:]
+    assert "Traceback" not in out + proc.stderr
+    for needle in (
+        "SmolLM2-135M-Instruct on 2 emulated Spyre cards",
+        "teacher-forced top-1",
+        "rank 0/2: q heads 0..4 of 9 (+1 zero), KV heads [0, 1] of 3, MLP width 768",
+        "rank 1/2: q heads 5..8 of 9 (+2 zero), KV heads [1, 2] of 3, MLP width 768",
+        "all-reduce ms/token",
+        "tokens/s",
+    ):
+        assert needle in out, needle
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["tp"] == 2 and summary["new_tokens"] == 4 and summary["teacher_forced_top1"] >= 0.75
+    for i, r in enumerate(summary["ranks"]):
+        assert r["rank"] == i and r["device"] == f"spyre:{i}"
+        assert (
+            r["all_reduces_per_step"] == 60 and 0 < r["decode_comm_us"] < r["decode_us"]
+        )  # 2 per layer, timed
+        for kind in ("prefill", "decode"):
+            assert json.loads((tmp_path / f"tp2_rank{i}_{kind}.trace.json").read_text())["traceEvents"]
+    assert summary["answer"].strip() and summary["answer"].split()[0] in out
