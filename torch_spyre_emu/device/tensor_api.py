@@ -127,7 +127,8 @@ def _device_tensor_layout(self) -> SpyreTensorLayout | None:
 def _on_current_card(device):
     """"spyre" without an index as the card it means, the current one (or the running op's). torch fills a missing
     index from the device guard, which for a Python backend always says 0, so t.to("spyre") on rank 1 of a
-    one-card-per-process job would land on spyre:0; the real stack's guard answers with the current device."""
+    one-card-per-process job would land on spyre:0; the real stack's guard answers with the current device. Factory
+    functions (torch.zeros(..., device="spyre")) reach the kernels with no index and need no help."""
     if isinstance(device, str | torch.device):
         try:
             parsed = torch.device(device)
@@ -249,8 +250,10 @@ def install() -> None:
         return
     torch.Tensor.to = _to(torch.Tensor.to)
     torch.empty = _empty(torch.empty)
-    torch.tensor = _indexed(torch.tensor)
-    torch.as_tensor = _indexed(torch.as_tensor)
+    # Not torch.tensor / torch.as_tensor: torch's device context (`with torch.device("meta")`, which transformers'
+    # from_pretrained builds models under) recognises factories by identity, so a wrapper there would be created
+    # on the CPU and left uninitialised (SmolLM2's rotary inv_freq came out as garbage). On a card other than 0,
+    # name the index: torch.tensor(data, device=f"spyre:{rank}").
     torch._tensor_str._str = _str(torch._tensor_str._str)
     torch.Tensor.__deepcopy__ = _deepcopy(torch.Tensor.__deepcopy__)
     torch.Tensor._reduce_ex_internal = _reduce(torch.Tensor._reduce_ex_internal)
