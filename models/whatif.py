@@ -205,8 +205,10 @@ class LLMWorkload:
 # "colwise_gather_output" (vLLM's ParallelLMHead is vocab-parallel too): a rank computes a vocab shard of the logits
 # and an all-gather gives every rank all of them; all_gather takes equal tensors, so every shard is as wide as rank
 # 0's and the last ones are padded (an assumption). Embeddings (a host op on Spyre), norms, residual adds, rotary
-# tables and the router are replicated. When tp > kv_heads, each KV head is replicated on tp / kv_heads ranks (vLLM's
-# rule, which needs tp to be a multiple of kv_heads). The builders add the collectives (aiu_sim.builders.llama).
+# tables and the router are replicated. Heads split as models.tensor_parallel shards a real model (head_layouts):
+# where they divide, the plain Megatron split; where not, q heads as even as possible, each rank with the KV heads
+# its q heads need (a KV head on several ranks when tp > kv_heads, zero q heads to keep one group size). The builders
+# add the collectives (aiu_sim.builders.llama).
 
 
 @dataclass(frozen=True)
@@ -245,9 +247,10 @@ def check_tp_value(tp: Any) -> int:
 
 
 def shard(model: str | LLMShape, tp: int, rank: int = 0, dtype: str = "dl16") -> RankShard:
-    """Rank `rank`'s share of `model` on `tp` cards (see the section comment); tp=1 is the model itself. Heads go
-    with their KV head (a query head attends to its own group's keys), so uneven splits move whole GQA groups;
-    intermediate and vocab split in whole sticks of `dtype`. A tp that leaves a rank nothing is a WhatIfError."""
+    """Rank `rank`'s share of `model` on `tp` cards (see the section comment); tp=1 is the model itself. Its heads
+    and KV heads are the local slots of models.tensor_parallel.head_layouts (zero heads included: they cost what a
+    head costs); intermediate and vocab split in whole sticks of `dtype`. A tp that leaves a rank nothing is a
+    WhatIfError."""
     m = llm_shape(model)
     tp = check_tp_value(tp)
     if not isinstance(rank, int) or not 0 <= rank < tp:
@@ -257,18 +260,17 @@ def shard(model: str | LLMShape, tp: int, rank: int = 0, dtype: str = "dl16") ->
     why = f"{m.name} on tp={tp} cards"
     if tp > m.heads:
         raise WhatIfError(f"{why}: {m.heads} attention heads, so a rank would hold none; use tp <= {m.heads}")
-    groups = m.heads // m.kv_heads
-    if tp <= m.kv_heads:
-        kv_heads, replicas = _part(m.kv_heads, tp, rank), 1
-        heads = kv_heads * groups
-    elif tp % m.kv_heads:
-        raise WhatIfError(
-            f"{why}: more cards than its {m.kv_heads} KV heads, so each KV head is replicated on tp / kv_heads ranks "
-            f"and tp must be a multiple of {m.kv_heads} (as vLLM requires); use tp <= {m.kv_heads} or a multiple"
-        )
-    else:
-        replicas = tp // m.kv_heads
-        kv_heads, heads = 1, _part(groups, replicas, rank % replicas)
+    # the heads split exactly as models.tensor_parallel shards a real model (one rule for both): q heads contiguous
+    # and as even as possible, each rank with the KV heads its q heads need, in a local layout of one group size
+    from models.tensor_parallel import TensorParallelError, head_layouts
+
+    try:
+        layouts = head_layouts(m.heads, m.kv_heads, tp)
+    except TensorParallelError as e:
+        raise WhatIfError(f"{why}: {e}") from None
+    mine = layouts[rank]
+    heads, kv_heads = len(mine.q), len(mine.kv)
+    replicas = sum(mine.kv[0] in other.kv for other in layouts)
     stick = get_format(dtype).elems_per_stick
     f_lo, f_hi = _stick_range(m.intermediate, tp, rank, stick)
     v_lo, v_hi = _stick_range(m.vocab, tp, rank, stick)
