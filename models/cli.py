@@ -279,20 +279,29 @@ def whatif(
 def precision(
     model: str = typer.Option("smollm2", help="smollm2 (real weights) or tiny-llama (random weights)."),
     settings: str = typer.Option(
-        "dl16,fp8_e4m3_channel", help="Comma list of models/precision.py SETTINGS (dl16, fp8_e4m3_channel, ...)."
+        "dl16,fp8_e4m3_channel",
+        help="Comma list of models/precision.py settings: dl16, dl16_acc, chunked, chunked:N, "
+        "fp8_<e4m3|e5m2>_<tensor|channel>, fp32:MODULE[+MODULE...].",
     ),
     prompt: str = typer.Option(None, help="Chat prompt for smollm2 (default: a question about France)."),
     new_tokens: int = typer.Option(16, help="Greedy tokens of the fp32 reference to compare, teacher-forced."),
     strict: bool = typer.Option(True, "--strict/--fallback", help="Strict mode: no CPU islands on the device run."),
+    fp32: str = typer.Option(
+        None,
+        "--fp32",
+        help="Comma list of modules (model.named_modules() names, e.g. model.layers.0.mlp) to keep in fp32: adds "
+        "one fp32-islands setting, run in fallback mode.",
+    ),
     out: Path = typer.Option(Path("spyre_emu_out/precision"), help="Where summary.md, modules.csv, JSON, PNGs go."),
 ) -> None:
-    """Per-module error of emulated Spyre against CPU fp32 under numeric settings (DL16, FP8 weights), and where
-    the greedy output first changes; writes a table, PNGs and JSON (models/precision.py; docs/studies.md)."""
+    """Per-module error of emulated Spyre against CPU fp32 under numeric settings (DL16, DL16 or chunked
+    accumulation, FP8 weights, fp32 islands), and where the greedy output first changes; writes a table, PNGs and
+    JSON (models/precision.py; docs/studies.md)."""
     from models import precision as prec
     from models.weights import WeightsNotInstalledError
 
     try:
-        files = prec.run_command(model, settings, prompt, new_tokens, out, strict, console)
+        files = prec.run_command(model, settings, prompt, new_tokens, out, strict, console, fp32=fp32)
     except (prec.PrecisionError, WeightsNotInstalledError) as e:
         console.print(f"[red]error:[/red] {escape(str(e))}")
         raise typer.Exit(2) from None
