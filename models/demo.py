@@ -539,17 +539,22 @@ def _move_trace(rep: ProfileReport, dest: Path) -> Path | None:
 def _merged_trace(rep: ProfileReport, dest: Path) -> Path:
     from aiu_sim.timing.trace import trace_events
 
+    # a decode step runs one decoder-block program per layer, timed once (the runtime memoizes a program's timing
+    # report): its events are made once per distinct report and shifted to each occurrence
+    timed: dict[int, list[dict]] = {}  # id of a distinct report -> its timed events
     events, seen, t0 = [], set(), 0.0
     for timing in rep.timing_reports:
-        for e in trace_events(timing):
-            if e.get("ph") == "M":  # track names: the same tracks for every program
-                key = json.dumps(e, sort_keys=True)
-                if key in seen:
+        if id(timing) not in timed:
+            timed[id(timing)] = []
+            for e in trace_events(timing):
+                if e.get("ph") != "M":
+                    timed[id(timing)].append(e)
                     continue
-                seen.add(key)
-            elif "ts" in e:
-                e = {**e, "ts": e["ts"] + t0}
-            events.append(e)
+                key = json.dumps(e, sort_keys=True)  # track names: the same tracks for every program
+                if key not in seen:
+                    seen.add(key)
+                    events.append(e)
+        events += [{**e, "ts": e["ts"] + t0} if "ts" in e else e for e in timed[id(timing)]]
         t0 += timing.total_us
     other = {"programs": rep.programs, "total_us": rep.total_us, "generator": "models.demo"}
     dest.write_text(

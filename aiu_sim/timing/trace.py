@@ -19,6 +19,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+from numba import njit
 
 from aiu_sim.timing.interconnect import CollectiveTiming
 from aiu_sim.timing.report import Intervals, KernelTiming, TimingReport
@@ -271,26 +272,36 @@ def _direction_track(res, rid: int) -> int:
     return rid
 
 
-def _union(res, start, end, busy, count, kind) -> Intervals:
-    """Merge overlapping intervals per track (links of one direction overlap each other)."""
-    if len(res) == 0:
-        return Intervals(res.astype(np.int32), start, end, busy, count.astype(np.int32), kind.astype(np.int8))
-    running_end = np.empty_like(end)
-    new = np.ones(len(res), bool)
+@njit(cache=True)
+def _overlap_runs(res, start, end):
+    """For intervals sorted by (track, start): which ones open a new merged interval, and the running end of the
+    merged interval each one belongs to (a sequential running max per track, so compiled: a demo's traces have
+    millions of intervals)."""
+    n = len(res)
+    new = np.ones(n, np.bool_)
+    running_end = np.empty(n, end.dtype)
     current = end[0]
     running_end[0] = current
-    for i in range(1, len(res)):  # sequential running max per track; runs once per unique kernel
+    for i in range(1, n):
         if res[i] == res[i - 1] and start[i] <= current:
             new[i] = False
             current = max(current, end[i])
         else:
             current = end[i]
         running_end[i] = current
+    return new, running_end
+
+
+def _union(res, start, end, busy, count, kind) -> Intervals:
+    """Merge overlapping intervals per track (links of one direction overlap each other)."""
+    if len(res) == 0:
+        return Intervals(res.astype(np.int32), start, end, busy, count.astype(np.int32), kind.astype(np.int8))
+    new, running_end = _overlap_runs(res, start, end)
     group = np.cumsum(new) - 1
     first = np.flatnonzero(new)
     last = np.append(first[1:], len(res)) - 1
     n = len(first)
-    same_kind = np.array([np.all(kind[a : b + 1] == kind[a]) for a, b in zip(first, last, strict=True)])
+    same_kind = np.minimum.reduceat(kind, first) == np.maximum.reduceat(kind, first)
     return Intervals(
         res=res[first].astype(np.int32),
         start=start[first],
