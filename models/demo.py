@@ -699,6 +699,16 @@ def _time_table(title: str, rep: ProfileReport):
     return table
 
 
+def _print_footer(adapters_report: str, wall_s: dict[str, float], files: dict[str, Path], console: Console) -> None:
+    """The last lines of every demo: adapters, wall time, the files written."""
+    console.print("[bold]adapters:[/bold] " + escape(adapters_report))
+    console.print("[bold]wall time:[/bold] " + ", ".join(f"{k} {v:.1f} s" for k, v in wall_s.items()))
+    console.print("[bold]files:[/bold]")
+    for name, path in files.items():
+        hint = " (open in https://ui.perfetto.dev)" if "trace" in name else ""
+        console.print(f"  {name}: {path}{hint}")
+
+
 def print_chat(r: ChatResult, console: Console) -> None:
     a, gen = r.agreement, r.generation
     console.rule("SmolLM2-135M-Instruct on emulated Spyre")
@@ -763,12 +773,7 @@ def print_chat(r: ChatResult, console: Console) -> None:
         "[bold]what runs where:[/bold] device: 30 decoder layers, final norm, LM head, KV-cache write (one-hot blend); "
         "host: token embedding gather, RoPE table gather, attention mask, argmax (between programs)."
     )
-    console.print("[bold]adapters:[/bold] " + escape(r.adapters_report))
-    console.print("[bold]wall time:[/bold] " + ", ".join(f"{k} {v:.1f} s" for k, v in r.wall_s.items()))
-    console.print("[bold]files:[/bold]")
-    for name, path in r.files.items():
-        hint = " (open in https://ui.perfetto.dev)" if "trace" in name else ""
-        console.print(f"  {name}: {path}{hint}")
+    _print_footer(r.adapters_report, r.wall_s, r.files, console)
 
 
 def print_chat_tp(r: TensorParallelChat, console: Console) -> None:
@@ -827,12 +832,7 @@ def print_chat_tp(r: TensorParallelChat, console: Console) -> None:
         "  all-reduces: two per decoder layer (after attention's o_proj and the MLP's down_proj), timed by the "
         "interconnect model (aiu_sim.timing.interconnect: PCIe Gen5 x16 per card, assumed ring algorithm)"
     )
-    console.print("[bold]adapters:[/bold] " + escape(r.adapters_report))
-    console.print("[bold]wall time:[/bold] " + ", ".join(f"{k} {v:.1f} s" for k, v in r.wall_s.items()))
-    console.print("[bold]files:[/bold]")
-    for name, path in r.files.items():
-        hint = " (open in https://ui.perfetto.dev)" if "trace" in name else ""
-        console.print(f"  {name}: {path}{hint}")
+    _print_footer(r.adapters_report, r.wall_s, r.files, console)
 
 
 def print_embed(r: EmbedResult, console: Console) -> None:
@@ -876,9 +876,4 @@ def print_embed(r: EmbedResult, console: Console) -> None:
         )
     )
     console.print(f"unit utilization: {_util_line(rep)}")
-    console.print("[bold]adapters:[/bold] " + escape(r.adapters_report))
-    console.print("[bold]wall time:[/bold] " + ", ".join(f"{k} {v:.1f} s" for k, v in r.wall_s.items()))
-    console.print("[bold]files:[/bold]")
-    for name, path in r.files.items():
-        hint = " (open in https://ui.perfetto.dev)" if "trace" in name else ""
-        console.print(f"  {name}: {path}{hint}")
+    _print_footer(r.adapters_report, r.wall_s, r.files, console)
