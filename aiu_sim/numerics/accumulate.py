@@ -180,15 +180,21 @@ def combine(partials, order=None, model: AccumulationModel = DEFAULT_MODEL) -> n
     parts = as_float32(partials, "combine", allow_float64=False)
     if parts.ndim == 0:
         raise UnsupportedInputError("combine takes partials stacked along a leading axis, got a 0-d array")
-    if order is None:
-        order = ReductionOrder.chain(parts.shape[0])
-    elif not isinstance(order, ReductionOrder):
-        order = ReductionOrder(order)
-    if order.n_leaves != parts.shape[0]:
-        raise UnsupportedInputError(
-            f"combine: the order has {order.n_leaves} leaves but there are {parts.shape[0]} partials ({order!r})"
-        )
+    order = _order_for(parts.shape[0], order, "combine")
     return _evaluate(order.tree, parts, model)
+
+
+def _order_for(n_partials: int, order, what: str) -> ReductionOrder:
+    """The reduction tree over `n_partials` leaves: `order` (a ReductionOrder or its tree), default a chain."""
+    if order is None:
+        return ReductionOrder.chain(n_partials)
+    if not isinstance(order, ReductionOrder):
+        order = ReductionOrder(order)
+    if order.n_leaves != n_partials:
+        raise UnsupportedInputError(
+            f"{what}: the order has {order.n_leaves} leaves but there are {n_partials} partials ({order!r})"
+        )
+    return order
 
 
 def finalize(values, model: AccumulationModel = DEFAULT_MODEL) -> np.ndarray:
@@ -321,14 +327,7 @@ def combine_int(partials, order=None) -> np.ndarray:
             f"shape {parts.shape}"
         )
     parts = parts.astype(np.int64)
-    if order is None:
-        order = ReductionOrder.chain(parts.shape[0])
-    elif not isinstance(order, ReductionOrder):
-        order = ReductionOrder(order)
-    if order.n_leaves != parts.shape[0]:
-        raise UnsupportedInputError(
-            f"combine_int: the order has {order.n_leaves} leaves but there are {parts.shape[0]} partials ({order!r})"
-        )
+    order = _order_for(parts.shape[0], order, "combine_int")
     lo, hi = INT_ACCUMULATOR
 
     def evaluate(tree):
