@@ -16,11 +16,13 @@ from adapters import (  # noqa: F401  (importing registers the adapters, in appl
     embedding,
     gelu,
     head_dim_pad,
+    host_inputs,
     lm_head_pad,
     moe,
     qkv_split,
     rmsnorm,
     rope,
+    rewrite,
     sdpa,
 )
 from adapters.apply import AppliedAdapters, Report, apply
