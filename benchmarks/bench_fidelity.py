@@ -332,6 +332,14 @@ def points(config: HardwareConfig, reduced: bool = False) -> list[Point]:
     return out
 
 
+def _split_text(program: KernelProgram) -> str:
+    """The core split of the program's one kernel and the pass that chose it: e.g. "n8 k4 (32 cores, pass 2)"."""
+    kern = program.kernels[0]
+    dims = " ".join(f"{d}{p}" for d, p in kern.split.items()) or "none"
+    by = {"matmul_cost_model": "pass 2", "work_distribution": "pass 3", "span": "pass 1"}
+    return f"{dims} ({kern.num_slices} cores, {by.get(kern.attrs.get('work_division'), 'given')})"
+
+
 def _stack_points(config: HardwareConfig, reduced: bool) -> list[Point]:
     """AH-GR's qualitative statements about isolated Granite-3.3-8B matmuls (HW §6), each matmul divided by the
     emulated stack's work division."""
@@ -342,7 +350,8 @@ def _stack_points(config: HardwareConfig, reduced: bool) -> list[Point]:
     out = []
     shapes = {"k/v": GRANITE_PROJECTIONS["k/v"]} if reduced else GRANITE_PROJECTIONS
     for name, (k, n) in shapes.items():
-        ns, t = _kernel_ns(_stack_divided(64, k, n, config), config)
+        program = _stack_divided(64, k, n, config)
+        ns, t = _kernel_ns(program, config)
         weight_gbps = k * n * 2 / ns
         out.append(
             Point(
@@ -352,12 +361,13 @@ def _stack_points(config: HardwareConfig, reduced: bool) -> list[Point]:
                 150.0,
                 "GB/s of weights",
                 "AH-GR (HW §6)",
-                f"'weights stream at roughly 150 GB/s'; stack's split, {len(t.cores)} cores",
+                f"'weights stream at roughly 150 GB/s'; stack's split {_split_text(program)}",
             )
         )
     if not reduced:
         k, n = GRANITE_PROJECTIONS["up/gate"]
-        ns, t = _kernel_ns(_stack_divided(512, k, n, config), config)
+        program = _stack_divided(512, k, n, config)
+        ns, t = _kernel_ns(program, config)
         tflops = 2 * t.macs / ns / 1e3
         nominal = 98.304  # the DL16 peak IBM's tools divide by (HW §1-2)
         out.append(
@@ -368,7 +378,7 @@ def _stack_points(config: HardwareConfig, reduced: bool) -> list[Point]:
                 0.55,
                 "of nominal peak",
                 "AH-GR (HW §6)",
-                "'a bit over half of nominal peak' (0.55 taken)",
+                f"'a bit over half of nominal peak' (0.55 taken); stack's split {_split_text(program)}",
             )
         )
     return out

@@ -45,3 +45,19 @@ def test_rms_is_the_root_mean_square_of_the_errors(bench, points):
     rms = bench.rms_by_class(points)
     transport = [p.error for p in points if p.op_class == "transport"]
     assert rms["transport"] == (pytest.approx(math.sqrt(sum(e * e for e in transport) / len(transport))), 4)
+
+
+
+@pytest.fixture(scope="module")
+def full_points(bench):
+    return bench.points(preset("spyre"), reduced=False)  # a few seconds: the numbers docs/timing.md quotes
+
+
+def test_every_class_meets_its_yardstick_and_no_point_is_beyond_20_percent(bench, full_points):
+    """Issue 14's target on the full suite, the one docs/timing.md reports. It keeps the decode k/v point that was
+    -54% before pass 2 of the work division counted a multicast operand's bytes once."""
+    assert any(p.name.startswith("decode M=64 k/v") for p in full_points)
+    for p in full_points:
+        assert abs(p.error) <= bench.MAX_POINT_ERROR, (p.name, p.simulated, p.measured)
+    for op_class, (rms, _n) in bench.rms_by_class(full_points).items():
+        assert rms <= bench.YARDSTICK_RMS[op_class], op_class

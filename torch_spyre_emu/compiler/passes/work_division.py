@@ -4,7 +4,8 @@
    per-core span (256 MiB); splits on stick dims divide the stick count.
 2. matmul cost model (batchmatmul only): search (b, m, n, k) divisor splits using at most SENCORES cores; cost =
    (compute + HBM + psum + tie-break) x b_split^1.4 with 8 PT rows per pass and a target of 8 passes, a DL16 peak of
-   98.304 TFLOP/s / 32 cores, 204.8 GB/s LPDDR5 with a cohort penalty max(1, max(m, n)/8), and psum
+   98.304 TFLOP/s / 32 cores, 204.8 GB/s LPDDR5 for the bytes of the operands and the output, each counted once
+   (shared blocks are multicast, HW §4), with a cohort penalty max(1, max(m, n)/8), and psum
    (k_split - 1) x output elements x 1.4e-4 us. It declines when pass 1 already split the op, or when its best
    split uses fewer cores than pass 3 would.
 3. work distribution (everything else): split output dims, largest first, then at most one reduction dim; every
@@ -27,6 +28,7 @@ HBM_BYTES_PER_S = 204.8e9
 PT_ROWS = 8
 TARGET_PASSES = 8
 PSUM_US_PER_ELEM = 1.4e-4
+COHORT_LIMIT = 8  # TS-WD _COHORT_LIMIT (HW §4): cores one broadcast reaches before the delivery penalty
 
 
 def units(k: Kernel, dim: str, buffers: dict[str, Buffer]) -> int:
@@ -84,9 +86,15 @@ def matmul_cost_us(
     passes = math.ceil(m / PT_ROWS)
     efficiency = min(1.0, passes / TARGET_PASSES)
     compute = 2 * b * m * n * k / (PEAK_FLOPS_DL16 / max_cores * efficiency) * 1e6
-    cohort = max(1.0, max(sm, sn) / 8)
-    bytes_per_core = 2 * (b * m * k + b * k * n + b * m * n)
-    hbm = bytes_per_core * (sb * sm * sn * sk) / HBM_BYTES_PER_S * 1e6 * cohort  # all cores share the bus
+    # HBM: every operand block is read from DRAM once however many cores share it (an A block by the sn cores of
+    # its row, a B block by the sm cores of its column: multicast on the ring), so the bus carries each operand and
+    # the output once; a broadcast shared by more than COHORT_LIMIT cores pays the delivery penalty (HW §4
+    # "Multicast": "the cost model counts those bytes once, then adds a delivery penalty once more than 8 cores
+    # share the broadcast", TS-WD _COHORT_LIMIT). Before, per-core bytes were summed over the cores, which charged a
+    # shared block once per reader on top of the cohort penalty and made pass 2 shun the N split decode needs.
+    cohort = max(1.0, max(sm, sn) / COHORT_LIMIT)
+    unique_bytes = 2 * (B * M * K + B * K * N + B * M * N)
+    hbm = unique_bytes / HBM_BYTES_PER_S * 1e6 * cohort
     psum = (sk - 1) * b * m * n * PSUM_US_PER_ELEM
     tie = 1e-6 * (max_cores - sb * sm * sn * sk)
     return (compute + hbm + psum + tie) * sb**1.4
