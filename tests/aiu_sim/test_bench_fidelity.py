@@ -47,7 +47,6 @@ def test_rms_is_the_root_mean_square_of_the_errors(bench, points):
     assert rms["transport"] == (pytest.approx(math.sqrt(sum(e * e for e in transport) / len(transport))), 4)
 
 
-
 @pytest.fixture(scope="module")
 def full_points(bench):
     return bench.points(preset("spyre"), reduced=False)  # a few seconds: the numbers docs/timing.md quotes
