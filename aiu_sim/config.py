@@ -66,6 +66,14 @@ class HardwareConfig:
     ring_hop_latency_cycles: int = 2  # HW §4: assumption (no hop latency is published)
     memory_node_position: int = 0  # HW §4: assumption, memory node at ring position 0
 
+    # Multicast delivery (HW §4 "Multicast"): an operand several cores share is read from DRAM once and broadcast on
+    # the ring; past `multicast_cohort_limit` receivers its delivery is slower by max(1, receivers / limit) ** exponent
+    # (TS-WD's _COHORT_LIMIT = 8 and its cohort penalty max(1, max(m, n) / 8), STACK §1.4; "one version uses exponent
+    # 0.75", HW §4). The penalty is the real stack's cost model's, not a measurement; that the ring's delivery follows
+    # it is an assumption (ASSUMPTION_RANGES: exponent 0, no penalty, to 1). tasks.py charges it on the ring links.
+    multicast_cohort_limit: int = 8
+    multicast_cohort_exponent: float = 1.0
+
     # --- partial-sum (SFP) rings ---
     psum_ring_bytes_per_cycle: int = 32  # HW §1: 2 unidirectional rings, 32 B/cycle at core clock (AH-RING)
     psum_hop_latency_cycles: int = 8  # HW §4: 8 cycles per hop per 8x8 fp32 tile (AH-RING)
@@ -200,7 +208,8 @@ class HardwareConfig:
             f"  LX: {self.lx_bytes / MIB:.2f} MiB/core ({self.lx_allocatable_bytes / MIB:.2f} MiB allocatable), "
             f"port {self.lx_port_bytes_per_cycle} B/cycle",
             f"  ring: {self.ring_nodes} nodes, {self.ring_bytes_per_cycle} B/cycle/direction, "
-            f"hop {self.ring_hop_latency_cycles} cycles; psum rings {self.psum_ring_bytes_per_cycle} B/cycle",
+            f"hop {self.ring_hop_latency_cycles} cycles; psum rings {self.psum_ring_bytes_per_cycle} B/cycle; "
+            f"multicast penalty past {self.multicast_cohort_limit} receivers, exponent {self.multicast_cohort_exponent}",
             f"  DRAM: {self.dram_capacity_gb:.0f} GB LPDDR5, {self.dram_peak_gbps} GB/s peak, "
             f"{self.dram_effective_gbps} GB/s effective one-way; per-core span {self.core_span_bytes // MIB} MiB",
             f"  host: PCIe {self.pcie_gbps} GB/s; kernel launch overhead {self.kernel_launch_overhead_us} us; "
@@ -210,6 +219,10 @@ class HardwareConfig:
             f"{self.collective_step_latency_us} us per step",
         ]
         return "\n".join(lines)
+
+    def multicast_penalty(self, receivers: int) -> float:
+        """How much slower a multicast to `receivers` cores is delivered than one to a single core (HW §4)."""
+        return max(1.0, receivers / self.multicast_cohort_limit) ** self.multicast_cohort_exponent
 
 
 @dataclass(frozen=True)
@@ -230,6 +243,9 @@ ASSUMPTION_RANGES: dict[str, Assumption] = {
     "host_op_overhead_us": Assumption(2.0, 50.0, "not public: one eager CPU op's dispatch"),
     "host_compute_gbps": Assumption(2.0, 50.0, "not public: one eager CPU op's streaming rate"),
     "ring_hop_latency_cycles": Assumption(0, 8, "HW §4: no hop latency is published"),
+    "multicast_cohort_exponent": Assumption(
+        0.0, 1.0, "HW §4: TS-WD's delivery penalty past 8 receivers (exponent 1, one version 0.75); 0 = none"
+    ),
     "sfp_lanes": Assumption(32, 128, "HW §3: SFP width not public (64 is ktir-cpu's estimate)"),
     "sfp_transcendental_cost": Assumption(1.0, 8.0, "HW §3/§8: ktir-cpu's 4x is an estimate"),
     "collective_step_latency_us": Assumption(
@@ -259,6 +275,7 @@ def _validate(cfg: HardwareConfig) -> None:
         "lx_port_bytes_per_cycle",
         "ring_bytes_per_cycle",
         "psum_ring_bytes_per_cycle",
+        "multicast_cohort_limit",
     ]
     for name in positive_ints:
         value = getattr(cfg, name)
@@ -311,6 +328,7 @@ def _validate(cfg: HardwareConfig) -> None:
     _require(cfg, "core_span_bytes", cfg.core_span_bytes >= STICK_BYTES, f">= {STICK_BYTES}")
     _require(cfg, "ring_hop_latency_cycles", cfg.ring_hop_latency_cycles >= 0, ">= 0")
     _require(cfg, "psum_hop_latency_cycles", cfg.psum_hop_latency_cycles >= 0, ">= 0")
+    _require(cfg, "multicast_cohort_exponent", cfg.multicast_cohort_exponent >= 0, ">= 0")
     _require(cfg, "dram_turnaround_ns_per_byte", cfg.dram_turnaround_ns_per_byte >= 0, ">= 0")
     for name in ("kernel_launch_overhead_us", "program_host_us", "host_op_overhead_us"):
         _require(cfg, name, getattr(cfg, name) >= 0, ">= 0")

@@ -3,8 +3,9 @@
 Per core (every core runs the same tile plan, tiling.py) and per chunk i of tiles:
 - LOAD: the chunk's input sticks that only this core reads: DRAM -> ring links (shorter direction) -> DMA -> LX.
 - MCAST: input sticks several cores read (an operand shared by an N-split, a norm weight): read from DRAM once and
-  multicast on the ring (HW §4 "Multicast"): DRAM once, each link of the union of the paths once, every receiving
-  core's DMA and LX port. It waits for all receivers' buffers, so sharing cores advance together.
+  multicast on the ring (HW §4 "Multicast"): DRAM once, each link of the union of the paths once (for longer past
+  8 receivers: the cohort delivery penalty, config.multicast_penalty), every receiving core's DMA and LX port.
+  It waits for all receivers' buffers, so sharing cores advance together.
 - COMPUTE: both corelets' PT arrays (matmul) or SFP units (everything else) for the chunk's share of the core's
   cycles, and the LX port for the tile bytes the unit reads and writes (HW §1: one 128 B/cycle port for all agents).
 - STORE: finished output tiles: LX -> DMA -> ring -> DRAM.
@@ -58,11 +59,13 @@ class TaskBuilder:
         return 2.0 if (self.two_pass and a == 0) else 1.0
 
     def _transfer(self, kind, nbytes, cores, links, preds, latency, dram_read=0.0, dram_write=0.0) -> int:
-        """A DRAM <-> LX transfer: DRAM, the ring links, and each core's DMA engine and LX port."""
+        """A DRAM <-> LX transfer: DRAM, the ring links, and each core's DMA engine and LX port. A multicast to more
+        receivers than the cohort limit holds the ring links longer (config.multicast_penalty, HW §4)."""
         r = self.res
         links = sorted(links)
         res = [r.dram, *links]
-        dur = [0.0] + [nbytes / r.ring_rate] * len(links)
+        delivery = self.cfg.multicast_penalty(len(cores)) if kind == MCAST else 1.0
+        dur = [0.0] + [nbytes * delivery / r.ring_rate] * len(links)
         for c in cores:
             res += (r.dma(c), r.lx(c))
             dur += (nbytes / r.dma_rate, nbytes / r.lx_rate)

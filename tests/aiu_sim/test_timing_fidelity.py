@@ -122,16 +122,37 @@ def test_decode_matmul_split_over_n_streams_its_weight_once_near_the_dram_rate()
     assert t.duration_ns < 1.1 * weight / SPYRE.dram_effective_gbps
 
 
-def test_decode_matmul_split_over_m_is_bound_by_each_cores_lx_port():
-    """Split over M (2 rows a core, what pass 3 of the work division picks for M=64) the weight is multicast: read
-    from DRAM once, but every core's LX port takes all of it twice (the DMA writes it, the PT reads it), so the
-    kernel is bound by 2 x 8 MiB / 140.8 GB/s, not by DRAM. The compiler's choice is the blind spot (issue 14)."""
-    t = body(matmul_program(64, 4096, 1024, {"m": 32}))
+def test_decode_matmul_split_over_m_is_bound_by_each_cores_lx_port_without_the_cohort_penalty():
+    """Split over M (2 rows a core, what pass 3 of the work division would pick for M=64) the weight is multicast:
+    read from DRAM once, but every core's LX port takes all of it twice (the DMA writes it, the PT reads it), so
+    with no multicast delivery penalty the kernel is bound by 2 x 8 MiB / 140.8 GB/s, not by DRAM."""
+    t = body(matmul_program(64, 4096, 1024, {"m": 32}), SPYRE.replace(multicast_cohort_exponent=0.0))
     weight = 4096 * 1024 * 2
     lx_rate = SPYRE.lx_port_bytes_per_cycle * SPYRE.core_clock_ghz
     assert t.dram_read < 1.1 * weight
     assert t.duration_ns == pytest.approx(2 * weight / lx_rate, rel=0.1)
     assert t.unit_utilization["lx"] > 0.9
+
+
+def test_a_multicast_to_32_cores_pays_the_cohort_delivery_penalty_on_the_ring():
+    """The same kernel with the default penalty: the weight's multicast reaches 32 cores, 4x the cohort limit of 8
+    (HW §4, TS-WD), so the ring delivers it at a quarter of 166.4 GB/s: 4 x 8 MiB / 166.4 GB/s, DRAM still once."""
+    t = body(matmul_program(64, 4096, 1024, {"m": 32}))
+    weight = 4096 * 1024 * 2
+    ring_rate = SPYRE.ring_bytes_per_cycle * SPYRE.ring_clock_ghz
+    assert SPYRE.multicast_penalty(32) == 4.0 and SPYRE.multicast_penalty(8) == 1.0
+    assert t.dram_read < 1.1 * weight
+    assert t.duration_ns == pytest.approx(4 * weight / ring_rate, rel=0.1)
+    softer = body(matmul_program(64, 4096, 1024, {"m": 32}), SPYRE.replace(multicast_cohort_exponent=0.75))
+    assert softer.duration_ns < t.duration_ns
+
+
+def test_a_multicast_within_the_cohort_limit_pays_no_penalty():
+    """n8 k4 shares each activation block among 8 cores: the penalty's exponent does not move it."""
+    program = matmul_program(64, 4096, 1024, {"n": 8, "k": 4})
+    assert (
+        body(program).duration_ns == body(program, SPYRE.replace(multicast_cohort_exponent=0.0)).duration_ns
+    )
 
 
 def softmax_program(cores, in_lx):
