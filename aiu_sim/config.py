@@ -60,6 +60,14 @@ class HardwareConfig:
     lx_bytes: int = 2 * MIB  # HW §1: 2 MiB per core (TS-DEV, TS-SP)
     lx_allocatable_bytes: int = 1638 * KIB  # HW §1: "1638 KB budget" after reservations (TS-CM, TS-SP)
     lx_port_bytes_per_cycle: int = 128  # HW §1: one 128 B/cycle port shared by all on-core agents (AH-RING)
+    # HW §3 "LX cliff" (AH-MM, medium confidence): in the KG3 dataflow a matmul's PSUM footprint M/m x N/n x 4 B (one
+    # core's output slice in fp32) must fit LX; when it does not, "measured wall time grows by 7-15x". A kernel past
+    # it (KernelTiming.plan["past_lx_cliff"]) takes this many times its pipelined time. Default 1: TS-CM's sweep of
+    # 1,535 configurations fits matmul at 1140 / 705 / 470 MAC/ns/core with no cliff derate (its only LX-spill derate
+    # is fused softmax's) and under-predicts matmul by 22-31%, not 7x (STACK §7, HW §6), so the backend it measured
+    # did not fall off the cliff on shapes like its sweep's; the tiler's M-outer loop and its extra traffic stand for
+    # that. An assumption: ASSUMPTION_RANGES bands it 1..15, AH-MM's measurement at the top.
+    lx_cliff_slowdown: float = 1.0
 
     # --- data ring (RIU) ---
     ring_bytes_per_cycle: int = 128  # HW §4: per direction (TS-KC, AH-RING)
@@ -206,7 +214,7 @@ class HardwareConfig:
             f"{self.peak_tflops('fp8_e4m3'):.1f} fp8",
             f"  SFP: {self.sfp_lanes} lanes/corelet, transcendental cost x{self.sfp_transcendental_cost}",
             f"  LX: {self.lx_bytes / MIB:.2f} MiB/core ({self.lx_allocatable_bytes / MIB:.2f} MiB allocatable), "
-            f"port {self.lx_port_bytes_per_cycle} B/cycle",
+            f"port {self.lx_port_bytes_per_cycle} B/cycle; LX cliff x{self.lx_cliff_slowdown}",
             f"  ring: {self.ring_nodes} nodes, {self.ring_bytes_per_cycle} B/cycle/direction, "
             f"hop {self.ring_hop_latency_cycles} cycles; psum rings {self.psum_ring_bytes_per_cycle} B/cycle; "
             f"multicast penalty past {self.multicast_cohort_limit} receivers, exponent {self.multicast_cohort_exponent}",
@@ -243,6 +251,11 @@ ASSUMPTION_RANGES: dict[str, Assumption] = {
     "host_op_overhead_us": Assumption(2.0, 50.0, "not public: one eager CPU op's dispatch"),
     "host_compute_gbps": Assumption(2.0, 50.0, "not public: one eager CPU op's streaming rate"),
     "ring_hop_latency_cycles": Assumption(0, 8, "HW §4: no hop latency is published"),
+    "lx_cliff_slowdown": Assumption(
+        1.0,
+        15.0,
+        "HW §3: measured 7-15x past the KG3 PSUM fit (AH-MM); 1: TS-CM's sweep shows no such derate",
+    ),
     "multicast_cohort_exponent": Assumption(
         0.0, 1.0, "HW §4: TS-WD's delivery penalty past 8 receivers (exponent 1, one version 0.75); 0 = none"
     ),
@@ -299,11 +312,13 @@ def _validate(cfg: HardwareConfig) -> None:
         "pcie_gbps",
         "sfp_transcendental_cost",
         "host_compute_gbps",
+        "lx_cliff_slowdown",
     ]
     for name in positive_floats:
         value = getattr(cfg, name)
         _require(cfg, name, isinstance(value, int | float) and value > 0, "a number > 0")
     _require(cfg, "dram_effective_gbps", cfg.dram_effective_gbps <= cfg.dram_peak_gbps, "<= dram_peak_gbps")
+    _require(cfg, "lx_cliff_slowdown", cfg.lx_cliff_slowdown >= 1, ">= 1 (a slowdown)")
     for name in (
         "bmm_batch_inner_efficiency",
         "bmm_batch_outer_efficiency",

@@ -4,7 +4,9 @@ it on the engine, and summarize the result as a KernelTiming.
 Every core gets the same tile plan (splits give each core the same number of sticks, HW §7); per-core bytes are
 scaled by the stick alignment of each core's slice. Inputs several cores read identically are multicast (read from
 DRAM once). Buffers placed in LX cost no DRAM traffic (HW §3). A fused row op whose row does not fit LX reads its
-input twice (statistics pass, then output pass: an assumption about how it would be tiled).
+input twice (statistics pass, then output pass: an assumption about how it would be tiled). A matmul whose fp32
+partial sums of one core's output slice overflow LX is past the "LX cliff" (HW §3, AH-MM): plan["past_lx_cliff"],
+and it takes config.lx_cliff_slowdown times its pipelined time (1 by default, an assumption: config.py).
 """
 
 from __future__ import annotations
@@ -60,9 +62,35 @@ def time_kernel(
     t1 = time.perf_counter()
     result = engine.run(arrays, res.size, res.dram, dram.ns_per_byte, dram.alpha_ns_per_byte)
     t2 = time.perf_counter()
+    cliff = past_lx_cliff(kernel, buffers, config, extents)
     return _summarize(
-        kernel, buffers, config, res, plan, cost, arrays, result, record_intervals, t1 - t0, t2 - t1
+        kernel, buffers, config, res, plan, cost, arrays, result, record_intervals, t1 - t0, t2 - t1, cliff
     )
+
+
+def psum_footprint(kernel: Kernel, extents: dict[str, int]) -> int:
+    """AH-MM's KG3 PSUM footprint of one core, M/m x N/n x 4 B (HW §3): its output slice as fp32 partial sums, per
+    batch element (KG3 runs one batch element after another). 0 for a kernel that is not a matmul."""
+    if kernel.op != "matmul":
+        return 0
+    md = matmul_dims(kernel)
+    return math.prod(extents[d] for d in (*md.m, *md.n)) * PSUM_BYTES
+
+
+def past_lx_cliff(kernel: Kernel, buffers: dict[str, Buffer], config: HardwareConfig, extents) -> bool:
+    """HW §3 "LX cliff" (AH-MM): a matmul whose PSUM footprint does not fit the LX the LX-placed buffers leave. It
+    runs config.lx_cliff_slowdown times its pipelined time (an assumption, 1 by default: config.py says why)."""
+    return psum_footprint(kernel, extents) > _lx_budget(kernel, buffers, config)
+
+
+def _lx_budget(kernel: Kernel, buffers: dict[str, Buffer], config: HardwareConfig) -> int:
+    """LX bytes per core left for tiles: the allocatable LX less the buffers LX planning placed there."""
+    lx_used = sum(
+        b.lx_bytes_per_core
+        for b in {buffers[a.buffer].name: buffers[a.buffer] for a in kernel.args}.values()
+        if b.placement == "lx"
+    )
+    return max(config.lx_allocatable_bytes - lx_used, 0)
 
 
 # --- what each argument costs on one core -------------------------------------------------------------------
@@ -121,12 +149,7 @@ def _plan(
     accesses: list[ArgAccess],
     rates: Rates,
 ) -> TilePlan:
-    lx_used = sum(
-        b.lx_bytes_per_core
-        for b in {buffers[a.buffer].name: buffers[a.buffer] for a in kernel.args}.values()
-        if b.placement == "lx"
-    )
-    budget = max(config.lx_allocatable_bytes - lx_used, 0)
+    budget = _lx_budget(kernel, buffers, config)
     if kernel.op == "matmul":
         md = matmul_dims(kernel)
         # KG3 (HW §3): N outer, K inner; M streams inside a tile. M becomes an outer loop only if the fp32
@@ -177,14 +200,16 @@ def _compute_cost(
 
 
 def _summarize(
-    kernel, buffers, config, res, plan, cost, arrays, result, record, build_s, engine_s
+    kernel, buffers, config, res, plan, cost, arrays, result, record, build_s, engine_s, cliff=False
 ) -> KernelTiming:
     n_res = res.size
     use_res = arrays["use_res"]
     moved = np.bincount(use_res, weights=arrays["use_bytes"], minlength=n_res)
     dram_read = float(arrays["dram_read"].sum())
     dram_write = float(arrays["dram_write"].sum())
-    duration = result.makespan
+    # Past the LX cliff the kernel's wall time is the measured multiple of its pipelined time (HW §3); the units'
+    # busy times and bytes are those of the pipeline, so their utilization falls by the same factor.
+    duration = result.makespan * (config.lx_cliff_slowdown if cliff else 1.0)
     cores = tuple(kernel.cores)
     kinds = res.kinds
     util: dict[str, float] = {}
@@ -227,6 +252,7 @@ def _summarize(
             "chunks": plan.n_chunks,
             "lx_footprint": plan.footprint,
             "fits_lx": plan.fits,
+            "past_lx_cliff": cliff,
             "resident": sorted(kernel.args[a].buffer for a in plan.resident),
         },
         intervals=intervals,

@@ -308,3 +308,31 @@ def test_a_faster_unit_costs_at_most_the_documented_bound_on_a_grid_of_split_mat
 def test_a_program_built_for_more_cores_is_a_clear_error_on_a_smaller_chip():
     with pytest.raises(ProgramError, match="runs on core 31, but config 'small' has 4 cores"):
         simulate(matmul_program(64, 64, 2048, {"n": 32}), preset("small"))
+
+
+# --- the LX cliff (HW §3, AH-MM) ---------------------------------------------------------------------------------
+
+
+def test_a_matmul_past_the_lx_cliff_is_flagged_and_takes_the_configured_multiple():
+    """1024 x 2048 @ 2048 x 2048 on 2 cores (n2): one core's fp32 output slice is 1024 x 1024 x 4 B = 4 MiB > 1.6
+    MiB of LX. The default slowdown is 1 (an assumption, config.py); AH-MM's measured 7x is the band's direction."""
+    program = matmul_program(1024, 2048, 2048, {"n": 2})
+    base = body(program)
+    assert base.plan["past_lx_cliff"]
+    cliff = body(program, SPYRE.replace(lx_cliff_slowdown=7.0))
+    assert cliff.duration_ns == pytest.approx(7 * base.duration_ns)
+    assert cliff.dram_read == base.dram_read  # the same pipeline, stretched
+    lo, hi = ASSUMPTION_RANGES["lx_cliff_slowdown"].low, ASSUMPTION_RANGES["lx_cliff_slowdown"].high
+    assert lo <= SPYRE.lx_cliff_slowdown <= hi and hi >= 7.0
+
+
+def test_a_matmul_whose_psum_fits_lx_is_not_past_the_cliff_and_more_cores_get_it_back():
+    """The same matmul on 8 cores (n8): 1024 x 256 x 4 B = 1 MiB fits; the slowdown does not apply."""
+    program = matmul_program(1024, 2048, 2048, {"n": 8})
+    t = body(program)
+    assert not t.plan["past_lx_cliff"]
+    assert body(program, SPYRE.replace(lx_cliff_slowdown=15.0)).duration_ns == t.duration_ns
+    slow = SPYRE.replace(lx_cliff_slowdown=7.0)
+    assert (
+        body(program, slow).duration_ns < body(matmul_program(1024, 2048, 2048, {"n": 2}), slow).duration_ns
+    )

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 
+from aiu_sim.config import HardwareConfig
 from aiu_sim.ir.ops import OpGroup
 from aiu_sim.ir.program import Buffer, Kernel, arg_bytes, core_slices, stick_dims
 from torch_spyre_emu.compiler.context import CompileOptions, ProgramParts
@@ -28,7 +29,8 @@ HBM_BYTES_PER_S = 204.8e9
 PT_ROWS = 8
 TARGET_PASSES = 8
 PSUM_US_PER_ELEM = 1.4e-4
-COHORT_LIMIT = 8  # TS-WD _COHORT_LIMIT (HW §4): cores one broadcast reaches before the delivery penalty
+# TS-WD _COHORT_LIMIT (HW §4): cores one broadcast reaches before the delivery penalty; the config's default holds it
+COHORT_LIMIT = HardwareConfig.multicast_cohort_limit
 
 
 def units(k: Kernel, dim: str, buffers: dict[str, Buffer]) -> int:
