@@ -74,6 +74,15 @@ class HardwareConfig:
     ring_hop_latency_cycles: int = 2  # HW §4: assumption (no hop latency is published)
     memory_node_position: int = 0  # HW §4: assumption, memory node at ring position 0
 
+    # --- request ring (RIU request) ---
+    # HW §1/§4 (AH-RING): a bidirectional ring of 1 B/cycle per direction at the ring clock carries request headers.
+    # Modelled as latency: a DRAM read (load or multicast) waits for its request header to reach the memory node,
+    # header bytes at 1 B/cycle plus the hops, before its data leaves; a write is posted (its header travels with the
+    # data, an assumption). Not contended: how many requests a transfer needs is not public. Header size not public
+    # (HW §4 proposes a 64 B minimum data packet "with its header on the request ring"): assumption 8 B, band 0..64.
+    request_ring_bytes_per_cycle: int = 1
+    request_header_bytes: int = 8
+
     # Multicast delivery (HW §4 "Multicast"): an operand several cores share is read from DRAM once and broadcast on
     # the ring; past `multicast_cohort_limit` receivers its delivery is slower by max(1, receivers / limit) ** exponent
     # (TS-WD's _COHORT_LIMIT = 8 and its cohort penalty max(1, max(m, n) / 8), STACK §1.4; "one version uses exponent
@@ -217,7 +226,8 @@ class HardwareConfig:
             f"port {self.lx_port_bytes_per_cycle} B/cycle; LX cliff x{self.lx_cliff_slowdown}",
             f"  ring: {self.ring_nodes} nodes, {self.ring_bytes_per_cycle} B/cycle/direction, "
             f"hop {self.ring_hop_latency_cycles} cycles; psum rings {self.psum_ring_bytes_per_cycle} B/cycle; "
-            f"multicast penalty past {self.multicast_cohort_limit} receivers, exponent {self.multicast_cohort_exponent}",
+            f"multicast penalty past {self.multicast_cohort_limit} receivers, exponent {self.multicast_cohort_exponent}; "
+            f"request ring {self.request_ring_bytes_per_cycle} B/cycle, {self.request_header_bytes} B headers",
             f"  DRAM: {self.dram_capacity_gb:.0f} GB LPDDR5, {self.dram_peak_gbps} GB/s peak, "
             f"{self.dram_effective_gbps} GB/s effective one-way; per-core span {self.core_span_bytes // MIB} MiB",
             f"  host: PCIe {self.pcie_gbps} GB/s; kernel launch overhead {self.kernel_launch_overhead_us} us; "
@@ -256,6 +266,9 @@ ASSUMPTION_RANGES: dict[str, Assumption] = {
         15.0,
         "HW §3: measured 7-15x past the KG3 PSUM fit (AH-MM); 1: TS-CM's sweep shows no such derate",
     ),
+    "request_header_bytes": Assumption(
+        0, 64, "HW §4: request header size not public (1 B/cycle request ring)"
+    ),
     "multicast_cohort_exponent": Assumption(
         0.0, 1.0, "HW §4: TS-WD's delivery penalty past 8 receivers (exponent 1, one version 0.75); 0 = none"
     ),
@@ -289,6 +302,7 @@ def _validate(cfg: HardwareConfig) -> None:
         "ring_bytes_per_cycle",
         "psum_ring_bytes_per_cycle",
         "multicast_cohort_limit",
+        "request_ring_bytes_per_cycle",
     ]
     for name in positive_ints:
         value = getattr(cfg, name)
@@ -344,6 +358,7 @@ def _validate(cfg: HardwareConfig) -> None:
     _require(cfg, "ring_hop_latency_cycles", cfg.ring_hop_latency_cycles >= 0, ">= 0")
     _require(cfg, "psum_hop_latency_cycles", cfg.psum_hop_latency_cycles >= 0, ">= 0")
     _require(cfg, "multicast_cohort_exponent", cfg.multicast_cohort_exponent >= 0, ">= 0")
+    _require(cfg, "request_header_bytes", cfg.request_header_bytes >= 0, ">= 0")
     _require(cfg, "dram_turnaround_ns_per_byte", cfg.dram_turnaround_ns_per_byte >= 0, ">= 0")
     for name in ("kernel_launch_overhead_us", "program_host_us", "host_op_overhead_us"):
         _require(cfg, name, getattr(cfg, name) >= 0, ">= 0")

@@ -111,6 +111,16 @@ class ResourceMap:
         return self.config.ring_hop_latency_cycles / self.config.ring_clock_ghz
 
     @cached_property
+    def request_header_ns(self) -> float:
+        """A request header's serialization on the 1 B/cycle request ring (HW §4), before its hops."""
+        cfg = self.config
+        return cfg.request_header_bytes / (cfg.request_ring_bytes_per_cycle * cfg.ring_clock_ghz)
+
+    def request_ns(self, core: int) -> float:
+        """From a core's DMA read request to the memory node starting to serve it: header plus hops (HW §4)."""
+        return self.request_header_ns + len(self.path_to_memory(core)) * self.ring_hop_ns
+
+    @cached_property
     def psum_hop_ns(self) -> float:
         return self.config.psum_hop_latency_cycles / self.config.core_clock_ghz
 

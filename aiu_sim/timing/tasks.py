@@ -1,7 +1,8 @@
 """A kernel's tile plan as a task graph for the engine.
 
 Per core (every core runs the same tile plan, tiling.py) and per chunk i of tiles:
-- LOAD: the chunk's input sticks that only this core reads: DRAM -> ring links (shorter direction) -> DMA -> LX.
+- LOAD: the chunk's input sticks that only this core reads: DRAM -> ring links (shorter direction) -> DMA -> LX,
+  after its request header's trip on the request ring (HW §4; latency, resources.request_ns).
 - MCAST: input sticks several cores read (an operand shared by an N-split, a norm weight): read from DRAM once and
   multicast on the ring (HW §4 "Multicast"): DRAM once, each link of the union of the paths once (for longer past
   8 receivers: the cohort delivery penalty, config.multicast_penalty), every receiving core's DMA and LX port.
@@ -80,7 +81,8 @@ class TaskBuilder:
         releases: list[list[int]] = [[] for _ in range(n_slices)]
         last_load = [None] * n_slices
         last_mcast: dict = {}
-        lat_from = [len(r.path_from_memory(c)) * r.ring_hop_ns for c in self.cores]
+        # a read: its request reaches the memory node on the request ring, then its data comes back (HW §4)
+        lat_from = [r.request_ns(c) + len(r.path_from_memory(c)) * r.ring_hop_ns for c in self.cores]
         unit_ids = [[self.units(c, j) for j in range(r.corelets)] + [r.lx(c)] for c in self.cores]
         zeros = [0.0] * r.corelets
         for i in range(p.n_chunks):

@@ -336,3 +336,26 @@ def test_a_matmul_whose_psum_fits_lx_is_not_past_the_cliff_and_more_cores_get_it
     assert (
         body(program, slow).duration_ns < body(matmul_program(1024, 2048, 2048, {"n": 2}), slow).duration_ns
     )
+
+
+# --- the request ring (HW §4, AH-RING) ---------------------------------------------------------------------------
+
+
+def test_a_read_waits_for_its_request_header_on_the_1_byte_per_cycle_request_ring():
+    """A kernel's time grows by at least one header's serialization at 1 B/cycle of the 1.3 GHz ring clock, and at
+    most one per chunk (the chunks' loads are a chain; a request is latency, not a contended resource)."""
+    from aiu_sim.timing.resources import ResourceMap
+
+    program = matmul_program(64, 64, 64, {})
+    none, big = SPYRE.replace(request_header_bytes=0), SPYRE.replace(request_header_bytes=64)
+    t0, t1 = body(program, none), body(program, big)
+    header_ns = 64 / SPYRE.ring_clock_ghz
+    assert (
+        header_ns * (1 - 1e-9)
+        <= t1.duration_ns - t0.duration_ns
+        <= t0.plan["chunks"] * header_ns * (1 + 1e-9)
+    )
+    assert t1.dram_read == t0.dram_read
+    res = ResourceMap(SPYRE)
+    hops = len(res.path_to_memory(5))
+    assert res.request_ns(5) == pytest.approx((SPYRE.request_header_bytes + 2 * hops) / SPYRE.ring_clock_ghz)
