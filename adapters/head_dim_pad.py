@@ -10,16 +10,35 @@ is left at 1/sqrt(original head_dim) (modules store it at init). Padded lanes of
 scores are unchanged; padded lanes of V are zero, so the padded output lanes are zero and meet zero
 columns of the output projection. For rotary models Q/K are padded per half ([x0 | 0 | x1 | 0]) so
 rotate_half still pairs lane i with i + D/2; cos/sin are widened to match.
+
+Any other attention (issue 11: GPT-NeoX, Phi-3, StableLM, Arcee, LFM2, BlenderBot, ...), matched by structure: a
+module whose forward reaches transformers' attention-function registry (`ALL_ATTENTION_FUNCTIONS`, through which
+every 5.x template calls sdpa / eager / flash) and that has a head size attribute (`head_dim`, `head_size`,
+`attention_head_size`, `*_head_dim`) that is not a whole number of sticks. Its forward gets a per-instance copy
+(`structure.rebind`) whose registry hands out the stock attention function wrapped at its boundary: Q and K are
+zero-padded to a whole stick (`q @ E`, E = [I | 0], a fixed 0/1 buffer: every lane is x * 1 plus zeros, exact in
+any dtype), V likewise, the stock function runs on the padded heads with the stock scale (1/sqrt(original
+head_dim) when the forward passes none), and its output is sliced back by `out @ E^T` (exact again). Padded lanes
+of Q and K add zero products to every score, padded lanes of V give zero output lanes that the slice drops; so
+projections, rotary embeddings (full, partial, interleaved), q/k norms and caches run stock on the real head
+width, which is why partial rotary stays exact. A head width the module does not declare is left unpadded (the
+gap stays, the plan names it).
 """
 
 from __future__ import annotations
 
+import functools
+import math
+import types
+
 import torch
 from torch import nn
 
+from adapters import structure
 from adapters._stack import elems_per_stick
 from adapters.base import Adapter, modules_of, parent_and_name
 from adapters.errors import AdapterOrderError, AdapterTargetError
+from adapters.host_inputs import rebind_forward
 from adapters.patch import Patch
 from adapters.registry import register_adapter
 from adapters.rope import half_pad_matrix
@@ -109,15 +128,134 @@ def _swap(patch: Patch, owner: nn.Module, name: str, new: nn.Module) -> None:
     patch.swap_module(owner, name, new, f"{type(owner).__name__}.{name} padded to {tuple(new.weight.shape)}")
 
 
+# ------------------------------------------------------------------ any attention calling the registry, by structure
+
+_LEGACY = frozenset({"LlamaAttention", "BertSelfAttention", "GPT2Attention"})  # weight surgery above
+_HEAD_ATTRS = ("head_dim", "head_size", "attention_head_size")  # plus any int attribute named *_head_dim
+
+
+def _registry():
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    return ALL_ATTENTION_FUNCTIONS
+
+
+def head_widths(module: nn.Module) -> set[int]:
+    """The head sizes a module declares (its attributes), whether or not they are whole sticks."""
+    out = set()
+    for name, value in vars(module).items():
+        if (name in _HEAD_ATTRS or name.endswith("_head_dim")) and type(value) is int and value > 0:
+            out.add(value)
+    return out
+
+
+def pad_buffer(d: int) -> str:
+    return f"_spyre_pad_E{d}"
+
+
+def pad_matrix(d: int, dp: int) -> torch.Tensor:
+    """E [d, dp] = [I | 0]: x @ E puts x in the first d lanes of a padded head, zeros after."""
+    return torch.eye(d, dp)
+
+
+def padded_attention(inner, module, query, key, value, attention_mask, *args, **kwargs):
+    """The stock attention function `inner` on heads zero-padded to whole sticks, its output sliced back."""
+    d, dv = query.shape[-1], value.shape[-1]
+    widths = module.__dict__.get("_spyre_pad_widths", ())
+    eq = getattr(module, pad_buffer(d)) if d in widths else None
+    ev = getattr(module, pad_buffer(dv)) if dv in widths else None
+    if args or key.shape[-1] != d or (d % STICK and eq is None) or (dv % STICK and ev is None):
+        # positional extras, Q/K widths that differ, or a width the module did not declare: stock (the gap stays)
+        return inner(module, query, key, value, attention_mask, *args, **kwargs)
+    if kwargs.get("scaling") is None:
+        kwargs["scaling"] = 1.0 / math.sqrt(d)  # the stock default (SDPA's): 1/sqrt of the real head width
+    if eq is not None:
+        e = eq.to(query.dtype)
+        query, key = torch.matmul(query, e), torch.matmul(key, e)
+    if ev is not None:
+        value = torch.matmul(value, ev.to(value.dtype))
+    out, weights = inner(module, query, key, value, attention_mask, **kwargs)
+    if ev is not None:
+        out = torch.matmul(out, ev.to(out.dtype).t())
+    return out, weights
+
+
+class PaddedInterface:
+    """Stands in for `ALL_ATTENTION_FUNCTIONS` in one module's rebound forward: every function it hands out is the
+    registry's own, wrapped by padded_attention. Reads go to the real registry, so a key added later (the sdpa
+    adapter's) is seen."""
+
+    def __init__(self, registry):
+        self._registry = registry
+
+    def get_interface(self, attn_implementation, default):
+        return functools.partial(padded_attention, self._registry.get_interface(attn_implementation, default))
+
+    def __getitem__(self, key):
+        return functools.partial(padded_attention, self._registry[key])
+
+    def get(self, key, default=None):
+        fn = self._registry.get(key, default)
+        return functools.partial(padded_attention, fn) if callable(fn) else fn
+
+    def __contains__(self, key):
+        return key in self._registry
+
+    def __getattr__(self, name):
+        return getattr(self._registry, name)
+
+
+def registry_attentions(model: nn.Module) -> list[tuple[str, nn.Module, list[int]]]:
+    """(path, module, widths to pad) of the attention modules matched by structure: the forward reaches
+    ALL_ATTENTION_FUNCTIONS (directly or through a same-package helper) and a declared head size is not a whole
+    number of sticks. The three families with weight surgery (_LEGACY) are not listed."""
+    registry = _registry()
+    out = []
+    for path, m in model.named_modules():
+        if type(m).__name__ in _LEGACY or not isinstance(
+            getattr(type(m), "forward", None), types.FunctionType
+        ):
+            continue
+        widths = sorted(w for w in head_widths(m) if w % STICK)
+        if widths and structure.reachable(type(m).forward, lambda o: o is registry):
+            out.append((path, m, widths))
+    return out
+
+
+def _pad_by_registry(patch: Patch, path: str, attn: nn.Module, widths: list[int]) -> None:
+    weight = next(attn.parameters(), None)
+    device = weight.device if weight is not None else None
+    dtype = weight.dtype if weight is not None and weight.is_floating_point() else torch.float32
+    for d in widths:
+        patch.add_buffer(attn, pad_buffer(d), pad_matrix(d, padded_size(d)).to(device=device, dtype=dtype))
+    patch.set_attr(attn, "_spyre_pad_widths", frozenset(widths), f"{path}: head widths padded at the call")
+    registry = _registry()
+    rebind_forward(
+        patch,
+        attn,
+        {id(registry): PaddedInterface(registry)},
+        f"{path}: attention on heads padded {widths} -> {[padded_size(d) for d in widths]}",
+    )
+
+
 @register_adapter
 class HeadDimPad(Adapter):
     name = "head_dim_pad"
     gap = "layout.head_dim_not_stick_multiple"
-    applies_to = frozenset({"LlamaAttention", "BertSelfAttention", "GPT2Attention"})
+    applies_to = frozenset(
+        {
+            *_LEGACY,
+            "any attention whose forward calls the ALL_ATTENTION_FUNCTIONS registry with a sub-stick head",
+        }
+    )
     order = 40
+    summary = (
+        "heads padded to whole sticks: Llama/BERT/GPT-2 by weight surgery, any registry attention at its call"
+    )
 
     def applicable(self, model: nn.Module) -> bool:
-        return any(self._head_dim(m) % STICK for _, m in modules_of(model, self.applies_to))
+        legacy = any(self._head_dim(m) % STICK for _, m in modules_of(model, _LEGACY))
+        return legacy or bool(registry_attentions(model))
 
     @staticmethod
     def _head_dim(m: nn.Module) -> int:
@@ -125,8 +263,10 @@ class HeadDimPad(Adapter):
 
     def patch(self, model: nn.Module) -> Patch:
         patch = Patch(self.name)
+        for path, attn, widths in registry_attentions(model):
+            _pad_by_registry(patch, path, attn, widths)
         rotary = bool(modules_of(model, {"LlamaRotaryEmbedding"}))
-        for path, attn in modules_of(model, self.applies_to):
+        for path, attn in modules_of(model, _LEGACY):
             d = self._head_dim(attn)
             if d % STICK == 0:
                 continue

@@ -1,1 +1,343 @@
-"""Host-side computation of model inputs and guards the stack does not lower (being written; registers nothing yet)."""
+"""Host-side computation of model inputs and guards the stack does not lower.
+
+Two adapters, both running *stock code* on the host (the same function on the same values, so the result is
+bit-identical) and handing its result to the device, as hf-adapters pass position ids and masks from the host:
+
+- `host_position_ids`: position ids derived from the padding (RoBERTa's `create_position_ids_from_input_ids`, a
+  cumsum of `input_ids != padding_idx`; BLOOM's ALiBi positions, a cumsum of the attention mask) and the token types
+  BERT-style embeddings gather from their all-zero `token_type_ids` buffer (`torch.gather(buffer, 1, position_ids)`).
+  Gaps: aten.cumsum (a CPU fallback: the scan is not implemented) and aten.gather (unsupported).
+- `host_clamp_guard`: the fp16 overflow guards of T5 (`torch.where(torch.isinf(h).any(), max - 1000, max)`) and
+  BART (`if fp16 and not torch.isfinite(h).all(): clamp`): the boolean is computed on the host from the activations;
+  the clamp itself stays stock on the device. Applying the clamp unconditionally is not identical (T5 clamps to
+  max - 1000 only when an inf exists; values in between would change), so the guard is kept, only moved. Gaps:
+  aten.isinf, aten.isfinite and aten.all (not in torch-spyre's op table: unsupported), aten.any (a fallback).
+
+How they recognise their targets (by structure, not by class name):
+- a *position helper* is a function of the model's package whose code calls `cumsum` and whose first parameter is
+  `input_ids` or `attention_mask`, reached from a module's forward either as a module-level global (directly or
+  through a same-package helper: `structure.rebind` replaces it by the host call) or as a staticmethod or method
+  called as `self.<name>` (the instance gets the host call as an attribute, which shadows the class's);
+- a *token-type gather* is a module with a `token_type_ids` buffer whose forward calls `torch.gather`: its forward is
+  rebound to a copy of `torch` in which only `gather` runs on the host;
+- a *clamp guard* is a forward whose source calls `torch.isinf(...)` / `torch.isfinite(...)` only as
+  `torch.isinf(...).any()` / `torch.isfinite(...).all()`: its forward is rebound to a copy of `torch` whose isinf and
+  isfinite return a predicate that reduces on the host and gives back the stock 0-d bool tensor on the device.
+"""
+
+from __future__ import annotations
+
+import dis
+import inspect
+import itertools
+import re
+import sys
+import types
+
+import torch
+from torch import nn
+
+from adapters import structure
+from adapters._stack import host, to_host
+from adapters.base import Adapter
+from adapters.patch import Patch
+from adapters.registry import register_adapter
+
+_POSITION_INPUTS = ("input_ids", "attention_mask")  # the first parameter of a position helper
+
+
+# ------------------------------------------------------------------------------------------------ shared pieces
+
+
+def fix_wrapped(fn) -> None:
+    """structure.rebind copies a decorator level with the stock `__wrapped__` in its __dict__ while its closure holds
+    the copy; point `__wrapped__` at the copy, so that rebinding this forward again (a second adapter on the same
+    module) follows the chain to the copy, not to the stock function (and does not fail the closure check)."""
+    f = getattr(fn, "__func__", fn)
+    while isinstance(f, types.FunctionType) and "__wrapped__" in f.__dict__:
+        name = getattr(f.__wrapped__, "__qualname__", None)
+        held = [c.cell_contents for c in (f.__closure__ or ()) if structure._filled(c)]
+        inner = next((h for h in held if isinstance(h, types.FunctionType) and h.__qualname__ == name), None)
+        if inner is None:
+            return
+        f.__wrapped__ = inner
+        f = inner
+
+
+def rebind_forward(
+    patch: Patch, module: nn.Module, replacements: dict, what: str, depth: int = structure.HELPER_DEPTH
+) -> None:
+    """Give `module` a per-instance copy of its current forward (stock or an earlier adapter's) whose globals named
+    in `replacements` (id -> object) resolve to the replacements (in same-package helpers too, up to `depth`)."""
+    current = structure.current_function(module, "forward")
+    fix_wrapped(current)
+    new = structure.rebind(current, replacements, patch.on_undo, depth)
+    fix_wrapped(new)
+    patch.override_forward(module, new, what)
+
+
+def _device_of(args, kwargs) -> torch.device | None:
+    for a in (*args, *kwargs.values()):
+        if isinstance(a, torch.Tensor):
+            return a.device
+    return None
+
+
+def _back(out, device):
+    if isinstance(out, torch.Tensor):
+        return out.to(device)
+    if isinstance(out, tuple):
+        return tuple(_back(o, device) for o in out)
+    if isinstance(out, list):
+        return [_back(o, device) for o in out]
+    return out
+
+
+def on_host(fn):
+    """`fn` run eagerly on the CPU on host copies of its tensor arguments; tensor results go back to the device of
+    the first tensor argument."""
+
+    @host
+    def call(*args, **kwargs):
+        device = _device_of(args, kwargs)
+        a = tuple(to_host(x) if isinstance(x, torch.Tensor) else x for x in args)
+        k = {n: to_host(x) if isinstance(x, torch.Tensor) else x for n, x in kwargs.items()}
+        out = fn(*a, **k)
+        return out if device is None else _back(out, device)
+
+    call.__name__ = call.__qualname__ = f"host_{getattr(fn, '__name__', 'fn')}"
+    call.__wrapped_stock__ = fn
+    return call
+
+
+_serial = itertools.count()
+
+
+def torch_with(patch: Patch, **overrides) -> types.ModuleType:
+    """A module object holding torch's namespace with some functions replaced: what a rebound forward reads as its
+    global `torch`. Every other attribute is torch's own object (dynamo recognises them by identity). Registered in
+    sys.modules while the patch lives (dynamo re-imports modules by name to build its guards)."""
+    name = f"torch.__spyre_view_{next(_serial)}"
+    view = types.ModuleType(name)
+    view.__dict__.update(
+        {k: v for k, v in vars(torch).items() if k not in ("__name__", "__spec__", "__loader__")}
+    )
+    view.__dict__.update(overrides)
+    sys.modules[name] = view
+    patch.on_undo(lambda: sys.modules.pop(name, None))
+    return view
+
+
+def _globals_named(fn, name: str, obj) -> bool:
+    return any(
+        f.__globals__.get(name) is obj and name in structure._global_names(f.__code__)
+        for f in structure.chain(fn)
+    )
+
+
+def _source(fn) -> str:
+    try:
+        return inspect.getsource(structure.chain(fn)[-1])
+    except (OSError, TypeError):
+        return ""
+
+
+# -------------------------------------------------------------------------------------------- position ids
+
+
+def is_position_helper(fn, method: bool = False) -> bool:
+    """A function whose code calls cumsum and whose first parameter (after `self` for a method) is input_ids or
+    attention_mask."""
+    f = structure.chain(fn)
+    if not f:
+        return False
+    code, first = f[-1].__code__, int(method)
+    return (
+        "cumsum" in structure._global_names(code)
+        and code.co_argcount > first
+        and code.co_varnames[first] in _POSITION_INPUTS
+    )
+
+
+def _self_calls(fn) -> set[str]:
+    """Attribute names the function loads from `self` (its first argument)."""
+    out = set()
+    for f in structure.chain(fn)[-1:]:
+        ins = list(dis.get_instructions(f.__code__))
+        first = f.__code__.co_varnames[0] if f.__code__.co_argcount else None
+        for a, b in zip(ins, ins[1:], strict=False):
+            if a.opname == "LOAD_FAST" and a.argval == first and b.opname in ("LOAD_ATTR", "LOAD_METHOD"):
+                out.add(b.argval)
+    return out
+
+
+def position_helpers(module: nn.Module) -> tuple[dict[int, object], dict[str, object]]:
+    """(globals: id -> function, methods: name -> (function, is a plain method)) of the position helpers this
+    module's forward calls: module-level functions, staticmethods and methods called as self.<name>."""
+    forward = getattr(type(module), "forward", None)
+    if not isinstance(forward, types.FunctionType) or not forward.__module__.startswith("transformers."):
+        return {}, {}
+    loaded = _loaded_globals(structure.chain(forward)[-1].__code__)
+    globs = {
+        i: f
+        for i, f in structure.reachable(forward, _is_helper_function).items()
+        if f.__name__
+        in loaded  # co_names also holds attribute names: `self.build_alibi_tensor` is no global call
+    }
+    statics = {}
+    for name in _self_calls(forward):
+        raw = inspect.getattr_static(type(module), name, None)
+        if isinstance(raw, staticmethod) and is_position_helper(raw.__func__):
+            statics[name] = (raw.__func__, False)
+        elif isinstance(raw, types.FunctionType) and (
+            is_position_helper(raw, method=True)
+            or (_first_input(raw, method=True) and structure.reachable(raw, _is_helper_function))
+        ):
+            statics[name] = (raw, True)  # a method that is, or only forwards to, a position helper
+    return globs, statics
+
+
+def _is_helper_function(obj) -> bool:
+    return isinstance(obj, types.FunctionType) and is_position_helper(obj)
+
+
+def _first_input(fn, method: bool = False) -> bool:
+    code, first = fn.__code__, int(method)
+    return code.co_argcount > first and code.co_varnames[first] in _POSITION_INPUTS
+
+
+def _loaded_globals(code: types.CodeType) -> set[str]:
+    names = {i.argval for i in dis.get_instructions(code) if i.opname == "LOAD_GLOBAL"}
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            names |= _loaded_globals(const)
+    return names
+
+
+def gathers_token_types(module: nn.Module) -> bool:
+    """A module with a `token_type_ids` buffer whose forward calls torch.gather (BERT-style embeddings)."""
+    forward = getattr(type(module), "forward", None)
+    return (
+        isinstance(module._buffers.get("token_type_ids"), torch.Tensor)
+        and isinstance(forward, types.FunctionType)
+        and _globals_named(forward, "torch", torch)
+        and "gather" in structure._global_names(structure.chain(forward)[-1].__code__)
+    )
+
+
+def position_targets(model: nn.Module) -> list[tuple[str, nn.Module, dict, dict, bool]]:
+    out = []
+    for path, m in model.named_modules():
+        globs, statics = position_helpers(m)
+        gather = gathers_token_types(m)
+        if globs or statics or gather:
+            out.append((path, m, globs, statics, gather))
+    return out
+
+
+@register_adapter
+class HostPositionIds(Adapter):
+    name = "host_position_ids"
+    gap = "aten.cumsum"
+    also = ("aten.gather",)
+    applies_to = frozenset(
+        {
+            "a forward calling a cumsum position helper (input_ids / attention_mask), or gathering buffered token types"
+        }
+    )
+    order = 15  # with the other host inputs (embedding 10, masks 20); changes no shape
+    summary = "position ids from the padding (cumsum) and buffered token types (gather) computed on the host"
+
+    def applicable(self, model: nn.Module) -> bool:
+        return bool(position_targets(model))
+
+    def patch(self, model: nn.Module) -> Patch:
+        patch = Patch(self.name)
+        host_gather = on_host(torch.gather)
+        for path, m, globs, statics, gather in position_targets(model):
+            for name, (fn, method) in statics.items():
+                call = types.MethodType(on_host(fn), m) if method else on_host(fn)
+                patch.set_attr(m, name, call, f"{path}.{name}: on the host")
+            if globs:
+                what = ", ".join(f.__name__ for f in globs.values())
+                rebind_forward(
+                    patch, m, {i: on_host(fn) for i, fn in globs.items()}, f"{path}: {what} on the host"
+                )
+            if gather:  # the forward's own torch.gather only, not its helpers'
+                view = torch_with(patch, gather=host_gather)
+                rebind_forward(
+                    patch, m, {id(torch): view}, f"{path}: token types gathered on the host", depth=0
+                )
+        return patch
+
+
+# ---------------------------------------------------------------------------------------------- clamp guards
+
+_GUARD_CALL = re.compile(r"torch\.(isinf|isfinite)\(")
+_GUARD_REDUCED = re.compile(r"torch\.(isinf|isfinite)\((?:[^()]|\([^()]*\))*\)\.(any|all)\(\)")
+
+
+@host
+def _reduce_on_host(fn, reduce: str, x: torch.Tensor) -> torch.Tensor:
+    return getattr(fn(to_host(x)), reduce)().to(x.device)
+
+
+class HostPredicate:
+    """What `torch.isinf(x)` / `torch.isfinite(x)` return in a guard: `.any()` / `.all()` reduce on the host and
+    give back the stock result, a 0-d bool tensor, on x's device."""
+
+    def __init__(self, fn, x: torch.Tensor):
+        self.fn, self.x = fn, x
+
+    def any(self) -> torch.Tensor:
+        return _reduce_on_host(self.fn, "any", self.x)
+
+    def all(self) -> torch.Tensor:
+        return _reduce_on_host(self.fn, "all", self.x)
+
+
+def _predicate(fn):
+    def make(x):
+        return HostPredicate(fn, x)
+
+    make.__name__ = f"host_guard_{fn.__name__}"
+    return make
+
+
+def has_clamp_guard(module: nn.Module) -> bool:
+    """The forward reads torch.isinf / torch.isfinite, and every such call is reduced at once (`.any()` / `.all()`)."""
+    forward = getattr(type(module), "forward", None)
+    if not isinstance(forward, types.FunctionType) or not _globals_named(forward, "torch", torch):
+        return False
+    src = _source(forward)
+    calls = len(_GUARD_CALL.findall(src))
+    return calls > 0 and calls == len(_GUARD_REDUCED.findall(src))
+
+
+@register_adapter
+class HostClampGuard(Adapter):
+    name = "host_clamp_guard"
+    gap = "aten.isinf"
+    also = ("aten.isfinite", "aten.all", "aten.any")
+    applies_to = frozenset(
+        {"a forward whose fp16 overflow guard is torch.isinf(x).any() / torch.isfinite(x).all()"}
+    )
+    order = 25
+    summary = (
+        "fp16 overflow guards (isinf().any(), isfinite().all()) decided on the host; the clamp stays stock"
+    )
+
+    def applicable(self, model: nn.Module) -> bool:
+        return any(has_clamp_guard(m) for m in model.modules())
+
+    def patch(self, model: nn.Module) -> Patch:
+        patch = Patch(self.name)
+        view = None
+        for path, m in model.named_modules():
+            if has_clamp_guard(m):
+                if view is None:
+                    view = torch_with(
+                        patch, isinf=_predicate(torch.isinf), isfinite=_predicate(torch.isfinite)
+                    )
+                rebind_forward(patch, m, {id(torch): view}, f"{path}: clamp guard on the host", depth=0)
+        return patch
