@@ -40,6 +40,7 @@ class EngineResult:
     busy: np.ndarray  # per resource: total busy ns
     makespan: float
     events: int
+    order: np.ndarray  # task ids in the order they were dispatched (the order each resource served them in)
 
 
 class TaskGraph:
@@ -125,11 +126,20 @@ def run(
     dram_resource: int,
     dram_ns_per_byte: float,
     dram_alpha_ns_per_byte: float,
+    order: np.ndarray | None = None,
 ) -> EngineResult:
-    """Run the graph from time 0 with every resource idle."""
+    """Run the graph from time 0 with every resource idle.
+
+    With `order` None, tasks are dispatched as they become ready (arrival order, the module doc). With `order` (the
+    dispatch order of an earlier run of a graph of the same structure: EngineResult.order), tasks are dispatched in
+    exactly that order, each use starting when its task's predecessors are done and its resource has served the
+    use before it in that order. Every start and finish is then a max-plus expression of the service times and
+    latencies, so shortening any of them never delays anything: the replay is monotone (kernels.py uses it so a
+    what-if config that makes a unit faster never makes a kernel slower). Replaying a run's own order reproduces it.
+    """
     use_dur = arrays["use_dur"].copy()
-    finish, use_start, busy, done = _run(
-        n_resources,
+    n = len(arrays["latency"])
+    args = (
         arrays["use_ptr"],
         arrays["use_res"],
         use_dur,
@@ -142,11 +152,73 @@ def run(
         dram_ns_per_byte,
         dram_alpha_ns_per_byte,
     )
-    n = len(arrays["latency"])
-    if done != n:
-        raise EngineError(f"only {done} of {n} tasks ran: the task graph has a dependency cycle")
+    if order is None:
+        finish, use_start, busy, done, seq = _run(n_resources, *args)
+        if done != n:
+            raise EngineError(f"only {done} of {n} tasks ran: the task graph has a dependency cycle")
+    else:
+        if len(order) != n:
+            raise EngineError(f"a replay order of {len(order)} tasks for a graph of {n}")
+        seq = np.asarray(order, dtype=np.int64)
+        finish, use_start, busy, ok = _replay(n_resources, seq, *args)
+        if not ok:
+            raise EngineError("the replay order dispatches a task before one of its predecessors")
     makespan = float(finish.max()) if n else 0.0
-    return EngineResult(finish, use_start, use_dur, busy, makespan, n)
+    return EngineResult(finish, use_start, use_dur, busy, makespan, n, seq)
+
+
+@njit(cache=True)
+def _replay(
+    n_res,
+    order,
+    use_ptr,
+    use_res,
+    use_dur,
+    pred_ptr,
+    pred_idx,
+    latency,
+    dram_read,
+    dram_write,
+    dram_rid,
+    dram_ns_per_byte,
+    alpha,
+):
+    n = latency.shape[0]
+    finish = np.zeros(n, np.float64)
+    done = np.zeros(n, np.bool_)
+    use_start = np.zeros(use_res.shape[0], np.float64)
+    free = np.zeros(n_res, np.float64)
+    busy = np.zeros(n_res, np.float64)
+    reads = 0.0
+    writes = 0.0
+    for q in range(n):
+        i = order[q]
+        t = 0.0
+        for k in range(pred_ptr[i], pred_ptr[i + 1]):
+            p = pred_idx[k]
+            if not done[p]:
+                return finish, use_start, busy, False
+            if finish[p] > t:
+                t = finish[p]
+        end = t
+        for k in range(use_ptr[i], use_ptr[i + 1]):
+            r = use_res[k]
+            d = use_dur[k]
+            if r == dram_rid:
+                before = min(reads, writes)
+                reads += dram_read[i]
+                writes += dram_write[i]
+                d = (dram_read[i] + dram_write[i]) * dram_ns_per_byte + alpha * (min(reads, writes) - before)
+                use_dur[k] = d
+            s = t if t > free[r] else free[r]
+            free[r] = s + d
+            busy[r] += d
+            use_start[k] = s
+            if s + d > end:
+                end = s + d
+        finish[i] = end + latency[i]
+        done[i] = True
+    return finish, use_start, busy, True
 
 
 @njit(cache=True)
@@ -243,8 +315,10 @@ def _run(
     reads = 0.0
     writes = 0.0
     done = 0
+    seq = np.empty(n, np.int64)
     while size > 0:
         t, i, size = _heap_pop(ht, hi, size)
+        seq[done] = i
         done += 1
         end = t
         for k in range(use_ptr[i], use_ptr[i + 1]):
@@ -271,4 +345,4 @@ def _run(
             waiting[j] -= 1
             if waiting[j] == 0:
                 size = _heap_push(ht, hi, size, ready[j], j)
-    return finish, use_start, busy, done
+    return finish, use_start, busy, done, seq

@@ -123,3 +123,41 @@ def test_run_reuses_kernel_timings_across_calls():
     assert first.timing.memo_hits == 0
     assert second.timing.memo_hits == len(program.kernels)
     assert second.timing.total_ns == first.timing.total_ns
+
+
+# --- replay in a fixed dispatch order (the monotone arbitration of a what-if config) ---------------------------
+
+
+def _contended(dur_a=10.0, dur_b=4.0, lat=1.0):
+    """Two chains through one shared resource: a's second task arrives while b's holds it."""
+    g = engine.TaskGraph()
+    a0 = g.add(0, [(0, dur_a, 1.0)])
+    b0 = g.add(0, [(1, dur_b, 1.0)])
+    g.add(0, [(2, 5.0, 1.0)], [a0], latency=lat)
+    g.add(0, [(2, 5.0, 1.0)], [b0], latency=lat)
+    return g
+
+
+def test_replaying_a_runs_own_order_reproduces_it():
+    arrays = _contended().arrays()
+    first = engine.run(arrays, N_RES, DRAM, 0.0, 0.0)
+    again = engine.run(arrays, N_RES, DRAM, 0.0, 0.0, order=first.order)
+    assert (first.finish == again.finish).all() and (first.use_start == again.use_start).all()
+    assert sorted(first.order.tolist()) == list(range(4))
+
+
+def test_a_replay_never_finishes_later_when_a_service_time_shrinks():
+    """Arrival order would serve the shared resource to b's chain first once a is slower; the replay keeps the
+    reference order, so shrinking any duration cannot delay anything."""
+    ref = engine.run(_contended().arrays(), N_RES, DRAM, 0.0, 0.0)
+    for dur_a, dur_b, lat in [(9.0, 4.0, 1.0), (10.0, 1.0, 1.0), (2.0, 4.0, 0.0), (10.0, 4.0, 0.5)]:
+        faster = engine.run(_contended(dur_a, dur_b, lat).arrays(), N_RES, DRAM, 0.0, 0.0, order=ref.order)
+        assert (faster.finish <= ref.finish + 1e-12).all()
+
+
+def test_a_replay_order_that_breaks_a_dependency_is_an_engine_error():
+    arrays = _contended().arrays()
+    with pytest.raises(engine.EngineError, match="before one of its predecessors"):
+        engine.run(arrays, N_RES, DRAM, 0.0, 0.0, order=np.array([2, 0, 1, 3]))
+    with pytest.raises(engine.EngineError, match="replay order of 3 tasks"):
+        engine.run(arrays, N_RES, DRAM, 0.0, 0.0, order=np.array([0, 1, 2]))

@@ -278,16 +278,17 @@ def test_dram_bytes_are_conserved(program):
     assert t.dram_read >= in_bytes * (1 - 1e-9)
 
 
-# --- the arbitration anomaly, bounded ----------------------------------------------------------------------------
+# --- the arbitration anomaly, fixed for rate what-ifs ---------------------------------------------------------
 
-# Worst slowdown from a faster unit found on the grid below: 3.9% (512x256 @ 256x512 split n4 k2, core clock x1.25:
-# DRAM-bound, and the faster compute reorders the K-split cores' stores against their loads at the DRAM, leaving it
-# idle 7% of the time instead of 4%). docs/timing.md records it; a change that makes it worse fails here.
-ANOMALY_BOUND = 0.05
+# Before a what-if config replayed the reference chip's dispatch order, a faster unit could cost up to 3.9% more on
+# this grid (512x256 @ 256x512 split n4 k2, core clock x1.25: the faster compute reordered the K-split cores' stores
+# against their loads at the DRAM). Replayed, every start time is a max-plus expression of the service times, so
+# the grid is monotone up to float rounding.
+ANOMALY_BOUND = 1e-9
 
 
 @pytest.mark.slow
-def test_a_faster_unit_costs_at_most_the_documented_bound_on_a_grid_of_split_matmuls():
+def test_a_faster_unit_never_costs_more_on_a_grid_of_split_matmuls():
     worst = 0.0
     for m in (128, 512):
         for ks in (1, 2, 4, 8, 16):
@@ -303,6 +304,21 @@ def test_a_faster_unit_costs_at_most_the_documented_bound_on_a_grid_of_split_mat
                         ):
                             worst = max(worst, body(program, faster).duration_ns / base - 1)
     assert worst <= ANOMALY_BOUND
+
+
+def test_the_anomaly_case_is_monotone_and_the_reference_chip_keeps_arrival_order():
+    """The case that was 3.9% slower with a 25% faster core clock. On the reference chip itself the replay is not
+    used (its own arrival order), so the default chip's numbers are what they were."""
+    from aiu_sim.timing.kernels import reference_config
+
+    program = matmul_program(512, 256, 512, {"n": 4, "k": 2})
+    base = body(program).duration_ns
+    for factor in (1.1, 1.25, 1.5, 2.0):
+        assert body(program, SPYRE.replace(core_clock_ghz=1.1 * factor)).duration_ns <= base * (1 + 1e-9)
+    assert reference_config(SPYRE).token == SPYRE.token
+    assert reference_config(preset("small")).token == preset("small").token
+    slower = SPYRE.replace(dram_effective_gbps=100.0, core_clock_ghz=0.9)
+    assert reference_config(slower).token == SPYRE.token
 
 
 def test_a_program_built_for_more_cores_is_a_clear_error_on_a_smaller_chip():

@@ -14,8 +14,7 @@ from aiu_sim.timing.calibration import bmm_program, matmul_program, stream_progr
 from aiu_sim.timing.dram import mixed_bandwidth_gbps
 
 SPYRE = preset("spyre")
-# derandomize: CI runs a fixed set of examples; the arbitration anomaly below can exceed the slack on rare shapes
-# (one found: a 128x512 matmul 3.8% slower with a 25% faster core clock), which docs/timing.md records.
+# derandomize: CI runs a fixed set of examples.
 SETTINGS = settings(
     max_examples=25,
     deadline=None,
@@ -23,9 +22,12 @@ SETTINGS = settings(
     derandomize=True,
     database=None,
 )
-# Shared resources serve requests in arrival order. That is work-conserving but not monotone in general (Graham's
-# list-scheduling anomalies): a faster unit can reorder arrivals at DRAM or a ring link. Over ~9000 random
-# kernel/config pairs the worst such reordering cost 1.2%; the monotonicity tests allow 2%.
+# Shared resources serve requests in arrival order on the reference chip, which is work-conserving but not monotone
+# in general (Graham's list-scheduling anomalies). A config with other rates replays the reference chip's order
+# (kernels.time_kernel, engine.run), which is monotone: a faster clock or more DRAM bandwidth never slows a kernel,
+# up to float rounding. Different programs (more cores, another split) are not replays of each other: arrival
+# order can still reorder them, which ARBITRATION_SLACK allows.
+ROUNDING = 1e-9
 ARBITRATION_SLACK = 0.02
 
 
@@ -86,7 +88,7 @@ def test_no_kernel_beats_its_roofline(program):
 def test_more_dram_bandwidth_never_slows_a_kernel(program, base, factor):
     slow = SPYRE.replace(dram_effective_gbps=base, dram_peak_gbps=max(204.8, base))
     fast = SPYRE.replace(dram_effective_gbps=base * factor, dram_peak_gbps=max(204.8, base * factor))
-    assert body(program, fast).duration_ns <= body(program, slow).duration_ns * (1 + ARBITRATION_SLACK)
+    assert body(program, fast).duration_ns <= body(program, slow).duration_ns * (1 + ROUNDING)
 
 
 @SETTINGS
@@ -97,7 +99,7 @@ def test_more_dram_bandwidth_never_slows_a_kernel(program, base, factor):
 )
 def test_a_faster_clock_never_slows_a_kernel(program, factor, clock):
     fast = SPYRE.replace(**{clock: getattr(SPYRE, clock) * factor})
-    assert body(program, fast).duration_ns <= body(program, SPYRE).duration_ns * (1 + ARBITRATION_SLACK)
+    assert body(program, fast).duration_ns <= body(program, SPYRE).duration_ns * (1 + ROUNDING)
 
 
 @SETTINGS
