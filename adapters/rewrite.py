@@ -1,1 +1,425 @@
-"""Exact re-expressions of ops the stack does not lower (being written; registers nothing yet)."""
+"""Exact re-expressions of ops the stack does not lower, in ops it does.
+
+Gap: several ops that HuggingFace models call have no Spyre lowering and no CPU island in the real stack (the
+capability table's "unsupported": `aten.masked_fill`, RFC 1632-v3; `aten.index`, #3484; `aten.stack`,
+`aten.new_full` and `aten.all` are not in torch-spyre's supported-operations table, STACK §1.7), yet each has an
+exact expression in ops it lowers or runs:
+
+| op (capability)    | re-expressed as                                             | what that needs            |
+|--------------------|-------------------------------------------------------------|----------------------------|
+| `x.masked_fill(m, v)`, `masked_fill_` | `torch.where(m, full((), v), x)` (in place: `x.copy_(...)`) | where (native), full, copy |
+| `torch.stack(ts, d)` | `torch.cat([t.unsqueeze(d) for t in ts], d)` (what ATen's own stack does) | cat (decomposed), unsqueeze |
+| `t.new_full(size, v)` | `torch.full(size, v, dtype=t.dtype, device=t.device)`     | full (native)              |
+| `b.all(dim)` (bool, or a number tensor: `b != 0`) | `b.to(float16).amin(dim) != 0`  | amin (native), ne, the bool->fp16 cast |
+| `x[i]`, `x[i, j, ...]` (integer tensors on the leading dims) | `F.embedding(flat, x.reshape(rows, -1))` | embedding (a CPU fallback in the June table) |
+
+`torch.where(m, v, x)` is `masked_fill` by definition (elementwise select, both broadcast the mask and x); ATen
+implements `stack` as exactly that `cat`; an embedding lookup is the row gather `x[i]` (negative indices made
+positive first: `where(i < 0, i + n, i)`); for several index tensors the row is the flattened position
+`((i0 * s1 + i1) * s2 + i2)...` of the leading dims. So fp32, fp16 and integer results are bit-identical to stock.
+What is not rewritten (runs as stock, so the stack still reports it): out=, a non-bool mask, a fill value that
+stock refuses (overflow), an index key with a bool mask, None, a step or partial slice, or an Ellipsis before an
+index tensor, an `all` over an empty reduction (amin of nothing is an error, `all` of nothing is True).
+One difference in error behaviour, documented rather than hidden: with several index tensors, an out-of-range index
+of a later dim that still lands inside the flattened table is checked only in eager runs (a data-dependent check
+cannot be traced); a compiled graph reads that row, where stock raises IndexError.
+
+How it recognises its target: by what the code calls. The methods of every module class of the model (its own code: transformers' or a user's, not torch.nn's) (and
+the same-package helpers they call, `structure.reachable`) are scanned for the names these ops are called by
+(`masked_fill`, `masked_fill_`, `stack`, `new_full`, `all`) and for subscripts (`x[...]`, an aten.index when the key
+holds an integer tensor); the model's top-level forward is then run under a `torch.overrides.TorchFunctionMode`
+that re-expresses each call of those ops whose capability the stack lacks, and passes every other call through
+unchanged. Dynamo traces through the mode (fullgraph too) and records the re-expressed ops. The patch is one
+per-instance forward, undone exactly; it goes after every adapter that replaces forwards (`order`), so it wraps
+the final one.
+
+Retirement: per op. At patch time each rewrite is switched on only if the stack lacks its capability
+(`capabilities().supports(gap)` is False) and has every op the re-expression needs (status not "unsupported"), so
+a gap the stack gains stops being rewritten, and no gap is routed around with an op the stack lacks too. The
+adapter retires when every gap it bridges is supported.
+"""
+
+from __future__ import annotations
+
+import dis
+import math
+import types
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.overrides import TorchFunctionMode
+
+from adapters import _stack, structure
+from adapters.base import Adapter
+from adapters.patch import Patch
+from adapters.registry import register_adapter
+
+_PASS = object()  # a handler's answer for "not this form: run the stock op"
+
+
+# -- the re-expressions --------------------------------------------------------------------------------------------
+def _fill_value(value, dtype: torch.dtype):
+    """The fill value as stock masked_fill / new_full take it, or _PASS where stock would refuse it (overflow: stock
+    raises 'value cannot be converted ... without overflow', which the stock call then raises itself)."""
+    if isinstance(value, torch.Tensor):
+        if value.dim() != 0:
+            return _PASS  # stock: "only supports a 0-dimensional value tensor"
+        return value.to(dtype)
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int | float):
+        if dtype.is_floating_point:
+            if math.isfinite(value) and abs(value) > torch.finfo(dtype).max:
+                return _PASS
+        elif dtype == torch.bool:
+            pass
+        else:
+            if not math.isfinite(value):
+                return _PASS
+            info = torch.iinfo(dtype)
+            if not info.min <= int(value) <= info.max:
+                return _PASS
+        return value
+    return _PASS
+
+
+def _arg(args, kwargs, i: int, *names: str, default=_PASS):
+    if len(args) > i:
+        return args[i]
+    for n in names:
+        if n in kwargs:
+            return kwargs[n]
+    return default
+
+
+def masked_fill(args, kwargs, inplace: bool = False):
+    if len(args) + len(kwargs) != 3:
+        return _PASS
+    x = _arg(args, kwargs, 0, "input", "self")
+    mask = _arg(args, kwargs, 1, "mask")
+    value = _arg(args, kwargs, 2, "value")
+    if not isinstance(x, torch.Tensor) or not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
+        return _PASS
+    if x.is_complex() or x.layout != torch.strided:
+        return _PASS
+    v = _fill_value(value, x.dtype)
+    if v is _PASS:
+        return _PASS
+    if not isinstance(v, torch.Tensor):
+        v = torch.full((), v, dtype=x.dtype, device=x.device)
+    elif v.device != x.device:
+        v = v.to(x.device)
+    out = torch.where(mask, v, x)
+    if inplace:
+        if tuple(out.shape) != tuple(x.shape):
+            return _PASS  # the mask would grow x: stock raises
+        return x.copy_(out)
+    return out
+
+
+def masked_fill_(args, kwargs):
+    return masked_fill(args, kwargs, inplace=True)
+
+
+def stack(args, kwargs):
+    if "out" in kwargs or len(args) + len(kwargs) > 2:
+        return _PASS
+    tensors = _arg(args, kwargs, 0, "tensors")
+    dim = _arg(args, kwargs, 1, "dim", default=0)
+    if not isinstance(tensors, list | tuple) or not tensors or not isinstance(dim, int):
+        return _PASS
+    if not all(isinstance(t, torch.Tensor) for t in tensors):
+        return _PASS
+    return torch.cat([t.unsqueeze(dim) for t in tensors], dim)
+
+
+def new_full(args, kwargs):
+    x = _arg(args, kwargs, 0, "self")
+    size = _arg(args, kwargs, 1, "size")
+    value = _arg(args, kwargs, 2, "fill_value")
+    extra = set(kwargs) - {"self", "size", "fill_value", "dtype", "device", "requires_grad"}
+    if not isinstance(x, torch.Tensor) or size is _PASS or value is _PASS or extra or len(args) > 3:
+        return _PASS
+    dtype = kwargs.get("dtype") or x.dtype
+    if _fill_value(value, dtype) is _PASS:
+        return _PASS
+    device = kwargs.get("device") or x.device
+    return torch.full(
+        tuple(size), value, dtype=dtype, device=device, requires_grad=kwargs.get("requires_grad", False)
+    )
+
+
+def all_(args, kwargs):
+    x = _arg(args, kwargs, 0, "input", "self")
+    if not isinstance(x, torch.Tensor) or "out" in kwargs or len(args) + len(kwargs) > 3:
+        return _PASS
+    if x.dtype == torch.uint8 or x.is_complex():
+        return _PASS  # stock all() of uint8 returns uint8
+    dim = _arg(args, kwargs, 1, "dim", default=None)
+    keepdim = _arg(args, kwargs, 2, "keepdim", default=False)
+    if not isinstance(keepdim, bool):
+        return _PASS
+    b = x if x.dtype == torch.bool else x != 0  # all() of numbers: nonzero (NaN is nonzero)
+    if b.dim() == 0:
+        return b.clone() if dim is None or dim in (0, -1) else _PASS
+    if dim is None:
+        if keepdim or b.numel() == 0:
+            return _PASS
+        return b.to(torch.float16).amin() != 0
+    dims = (dim,) if isinstance(dim, int) else tuple(dim) if isinstance(dim, list | tuple) else None
+    if not dims or not all(isinstance(d, int) for d in dims):
+        return _PASS
+    if any(not -b.dim() <= d < b.dim() for d in dims) or len({d % b.dim() for d in dims}) != len(dims):
+        return _PASS  # stock raises its own error
+    if any(b.shape[d] == 0 for d in dims):
+        return _PASS
+    return b.to(torch.float16).amin(dim=dims if len(dims) > 1 else dims[0], keepdim=keepdim) != 0
+
+
+_INDEX_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8)
+
+
+def _index_key(x: torch.Tensor, key) -> list[torch.Tensor] | None:
+    """The index tensors of a key that is a row lookup on the leading dims (trailing full slices / Ellipsis only)."""
+    items = list(key) if isinstance(key, tuple) else [key]
+    while items and (items[-1] is Ellipsis or (isinstance(items[-1], slice) and items[-1] == slice(None))):
+        items.pop()
+    if not items or len(items) > x.dim():
+        return None
+    if not all(isinstance(i, torch.Tensor) and i.dtype in _INDEX_DTYPES for i in items):
+        return None
+    return items
+
+
+def getitem(args, kwargs):
+    if kwargs or len(args) != 2:
+        return _PASS
+    x, key = args
+    if not isinstance(x, torch.Tensor) or x.is_complex() or x.layout != torch.strided:
+        return _PASS
+    idx = _index_key(x, key)
+    if idx is None:
+        return _PASS
+    k = len(idx)
+    sizes = list(x.shape[:k])
+    if any(s == 0 for s in sizes):
+        return _PASS
+    idx = [i.to(torch.int64) if i.dtype != torch.int64 else i for i in idx]
+    idx = torch.broadcast_tensors(*idx) if k > 1 else idx
+    if k > 1 and not torch.compiler.is_compiling():
+        for i, s in zip(
+            idx, sizes, strict=True
+        ):  # stock's IndexError, in eager runs (see the module docstring)
+            if i.numel() and (int(i.max()) >= s or int(i.min()) < -s):
+                return _PASS
+    flat = None
+    for i, s in zip(idx, sizes, strict=True):
+        i = torch.where(i < 0, i + s, i)
+        flat = i if flat is None else flat * s + i
+    rest = tuple(x.shape[k:])
+    rows = math.prod(sizes)
+    table = x.reshape(rows, math.prod(rest) if rest else 1)
+    return F.embedding(flat, table).reshape(*flat.shape, *rest)
+
+
+@dataclass(frozen=True)
+class Rewrite:
+    gap: str  # the capability the stack lacks
+    funcs: tuple  # the torch callables a TorchFunctionMode sees for it
+    names: frozenset[str]  # the attribute / global names code calls it by (the structural scan)
+    handler: Callable
+    needs: tuple[str, ...]  # ops the re-expression uses: each must be one the stack runs
+    how: str
+
+
+REWRITES: tuple[Rewrite, ...] = (
+    Rewrite(
+        "aten.masked_fill",
+        (torch.Tensor.masked_fill, torch.masked_fill),
+        frozenset({"masked_fill"}),
+        masked_fill,
+        ("aten.where", "aten.full"),
+        "where(mask, value, x)",
+    ),
+    Rewrite(
+        "aten.masked_fill",
+        (torch.Tensor.masked_fill_,),
+        frozenset({"masked_fill_"}),
+        masked_fill_,
+        ("aten.where", "aten.full", "aten.copy"),
+        "x.copy_(where(mask, value, x))",
+    ),
+    Rewrite(
+        "aten.stack",
+        (torch.stack,),
+        frozenset({"stack"}),
+        stack,
+        ("aten.cat", "aten.unsqueeze"),
+        "cat of unsqueezed tensors",
+    ),
+    Rewrite(
+        "aten.new_full",
+        (torch.Tensor.new_full,),
+        frozenset({"new_full"}),
+        new_full,
+        ("aten.full",),
+        "full(size, value, dtype, device)",
+    ),
+    Rewrite(
+        "aten.all",
+        (torch.Tensor.all, torch.all),
+        frozenset({"all"}),
+        all_,
+        ("aten.amin", "aten.ne", "cast.bool->float16"),
+        "amin of the bools as float16 != 0",
+    ),
+    Rewrite(
+        "aten.index",
+        (torch.Tensor.__getitem__,),
+        frozenset(),  # a subscript, found by opcode (_SUBSCRIPT)
+        getitem,
+        ("aten.embedding", "aten.where", "aten.mul", "aten.add"),
+        "embedding lookup of the flattened leading dims",
+    ),
+)
+GAPS: tuple[str, ...] = tuple(dict.fromkeys(r.gap for r in REWRITES))
+_SUBSCRIPT = frozenset({"BINARY_SUBSCR"})
+
+
+def active_rewrites(caps) -> list[Rewrite]:
+    """The rewrites the stack `caps` calls for: its gap unsupported, every op the re-expression uses available."""
+    return [
+        r
+        for r in REWRITES
+        if not caps.supports(r.gap) and all(caps.status(n) != "unsupported" for n in r.needs)
+    ]
+
+
+class Reexpress(TorchFunctionMode):
+    """Re-expresses the calls of `rewrites` exactly; every other call runs unchanged."""
+
+    def __init__(self, rewrites: list[Rewrite]):
+        super().__init__()
+        self.handlers = {f: r.handler for r in rewrites for f in r.funcs}
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        handler = self.handlers.get(func)
+        if handler is not None:
+            out = handler(args, kwargs)
+            if out is not _PASS:
+                return out
+        return func(*args, **kwargs)
+
+
+def _skip_eager_frames(code: types.CodeType) -> None:
+    """Dynamo inlines the mode's __torch_function__ into every graph it traces. Called eagerly (an op dynamo left to
+    run eagerly between graphs), it is not a frame to compile, nor is anything it calls: compiled, each such frame
+    would be one more entry per argument signature and mode-stack state, past dynamo's recompile limit (the zoo's
+    runs treat reaching it as an error). The eager op runs exactly as it would without the mode."""
+    from torch._C._dynamo.eval_frame import set_code_exec_strategy
+    from torch._dynamo.types import FrameAction, FrameExecStrategy
+
+    set_code_exec_strategy(code, FrameExecStrategy(FrameAction.SKIP, FrameAction.SKIP))
+
+
+_skip_eager_frames(Reexpress.__torch_function__.__code__)
+
+
+# -- the structural scan -------------------------------------------------------------------------------------------
+def _code_uses(code: types.CodeType, names: frozenset[str]) -> set[str]:
+    found = set(code.co_names) & names
+    if any(ins.opname in _SUBSCRIPT for ins in dis.get_instructions(code)):
+        found.add("[]")
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            found |= _code_uses(const, names)
+    return found
+
+
+def _helpers(fn) -> list[types.FunctionType]:
+    """fn's function chain and the same-package module-level helpers it reaches (structure.reachable)."""
+    out = structure.chain(fn)
+    for f in list(out):
+        helpers = structure.reachable(f, lambda o, f=f: isinstance(o, types.FunctionType) and o is not f)
+        out += [h for h in helpers.values() if structure._same_package(f, h)]
+    return out
+
+
+def uses(model: nn.Module, rewrites=REWRITES) -> dict[str, list[str]]:
+    """capability -> paths of the modules whose own code (not torch.nn's) calls the op the way its rewrite recognises
+    (a subscript for aten.index)."""
+    names = frozenset().union(*(r.names for r in rewrites))
+    by_name: dict[str, set[str]] = {}
+    for r in rewrites:
+        for n in r.names or {"[]"}:
+            by_name.setdefault(n, set()).add(r.gap)
+    seen: dict[int, set[str]] = {}
+    out: dict[str, list[str]] = {}
+    for path, m in model.named_modules():
+        found: set[str] = set()
+        for cls in type(m).__mro__:
+            if cls.__module__.split(".")[0] in ("torch", "builtins"):
+                continue  # torch.nn's own modules: their ops are the stack's business, not a model's code
+            for value in vars(cls).values():
+                if not isinstance(value, types.FunctionType):
+                    continue
+                for f in _helpers(value):
+                    if id(f.__code__) not in seen:
+                        seen[id(f.__code__)] = _code_uses(f.__code__, names)
+                    found |= seen[id(f.__code__)]
+        for n in found:
+            for gap in by_name.get(n, ()):
+                out.setdefault(gap, []).append(path or "<top>")
+    return out
+
+
+def _wrapped(prev: Callable, mode_rewrites: list[Rewrite]):
+    """`prev` run under the mode. The wrapper itself is not traced (torch.compiler.disable, recursive=False): the mode
+    is entered before dynamo starts on `prev`'s frame, so it is part of every frame's initial state (guarded by its
+    type) and a graph break inside the model (a host island) resumes under it, instead of dynamo giving up on a frame
+    whose `with` block it cannot resume."""
+
+    def forward(self, *args, **kwargs):
+        with Reexpress(mode_rewrites):
+            return prev(*args, **kwargs)
+
+    return torch.compiler.disable(forward, recursive=False)
+
+
+@register_adapter
+class ExactRewrite(Adapter):
+    name = "rewrite"
+    gap = GAPS[0]
+    also = GAPS[1:]
+    applies_to = frozenset(
+        {"any module whose code calls masked_fill, stack, new_full, all or indexes a tensor"}
+    )
+    order = (
+        95  # after every adapter that replaces a forward (gelu 80, rmsnorm 70, ...): it wraps the final one
+    )
+    summary = "exact re-expressions: masked_fill -> where, stack -> cat, new_full -> full, all -> amin, index -> embedding"
+
+    def _targets(self, model: nn.Module) -> list[Rewrite]:
+        found = uses(model)
+        return [r for r in active_rewrites(_stack.capabilities()) if r.gap in found]
+
+    def applicable(self, model: nn.Module) -> bool:
+        """The model's code calls one of the ops whose rewrite the stack calls for now (a retired gap's op is not a
+        reason to patch; with every gap supported apply() reports the adapter retired)."""
+        caps = _stack.capabilities()
+        return bool(self._targets(model)) or (self.retired(caps) and bool(uses(model)))
+
+    def patch(self, model: nn.Module) -> Patch:
+        patch = Patch(self.name)
+        rewrites = self._targets(model)
+        if rewrites:
+            prev = model.forward  # an earlier adapter's per-instance forward, else the class's
+            what = f"{type(model).__name__}.forward under exact re-expressions: " + "; ".join(
+                f"{r.gap} -> {r.how}" for r in rewrites
+            )
+            patch.override_forward(model, _wrapped(prev, rewrites), what)
+        return patch

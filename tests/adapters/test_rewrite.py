@@ -1,0 +1,312 @@
+"""adapters/rewrite.py: each exact re-expression against the stock op (CPU fp32 and fp16, bit for bit), the forms it
+must leave alone, the traced graph (the gap op gone, its re-expression recorded), the per-instance patch and its
+undo, per-op retirement, and real zoo types that the re-expressions move off `unsupported`."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import adapters
+import torch_spyre_emu
+from adapters import rewrite
+from adapters.rewrite import REWRITES, Reexpress, active_rewrites
+
+DTYPES = [torch.float32, torch.float16]
+
+
+def _mode():
+    return Reexpress(list(REWRITES))
+
+
+def _same(a, b) -> None:
+    """Bit-identical: same dtype, shape and values (NaN where NaN)."""
+    assert a.dtype == b.dtype and a.shape == b.shape, (a.dtype, b.dtype, a.shape, b.shape)
+    assert torch.equal(a, b) or (
+        a.is_floating_point()
+        and torch.equal(a.isnan(), b.isnan())
+        and torch.equal(a.nan_to_num(), b.nan_to_num())
+    ), (a, b)
+
+
+def _both(fn):
+    ref = fn()
+    with _mode():
+        out = fn()
+    return ref, out
+
+
+def _rand(*shape, dtype=torch.float32, seed=0):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).to(dtype)
+
+
+# -- masked_fill ---------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(
+    "mask_shape,value",
+    [
+        ((3, 4, 5), -1.5),  # same shape, float
+        ((4, 1), 0),  # broadcasting mask, int value into float
+        ((5,), float("-inf")),  # broadcast over the last dim, -inf
+        ((1, 1, 1), float("nan")),
+        ((2, 3, 4, 5), 7.0),  # a mask that grows x (out of place: stock broadcasts both)
+        ((3, 4, 5), "tensor"),  # 0-dim tensor value (fp32 into fp16: the same rounding)
+        ((3, 4, 5), "fp16max"),
+    ],
+)
+def test_masked_fill_is_bit_identical(dtype, mask_shape, value):
+    x = _rand(3, 4, 5, dtype=dtype)
+    mask = _rand(*mask_shape, seed=1) > 0
+    if value == "tensor":
+        value = torch.tensor(1 / 3)
+    elif value == "fp16max":
+        value = torch.finfo(torch.float16).max
+    for f in (lambda: x.masked_fill(mask, value), lambda: torch.masked_fill(x, mask, value)):
+        ref, out = _both(f)
+        _same(out, ref)
+
+
+@pytest.mark.parametrize("dtype", DTYPES + [torch.int64])
+def test_masked_fill_in_place(dtype):
+    x0 = (_rand(3, 4) * 10).to(dtype)
+    mask = _rand(4, seed=2) > 0  # broadcast over rows
+    ref = x0.clone()
+    ref_ret = ref.masked_fill_(mask, 3)
+    out = x0.clone()
+    with _mode():
+        ret = out.masked_fill_(mask, 3)
+    _same(out, ref)
+    assert ret is out and ref_ret is ref
+
+
+def test_masked_fill_forms_stock_refuses_stay_stock():
+    x = torch.zeros(3, dtype=torch.float16)
+    mask = torch.ones(3, dtype=torch.bool)
+    with _mode(), pytest.raises(RuntimeError, match="overflow"):
+        x.masked_fill(mask, 1e6)  # beyond fp16: stock's own error, not an inf
+    small = torch.zeros(3)
+    with _mode(), pytest.raises(RuntimeError):
+        small.masked_fill_(torch.ones(2, 3, dtype=torch.bool), 1.0)  # in place, a mask that would grow x
+    with _mode(), pytest.raises(RuntimeError):
+        x.masked_fill(torch.ones(3, dtype=torch.uint8), 1.0)  # a non-bool mask: stock's error
+
+
+# -- stack ---------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", DTYPES + [torch.int64, torch.bool])
+@pytest.mark.parametrize("dim", [0, 1, 2, -1, -3])
+def test_stack_is_bit_identical(dtype, dim):
+    ts = [(_rand(4, 5, seed=s) * 3).to(dtype) for s in range(3)]
+    ref, out = _both(lambda: torch.stack(ts, dim))
+    _same(out, ref)
+    ref, out = _both(lambda: torch.stack(tuple(ts), dim=dim))
+    _same(out, ref)
+
+
+def test_stack_mixed_dtypes_and_bad_input_as_stock():
+    a, b = _rand(2, 3, dtype=torch.float16), _rand(2, 3)
+    ref, out = _both(lambda: torch.stack([a, b], -1))  # type promotion as stock (cat promotes alike)
+    _same(out, ref)
+    with _mode(), pytest.raises(RuntimeError):
+        torch.stack([a, _rand(3, 2)])
+    out_t = torch.empty(2, 2, 3)
+    with _mode():
+        torch.stack([b, b], out=out_t)  # out= is left to stock
+    _same(out_t, torch.stack([b, b]))
+
+
+# -- new_full, all -------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", DTYPES + [torch.int32])
+def test_new_full(dtype):
+    x = _rand(2, 3).to(dtype)
+    for f in (
+        lambda: x.new_full((4, 2), 5),
+        lambda: x.new_full([3], -2.0, dtype=torch.float16),
+        lambda: x.new_full((2, 2), True, dtype=torch.bool),
+    ):
+        ref, out = _both(f)
+        _same(out, ref)
+
+
+@pytest.mark.parametrize("dtype", [torch.bool, torch.float32, torch.float16, torch.int64])
+def test_all_is_bit_identical(dtype):
+    x = (_rand(3, 4, 5) > 0.8).to(dtype) if dtype == torch.bool else (_rand(3, 4, 5) > -1.5).to(dtype)
+    x_nan = x.clone()
+    if dtype.is_floating_point:
+        x_nan[0, 0, 0] = float("nan")  # all() of numbers: NaN is nonzero
+    ones = torch.ones(3, 4, 5, dtype=dtype)
+    for t in (x, x_nan, ones):
+        for f in (
+            lambda t=t: t.all(),
+            lambda t=t: torch.all(t),
+            lambda t=t: t.all(-1),
+            lambda t=t: t.all(dim=1, keepdim=True),
+            lambda t=t: t.all(dim=(0, 2)),
+            lambda t=t: t[0, 0, 0].all(),
+            lambda t=t: t[:, :0].all(),  # empty: stock (True), not an amin of nothing
+            lambda t=t: t[:, :0].all(1),
+        ):
+            ref, out = _both(f)
+            _same(out, ref)
+
+
+# -- index ---------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", DTYPES + [torch.int64])
+def test_row_lookups_are_bit_identical(dtype):
+    x = (_rand(6, 5, 4) * 5).to(dtype)
+    g = torch.Generator().manual_seed(3)
+    i = torch.randint(-6, 6, (2, 3), generator=g)  # negative indices too
+    j = torch.randint(-5, 5, (3,), generator=g)  # broadcast against i
+    cases = [
+        lambda: x[i],
+        lambda: x[i, j],
+        lambda: x[i, j, torch.tensor(1)],
+        lambda: x[i.to(torch.int32)],
+        lambda: x[torch.arange(6), torch.tensor([0, 4, 1, 2, 3, 4])],  # CLIP's EOS pooling form
+        lambda: x[i, ...],
+        lambda: x[i, :],
+        lambda: x[torch.tensor(2)],
+        lambda: x[0][j],  # 2-D table
+        lambda: x[0, 0][torch.tensor([3, -4, 0])],  # 1-D table
+    ]
+    for f in cases:
+        ref, out = _both(f)
+        _same(out, ref)
+
+
+def test_index_forms_left_to_stock():
+    """Bool masks, None, Ellipsis before the index, step/partial slices before it: not row lookups, never rewritten."""
+    x = _rand(6, 5, 4)
+    i = torch.tensor([0, 2, -1])
+    keys = [
+        x[:, 0, 0] > 0,  # a bool mask: data-dependent shape
+        (None, i),
+        (Ellipsis, i),
+        (slice(None), i),
+        (slice(1, 4), i),
+        (i, None),
+        (i, slice(0, 3)),
+        (i, 1),
+    ]
+    for key in keys:
+        assert rewrite._index_key(x, key) is None
+        ref, out = _both(lambda key=key: x[key])
+        _same(out, ref)
+
+
+def test_out_of_range_index_raises_as_stock():
+    x = _rand(4, 3)
+    with _mode(), pytest.raises(IndexError):
+        x[torch.tensor([4])]
+    with _mode(), pytest.raises(IndexError):
+        x[torch.tensor([0]), torch.tensor([3])]  # a later dim: checked in eager runs
+
+
+# -- the traced graph ----------------------------------------------------------------------------------------------
+def _aten_ops(fn, *args):
+    """The aten ops torch.compile records for `fn` under the mode (what the stack sees)."""
+    from torch._functorch.aot_autograd import aot_module_simplified
+
+    seen = set()
+
+    def backend(gm, example):
+        def fw(g, _):
+            seen.update(str(n.target).split(".")[1] for n in g.graph.nodes if n.op == "call_function")
+            return g
+
+        return aot_module_simplified(gm, example, fw_compiler=fw)
+
+    torch._dynamo.reset()
+
+    def traced(*a):
+        with Reexpress(list(REWRITES)):
+            return fn(*a)
+
+    torch.compile(traced, backend=backend, fullgraph=True)(*args)
+    torch._dynamo.reset()
+    return seen
+
+
+def test_graph_has_the_reexpressions_not_the_gaps():
+    x = _rand(4, 5)
+    ids = torch.tensor([0, 4, -1, 2])
+
+    def f(x, ids):
+        a = x.masked_fill(x > 0, -1.0)
+        b = torch.stack([a, x], dim=-1)
+        c = x[torch.arange(4), ids]
+        return b, c, x.new_full((2,), 1.0), (x > -3).all(-1)
+
+    ops = _aten_ops(f, x, ids)
+    assert not ops & {"masked_fill", "stack", "index", "new_full", "all"}, ops
+    assert {"where", "cat", "embedding", "full", "amin"} <= ops, ops
+    caps = torch_spyre_emu.capabilities()
+    assert all(caps.status(f"aten.{op}") != "unsupported" for op in ops), {
+        op: caps.status(f"aten.{op}") for op in ops
+    }
+
+
+# -- the adapter: patch, undo, retirement --------------------------------------------------------------------------
+def _clip():
+    from models.zoo import build
+
+    return build("clip", "default", seed=0)
+
+
+def test_patch_is_per_instance_exact_and_undone():
+    zm, other = _clip(), _clip()
+    model = zm.model.eval()
+    adapter = adapters.get_adapter("rewrite")
+    assert adapter.applicable(model) and "aten.index" in rewrite.uses(model)
+    with torch.no_grad():
+        ref = model(**zm.inputs)
+    before = dict(model.__dict__)
+    patch = adapter.patch(model)
+    assert "forward" in model.__dict__ and "forward" not in other.model.__dict__
+    with torch.no_grad():
+        out = model(**zm.inputs)
+    for k in ("last_hidden_state", "pooler_output"):
+        a, b = getattr(out, k, None), getattr(ref, k, None)
+        if a is not None:
+            _same(a, b)
+    patch.undo()
+    assert model.__dict__.keys() == before.keys() and "forward" not in model.__dict__
+    assert adapter.check(model, zm.inputs, atol=0, rtol=0).ok
+
+
+def test_retires_per_op_and_whole():
+    caps = torch_spyre_emu.capabilities()
+    assert {r.gap for r in active_rewrites(caps)} == set(rewrite.GAPS)
+    with torch_spyre_emu.capabilities.override({"aten.stack": "native"}) as c:
+        assert "aten.stack" not in {r.gap for r in active_rewrites(c)}
+    with torch_spyre_emu.capabilities.override({"aten.embedding": "unsupported"}) as c:
+        assert "aten.index" not in {
+            r.gap for r in active_rewrites(c)
+        }  # never routed through an op it lacks too
+    model = _clip().model
+    with torch_spyre_emu.capabilities.override({g: "native" for g in rewrite.GAPS}):
+        with adapters.apply(model) as h:
+            assert "rewrite" in dict(h.report.retired) and "rewrite" not in h.report.applied
+            assert "forward" not in model.__dict__ or "rewrite" not in str(model.__dict__["forward"])
+
+
+def test_order_is_after_the_forward_replacing_adapters():
+    from adapters.registry import all_adapters
+
+    names = [a.name for a in all_adapters()]
+    assert names[-1] == "rewrite" or all(a.order <= rewrite.ExactRewrite.order for a in all_adapters())
+
+
+# -- end to end: real zoo types through the emulated stack ---------------------------------------------------------
+@pytest.mark.slow
+@pytest.mark.parametrize("model_type,was", [("clip", "aten.index"), ("gptj", "aten.stack")])
+def test_zoo_types_leave_unsupported(model_type, was):
+    from models.zoo.classify import run_one
+
+    rec = run_one(model_type, "default")
+    assert rec["class"] in ("pass_device", "pass_fallback"), (
+        rec["class"],
+        rec["reason"],
+        rec["blocking"][:1],
+    )
+    assert "rewrite" in rec["adapters_applied"]
+    assert was not in {op["capability"] for op in rec["plan"]["remaining"]}
