@@ -6,5 +6,11 @@ FallbackWarning. Only the paths listed in ../shared/reference/torch_spyre_api.md
 """
 
 import torch_spyre_emu  # noqa: F401  (registers the spyre device)
+from torch_spyre import profiler
 from torch_spyre_emu.device.spyre_module import *  # noqa: F403
 from torch_spyre_emu.device.spyre_module import __all__  # noqa: F401
+
+# torch_spyre.profiler is a stub in the real stack: is_available() is False, so the attribute is rebound to None
+# (torch_spyre_api.md §7); the module stays importable as torch_spyre.profiler.
+if not profiler.is_available():
+    profiler = None

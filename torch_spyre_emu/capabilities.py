@@ -260,7 +260,8 @@ _OPS: list[OpEntry] = [
         "decomposed",
         ALL,
         "-> expand + copy (the view torch's CompositeExplicit kernel copies from; Inductor lowers repeat as one "
-        "pointwise read). ops/fallbacks.py lists repeat.out: emulation assumption, out= calls run on device too",
+        "pointwise read). repeat.out alone is a CPU fallback in eager code, as ops/fallbacks.py registers it "
+        "(torch_spyre_api.md §5; device.op_dispatch.EAGER_FALLBACK_OVERLOADS); compiled, it is repeat.default",
     ),
     _e(
         "convolution",

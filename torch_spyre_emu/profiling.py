@@ -201,20 +201,23 @@ def current_run_options(program_name: str) -> tuple[str, str | None]:
     return s.mode, trace
 
 
-def record(compiled, result, uploads, trace_path) -> None:
+def record(compiled, result, uploads, trace_path) -> Callable[[], ProfileReport]:
     """Keep a compiled call's run for last_profile() and an active profile(). The report is built when asked for:
-    building one per call (a record per step) was ~5% of a small model's emulated forward."""
+    building one per call (a record per step) was ~5% of a small model's emulated forward. Returns what builds
+    this run's report (torch_spyre_emu.torch_profiler keeps it for torch.profiler's device timeline)."""
     global _LAST
     run = (compiled, result, uploads, trace_path)
     # only the timing is kept for the report: the run's output arrays are the caller's to free
     timing_only = (compiled, aiu_sim.RunResult(outputs=None, timing=result.timing), uploads, trace_path)
-    _LAST = functools.partial(
+    build = functools.partial(
         _report, [timing_only], outputs=None, mode=_SESSIONS[-1].mode if _SESSIONS else "both"
     )
+    _LAST = build
     if debug.level() >= 2:
         debug.timings(last_profile())
     if _SESSIONS:
         _SESSIONS[-1].records.append(run)
+    return build
 
 
 def record_collective(timing: CollectiveTiming, rank: int, group: str | None = None) -> None:

@@ -26,6 +26,7 @@ import torch
 
 import aiu_sim
 from aiu_sim.timing.trace import write_trace
+from torch_spyre_emu import torch_profiler
 from torch_spyre_emu.compiler.builder import HostSpec, host_array
 from torch_spyre_emu.compiler.codegen import Lowered
 from torch_spyre_emu.compiler.collectives import run_collective
@@ -223,12 +224,20 @@ def run_and_record(compiled: Compiled, args: list):
     """Run `compiled` in the mode (and with the trace file) of the active profile(), else config.mode, and record
     the run for last_profile() and profile(): what every compiled call and every eager op does. Returns the user
     outputs."""
-    from torch_spyre_emu.device.tensor import card_of, on_card
+    from torch_spyre_emu.device.tensor import allocation_card, card_of, on_card
 
     mode, trace_path = current_run_options(compiled.program.name)
-    with on_card(card_of(args)):  # a program runs on its inputs' card, and its results stay there
-        outputs, result, uploads = run_compiled(compiled, args, mode=mode, trace_path=trace_path)
-    record(compiled, result, uploads, trace_path)
+    card = card_of(args)
+    # a torch profiler running: the run is a launch_kernel range, its kernels go on the profile's device timeline
+    launch = None
+    with on_card(card):  # a program runs on its inputs' card, and its results stay there
+        if torch_profiler.profiler_running():
+            launch = torch_profiler.launch(compiled.program.name, allocation_card())
+        with launch or contextlib.nullcontext():
+            outputs, result, uploads = run_compiled(compiled, args, mode=mode, trace_path=trace_path)
+    build = record(compiled, result, uploads, trace_path)
+    if launch is not None:
+        launch.finish(build)
     return outputs
 
 

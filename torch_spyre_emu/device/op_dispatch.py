@@ -37,6 +37,70 @@ def random_from_to(self, low, high, *, generator=None):
 
 _RANDOM_FROM_ = getattr(torch.ops.aten.random_, "from")
 
+# Overloads torch-spyre's ops/fallbacks.py registers as CPU fallbacks one at a time while the rest of their packet
+# runs on the device (torch_spyre_api.md §5: "single overloads: repeat.out, ..."). Eagerly such an overload runs as
+# register_fallback runs it: on CPU copies of its arguments, out= through a CPU buffer, the result copied back, with a
+# FallbackWarning (strict mode raises). Not timed: it runs no device program, so it leaves no profile. Compiled code
+# never meets it: functionalization turns repeat.out into repeat.default, which the compiler decomposes.
+EAGER_FALLBACK_OVERLOADS = (torch.ops.aten.repeat.out,)
+
+
+def cpu_fallback(op, args, kwargs):
+    """Run `op` (an .out overload) on the CPU for spyre tensors, as torch-spyre's register_fallback does."""
+    from torch_spyre_emu import config
+    from torch_spyre_emu.errors import SpyreUnsupportedOpError, warn_fallback
+
+    if config.strict:
+        raise SpyreUnsupportedOpError(
+            f"{op} is a CPU fallback in torch-spyre (ops/fallbacks.py) and strict mode forbids fallbacks; call the "
+            "functional form (e.g. x.repeat(...)), which runs on the device, or leave strict mode"
+        )
+    warn_fallback(op)
+    out_names = [name for _, name, kwarg_only in _mutated_args(op) if kwarg_only]
+    on_cpu = torch.utils._pytree.tree_map_only(torch.Tensor, lambda t: t.cpu(), (args, kwargs))
+    cpu_args, cpu_kwargs = on_cpu
+    with torch.no_grad():
+        op(*cpu_args, **cpu_kwargs)
+    for name in out_names:
+        copy_into(kwargs[name], cpu_kwargs[name].to(kwargs[name].device), op)
+    return kwargs[out_names[0]] if len(out_names) == 1 else tuple(kwargs[n] for n in out_names)
+
+
+# The functional overloads whose packet has such a fallback overload: torch's CompositeExplicitAutograd kernel would
+# run them as pieces (repeat: expand, empty, unfold views and a device-to-device copy_, which runs no program, so
+# neither the compiled path's decomposition nor its time); they go to run_op whole, as kernels.WHOLE_OPS do.
+EAGER_WHOLE_OVERLOADS = (torch.ops.aten.repeat.default,)
+
+
+def _register_overload_fallbacks() -> torch.library.Library:
+    """A PrivateUse1 kernel for each of EAGER_FALLBACK_OVERLOADS, as register_fallback registers one (torch's
+    CompositeExplicitAutograd kernel, repeat.out -> repeat + copy, would otherwise run it on the device), and one
+    for each of EAGER_WHOLE_OVERLOADS, to run_op."""
+    lib = torch.library.Library("aten", "IMPL")
+    for op in EAGER_FALLBACK_OVERLOADS:
+
+        def kernel(*args, op=op, **kwargs):
+            return cpu_fallback(op, args, kwargs)
+
+        lib.impl(_impl_name(op), kernel, "PrivateUse1")
+    for op in EAGER_WHOLE_OVERLOADS:
+
+        def whole(*args, op=op, **kwargs):
+            return run_on_device(op, args, kwargs)
+
+        lib.impl(_impl_name(op), whole, "PrivateUse1")
+    return lib
+
+
+def _impl_name(op) -> str:
+    """torch.library's name of an overload: "repeat.out", and "repeat" for the default one."""
+    name = op.overloadpacket.__name__
+    return name if op._overloadname == "default" else f"{name}.{op._overloadname}"
+
+
+# at import, once: kernels.install() imports this module
+_OVERLOAD_FALLBACKS_LIB = _register_overload_fallbacks()
+
 
 def run_on_device(op, args, kwargs):
     """Send `op` to run_op (as its functional overload) and write results into mutated/out arguments."""

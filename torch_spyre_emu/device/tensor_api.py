@@ -1,6 +1,7 @@
 """torch.Tensor additions torch-spyre monkey-patches in (torch_spyre/_monkey_patch.py; torch_spyre_api.md §2-§3):
-`t.device_tensor_layout()`, `t.to(device_layout=...)`, `torch.empty(size, device_layout=...)`, and a repr that reads
-the values from the device instead of running printing ops on it. Also `t.device_image()`, the emulator's view of
+`t.device_tensor_layout()`, `t.to(device_layout=...)`, `torch.empty(size, device_layout=...)`, a spyre -> spyre
+`t.to(device, dtype)` that warns and casts through the CPU (§3), and a repr that reads the values from the device
+instead of running printing ops on it. Also `t.device_image()`, the emulator's view of
 the padded device array, and deepcopy / pickling through a clone / CPU copy (spyre storages hold no host bytes).
 
 It also holds the functions torch.spyre reads from the real `_C` extension: get_device_dtype, get_elem_in_stick,
@@ -152,12 +153,38 @@ def _indexed(original):
     return call
 
 
+def _spyre_to_spyre_cast(self: torch.Tensor, args, kwargs) -> torch.Tensor | None:
+    """`.to(device, dtype)` from spyre to spyre with a new dtype, as torch-spyre does it: a warning and a cast
+    through the CPU (torch_spyre_api.md §3), the CPU's cast of the values the device holds. None for any other
+    `.to()`. A `.to(dtype)` that names no device is not this case: it stays an on-device cast where torch-spyre's
+    dtype-op table has one (capabilities().casts), as in compiled code (an assumption: the digest names the
+    `.to(device, dtype)` form only)."""
+    device, dtype, _, memory_format = torch._C._nn._parse_to(*args, **kwargs)
+    if device is None or device.type != "spyre" or dtype is None or dtype == self.dtype:
+        return None
+    if not device_storage.has_device_data(self):
+        return None
+    from torch_spyre_emu.errors import warn_fallback
+
+    warn_fallback(
+        "spyre.to_dtype_cpu",
+        "cpu",
+        f"{self.device} {self.dtype} -> {device} {dtype}: a spyre -> spyre .to(device, dtype) casts on the CPU",
+    )
+    options = {} if memory_format is None else {"memory_format": memory_format}
+    return self.cpu().to(dtype, **options).to(device)
+
+
 def _to(original):
     original = _indexed(original)
 
     @functools.wraps(original)
     def to(self, *args, device_layout=None, **kwargs):
         if device_layout is None:
+            if self.device.type == "spyre" and (args or kwargs) and not torch.compiler.is_compiling():
+                cast = _spyre_to_spyre_cast(self, args, kwargs)
+                if cast is not None:
+                    return cast
             return original(self, *args, **kwargs)
         # As torch-spyre: allocate on the current device whatever device is named, copy (blocking) into it; a
         # spyre tensor already in that layout is returned as it is unless copy=True.
@@ -260,4 +287,8 @@ def install() -> None:
     torch.Tensor.device_tensor_layout = _device_tensor_layout
     torch.Tensor.device_image = spyre_tensor.device_image
     numerics_host.set_int64_warning_gate(get_downcast_warning)
+    # torch.profiler shows the simulated device kernels (the real stack's kineto plugin; torch_spyre_api.md §7)
+    from torch_spyre_emu import torch_profiler
+
+    torch_profiler.install()
     _installed = True

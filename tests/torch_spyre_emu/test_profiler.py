@@ -1,0 +1,207 @@
+"""torch.profiler on emulated Spyre (torch_spyre_emu.torch_profiler; torch_spyre_api.md §7): launch_kernel host
+ranges, the simulated device kernels in key_averages() and in the exported Chrome trace, nothing when no profiler
+runs, torch_spyre.profiler as the real stub."""
+
+import gzip
+import importlib
+import json
+
+import pytest
+import torch
+from torch.autograd import DeviceType
+from torch.profiler import ProfilerActivity, profile, record_function
+
+import torch_spyre_emu
+from torch_spyre_emu import config, torch_profiler
+
+DEVICE = [ProfilerActivity.CPU, ProfilerActivity.PrivateUse1]
+
+
+def _x(*shape):
+    return torch.randn(*shape, dtype=torch.float16).to("spyre")
+
+
+def _eager_runs():
+    """Two eager ops under a profiler: (profiler, [their ProfileReports])."""
+    x, y = _x(64, 128), _x(128, 64)
+    torch.mm(x + x, y)  # compiled outside the window
+    with profile(activities=DEVICE) as prof:
+        z = x + x
+        add = torch_spyre_emu.last_profile()
+        torch.mm(z, y)
+        mm = torch_spyre_emu.last_profile()
+    return prof, [add, mm]
+
+
+def _device_events(prof):
+    return [e for e in prof.events() if e.device_type == DeviceType.PrivateUse1]
+
+
+def test_key_averages_has_the_device_kernels_with_the_reports_simulated_durations():
+    prof, reports = _eager_runs()
+    kernels = [k for r in reports for k in r.kernels]
+    assert kernels and {r.programs[0] for r in reports} == {"eager_add_Tensor", "eager_mm_default"}
+    rows = {e.key: e for e in prof.key_averages() if e.device_type == DeviceType.PrivateUse1}
+    assert set(rows) == {k.name for k in kernels}
+    for k in kernels:
+        row = rows[k.name]
+        assert row.count == 1
+        assert row.self_device_time_total == pytest.approx(k.duration_us, rel=1e-9)
+        assert row.cpu_time_total == 0
+    total = sum(e.self_device_time_total for e in _device_events(prof))
+    assert total == pytest.approx(sum(k.duration_us for k in kernels), rel=1e-9)
+    table = prof.key_averages().table()
+    assert "Self SPYRE" in table and all(k.name in table for k in kernels)
+
+
+def test_each_run_is_a_launch_kernel_range_inside_its_aten_op_holding_its_kernels():
+    prof, reports = _eager_runs()
+    launches = [e for e in prof.events() if e.name.startswith("launch_kernel:")]
+    assert [e.name for e in launches] == [f"launch_kernel:{r.programs[0]}" for r in reports]
+    for fe, report in zip(launches, reports, strict=True):
+        assert fe.device_type == DeviceType.CPU
+        assert [k.name for k in fe.kernels] == [k.name for k in report.kernels]
+        assert fe.device_time_total == pytest.approx(sum(k.duration_us for k in report.kernels), rel=1e-9)
+        parents = []
+        p = fe.cpu_parent
+        while p is not None:
+            parents.append(p.name)
+            p = p.cpu_parent
+        assert ("aten::add" if "add" in fe.name else "aten::mm") in parents
+        devs = [e for e in _device_events(prof) if e.id == fe.id]
+        assert [e.name for e in devs] == [k.name for k in report.kernels]
+        first = report.kernels[0]
+        for e, k in zip(devs, report.kernels, strict=True):
+            # simulated time, from the launch's host start (the card is idle before the first run)
+            assert e.time_range.start - devs[0].time_range.start == pytest.approx(
+                k.start_us - first.start_us, abs=1e-3
+            )
+            assert e.time_range.elapsed_us() == pytest.approx(k.duration_us, rel=1e-9)
+        assert devs[0].time_range.start >= fe.time_range.start - 1e-3
+
+
+def test_a_compiled_program_shows_every_kernel_and_the_host_steps_in_the_chrome_trace(tmp_path):
+    f = torch.compile(lambda a, b: torch.relu(a @ b) * 2 + a.sum(), backend="spyre")
+    a, b = _x(64, 128), _x(128, 128)
+    f(a, b)
+    with profile(activities=DEVICE) as prof:
+        f(a, b)
+        report = torch_spyre_emu.last_profile()
+    assert len(report.kernels) >= 2
+    path = tmp_path / "trace.json"
+    prof.export_chrome_trace(str(path))
+    doc = json.loads(path.read_text())
+    events = doc["traceEvents"]
+    names = {
+        e["pid"]: e["args"]["name"] for e in events if e.get("ph") == "M" and e["name"] == "process_name"
+    }
+    (pid,) = [p for p, n in names.items() if n == "Spyre (simulated) spyre:0"]
+    device = [e for e in events if e.get("pid") == pid and e.get("ph") == "X" and e["tid"] == 1]
+    assert [e["name"] for e in device] == [k.name for k in report.kernels]
+    (launch,) = [
+        e for e in events if e.get("ph") == "X" and e["name"] == f"launch_kernel:{report.programs[0]}"
+    ]
+    for e, k in zip(device, report.kernels, strict=True):
+        assert e["dur"] == pytest.approx(k.duration_us, abs=1e-3)
+        assert e["ts"] - launch["ts"] == pytest.approx(k.start_us, abs=2e-3)
+        assert e["args"]["program"] == report.programs[0] and e["args"]["op"].startswith(k.op)
+    host_steps = [e for e in events if e.get("pid") == pid and e.get("ph") == "X" and e["tid"] == 2]
+    assert [e["name"] for e in host_steps] == [s.name for s in report.steps if s not in report.kernels]
+    flows = [e for e in events if e.get("cat") == "spyre_launch"]
+    assert {e["ph"] for e in flows} == {"s", "f"} and len({e["id"] for e in flows}) == 1
+    # the kernels are in the table too
+    assert {k.name for k in report.kernels} <= {e.key for e in prof.key_averages()}
+
+
+def test_gzipped_export_and_on_trace_ready_with_a_schedule(tmp_path):
+    x = _x(64, 64)
+    x * 3
+    seen = []
+
+    def ready(p):
+        path = tmp_path / f"step{p.step_num}.json.gz"
+        p.export_chrome_trace(str(path))
+        seen.append(path)
+
+    window = torch.profiler.schedule(wait=1, warmup=1, active=1)
+    with profile(activities=DEVICE, schedule=window, on_trace_ready=ready) as prof:
+        for _ in range(3):
+            x * 3
+            prof.step()
+    (path,) = seen
+    events = json.loads(gzip.decompress(path.read_bytes()))["traceEvents"]
+    kernels = [
+        e
+        for e in events
+        if e.get("cat") == "kernel" and e.get("args", {}).get("program") == "eager_mul_Tensor"
+    ]
+    assert len(kernels) == len(torch_spyre_emu.last_profile().kernels)  # the active step only
+
+
+def test_no_profiler_no_ranges_and_cpu_only_profiling_has_ranges_but_no_device_events():
+    x = _x(64, 64)
+    x - 1
+    assert not torch_profiler.profiler_running() and torch_profiler._CAPTURES == []
+    x - 1  # outside any window: nothing is kept
+    with profile(activities=[ProfilerActivity.CPU]) as cpu_only:
+        assert torch_profiler.profiler_running() and torch_profiler._CAPTURES == []
+        x - 1
+    assert [e.name for e in cpu_only.events() if e.name.startswith("launch_kernel:")] == [
+        "launch_kernel:eager_sub_Tensor"
+    ]
+    assert _device_events(cpu_only) == []
+    with profile(activities=DEVICE) as prof:
+        assert len(torch_profiler._CAPTURES) == 1
+        with record_function("user range"):
+            pass
+    assert torch_profiler._CAPTURES == [] and not torch_profiler.profiler_running()
+    assert prof.profiler._spyre_capture.launches == []  # the runs before the window are not in it
+    assert _device_events(prof) == [] and "user range" in {e.name for e in prof.events()}
+
+
+def test_device_activity_alone_still_shows_the_kernels():
+    """Without CPU activity kineto records no launch ranges: the kernels are placed by the wall clock instead."""
+    x = _x(64, 64)
+    x / 2
+    with profile(activities=[ProfilerActivity.PrivateUse1]) as prof:
+        x / 2
+        report = torch_spyre_emu.last_profile()
+    assert [e.name for e in prof.events() if e.name.startswith("launch_kernel:")] == []
+    devs = _device_events(prof)
+    assert [e.name for e in devs] == [k.name for k in report.kernels]
+    assert [e.time_range.elapsed_us() for e in devs] == pytest.approx([k.duration_us for k in report.kernels])
+    assert all(e.time_range.start >= 0 for e in devs)
+
+
+def test_runs_on_one_card_do_not_overlap_on_its_timeline(monkeypatch):
+    """Timing mode on a full-size matmul: each run's simulated time is far longer than the host needs to launch the
+    next (its timing is memoized), so the card's timeline queues them, as a card runs one program at a time."""
+    a = torch.empty(512, 4096, dtype=torch.float16, device="meta")
+    b = torch.empty(4096, 12800, dtype=torch.float16, device="meta")
+    f = torch.compile(lambda p, q: p @ q, backend="spyre")
+    monkeypatch.setattr(config, "mode", "timing")
+    f(a, b)
+    with profile(activities=DEVICE) as prof:
+        for _ in range(3):
+            f(a, b)
+    report = torch_spyre_emu.last_profile()
+    devs = sorted(_device_events(prof), key=lambda e: e.time_range.start)
+    launches = [e for e in prof.events() if e.name.startswith("launch_kernel:")]
+    assert len(launches) == 3 and len(devs) == 3 * len(report.kernels)
+    assert (
+        launches[1].time_range.start - launches[0].time_range.start < report.total_us
+    )  # host ahead of the card
+    for before, after in zip(devs, devs[1:], strict=False):
+        assert after.time_range.start >= before.time_range.end - 1e-3
+    assert (
+        devs[-1].time_range.end - devs[0].time_range.start
+        >= 3 * sum(k.duration_us for k in report.kernels) - 1e-3
+    )
+
+
+def test_torch_spyre_profiler_is_the_real_stub():
+    import torch_spyre
+
+    assert torch_spyre.profiler is None  # is_available() is False, so torch_spyre rebinds it to None
+    module = importlib.import_module("torch_spyre.profiler")
+    assert module.is_available() is False

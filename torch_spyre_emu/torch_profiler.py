@@ -1,0 +1,423 @@
+"""torch.profiler on emulated Spyre: the simulated device kernels in `key_averages()` and the exported Chrome trace.
+
+The real stack gets device events from its kineto plugin (the `kineto-spyre` wheel, a C++ IActivityProfiler) when
+`ProfilerActivity.PrivateUse1` is asked for; its kernels launch under `record_function("launch_kernel:<name>")`
+(torch_spyre_api.md §7). torch 2.13 lets no Python code add activities to kineto's buffers: `_KinetoEvent`s are
+read-only and a PrivateUse1 activity profiler can only be registered from C++. So this module does the closest
+honest thing, all of it in Python:
+
+- every program run (a compiled graph or an eager op: compiler.runtime.run_and_record) while a torch profiler is
+  running is a host range `launch_kernel:<program name>` (a real `record_function`, in real time). The emulator
+  runs a whole program in one call, so the range is per program, not per kernel as on a card;
+- with the PrivateUse1 activity (torch.profiler sets `use_device="spyre"`), each device kernel of the run becomes a
+  FunctionEvent with `device_type=DeviceType.PrivateUse1`, added to the profile's event list when torch parses its
+  results: `prof.events()`, `prof.key_averages()` and `prof.key_averages().table()` show it (torch names the
+  device columns after `use_device`: "Self SPYRE", "SPYRE total"; the real stack's guide shows "CUDA" there). The
+  launch range gets the kernels appended, as torch does for a CUDA launch, so device time adds up in the aten op
+  that launched it;
+- `export_chrome_trace(path)` writes kineto's trace and then merges a "Spyre (simulated)" process into it: one
+  slice per kernel on a "kernels" track and the run's host copies and CPU islands on a "host steps" track, plus a
+  flow arrow from each launch range to its first kernel.
+
+Times: a kernel's start and duration are the simulated ones of the run's ProfileReport (KernelRecord.start_us /
+duration_us, program start = 0), placed on the host clock at the start of the launch range, or at the end of the
+card's previous run when that is later (a card runs one program at a time). Device durations are simulated device
+time; host ranges are the emulator's real time (which is much slower than a card), so the two tracks line up at each
+launch but not in between. Eager spyreccl collectives and the allocator's memory events are not shown.
+
+No profiler running: run_and_record reads one module global (`torch.autograd.profiler._is_profiler_enabled`) and
+does nothing else. install() (at device registration) wraps four methods of `torch.autograd.profiler.profile`, the
+object both `torch.profiler.profile` and `torch.autograd.profiler.profile` run on; without a spyre run in the
+profile they change nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import gzip
+import json
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+from torch.autograd import DeviceType
+from torch.autograd import profiler as _autograd_profiler
+from torch.autograd.profiler_util import FunctionEvent
+
+LAUNCH_PREFIX = "launch_kernel:"  # the real stack's launch range name (torch_spyre_api.md §7)
+TRACE_PROCESS = "Spyre (simulated)"
+_KERNEL_TID, _HOST_TID = 1, 2
+_PID_BASE = 0x5350_0000  # "SP" + card index: far from host pids, stable across runs
+
+_installed = False
+_lock = threading.Lock()
+_CAPTURES: list[_Capture] = []  # the device captures of the torch profilers now running (with PrivateUse1)
+
+
+def profiler_running() -> bool:
+    """Whether a torch profiler is recording (the one check run_and_record makes per call)."""
+    return _autograd_profiler._is_profiler_enabled
+
+
+@dataclass
+class _Launch:
+    program: str
+    card: int
+    host_ns: int = field(default_factory=time.time_ns)  # wall clock at the launch (see _anchored)
+    build: Callable | None = None  # builds the run's ProfileReport; None: the run did not finish
+    _report: object = None
+
+    @property
+    def report(self):
+        if self._report is None and self.build is not None:
+            self._report = self.build()
+        return self._report
+
+
+@dataclass
+class _Capture:
+    """The spyre runs of one profiling window (one start/stop of a torch.autograd.profiler.profile)."""
+
+    use_device: str
+    launches: list[_Launch] = field(default_factory=list)
+    started_ns: int = field(default_factory=time.time_ns)  # wall clock when the profiler started
+    _placed: tuple | None = None  # (id of the kineto result, placements), see placements()
+
+
+@dataclass(frozen=True)
+class Placed:
+    """One device step on the host clock: ns since the trace's start (kineto's trace_start_ns)."""
+
+    name: str
+    kind: str  # "kernel" or the step's op ("h2d", "d2h", "host:<fn>", "collective")
+    card: int
+    start_ns: float
+    end_ns: float
+    record: object  # the profiling.KernelRecord
+    launch_correlation_id: int
+    program: str
+
+
+class launch(contextlib.AbstractContextManager):
+    """The host range of one program run, `record_function("launch_kernel:<program>")`; `finish(build)` hands it the
+    run's report builder (profiling.record's return) so the active device captures can show its kernels."""
+
+    def __init__(self, program: str, card: int):
+        self._range = torch.autograd.profiler.record_function(LAUNCH_PREFIX + program)
+        self._launch = _Launch(program, card)
+        with _lock:
+            for capture in _CAPTURES:
+                capture.launches.append(self._launch)
+
+    def __enter__(self):
+        self._range.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        return self._range.__exit__(*exc)
+
+    def finish(self, build: Callable) -> None:
+        self._launch.build = build
+
+
+# --- placing the runs on the host clock ----------------------------------------------------------------------------
+
+
+def placements(capture: _Capture, result) -> list[Placed]:
+    """The device steps of the capture's runs, matched in order with the launch ranges kineto recorded in `result`."""
+    if capture._placed is not None and capture._placed[0] == id(result):
+        return capture._placed[1]
+    trace_start = result.trace_start_ns()
+    ranges = sorted(
+        (
+            e
+            for e in result.events()
+            if e.device_type() == DeviceType.CPU and e.name().startswith(LAUNCH_PREFIX)
+        ),
+        key=lambda e: e.start_ns(),
+    )
+    out: list[Placed] = []
+    free_at: dict[int, float] = {}  # card -> when its previous run ends (ns since the trace start)
+    for run, host_start, correlation in _anchored(capture, ranges, trace_start):
+        report = run.report
+        if report is None:  # the run raised: a range with no kernels
+            continue
+        start = max(host_start, free_at.get(run.card, 0.0))
+        kernels = {id(k) for k in report.kernels}
+        for step in report.steps:
+            out.append(
+                Placed(
+                    step.name,
+                    "kernel" if id(step) in kernels else step.op,
+                    run.card,
+                    start + step.start_us * 1e3,
+                    start + step.end_us * 1e3,
+                    step,
+                    correlation,
+                    run.program,
+                )
+            )
+        free_at[run.card] = start + report.total_us * 1e3
+    capture._placed = (id(result), out)
+    return out
+
+
+def _anchored(capture: _Capture, ranges: list, trace_start: int):
+    """(run, host start in ns since the trace start, correlation id of its launch range) for each run.
+
+    Runs and launch ranges are both in start order, so they are matched in order by name (a user range of another
+    name is skipped). Without CPU activity kineto records no ranges: each run is then placed by the wall clock
+    (time.time_ns at the launch, against the profiler's start), which is only as close as those two clocks agree,
+    and has no correlation id (-1)."""
+    launches = capture.launches
+    if not ranges:
+        for run in launches:
+            yield run, float(run.host_ns - capture.started_ns), -1
+        return
+    names = {r.program for r in launches}
+    j = 0
+    for ev in ranges:
+        name = ev.name()[len(LAUNCH_PREFIX) :]
+        if name not in names:
+            continue
+        k = next((i for i in range(j, len(launches)) if launches[i].program == name), None)
+        if k is None:
+            continue
+        j = k + 1
+        yield launches[k], float(ev.start_ns() - trace_start), ev.correlation_id()
+
+
+# --- key_averages(): device FunctionEvents -------------------------------------------------------------------------
+
+
+def _device_events(capture: _Capture, result, parsed: list[FunctionEvent]) -> list[FunctionEvent]:
+    by_id: dict[int, FunctionEvent] = {}
+    for fe in parsed:
+        if fe.device_type == DeviceType.CPU and fe.name.startswith(LAUNCH_PREFIX):
+            by_id.setdefault(fe.id, fe)
+    events = []
+    for p in placements(capture, result):
+        if p.kind != "kernel":
+            continue
+        k = p.record
+        events.append(
+            FunctionEvent(
+                id=p.launch_correlation_id,
+                name=p.name,
+                overload_name="",
+                trace_name=p.name,
+                thread=0,
+                start_us=p.start_ns / 1e3,
+                end_us=p.end_ns / 1e3,
+                input_shapes=[list(s) for s in k.shapes],
+                stack=[],
+                use_device=capture.use_device,
+                device_type=DeviceType.PrivateUse1,
+                device_index=p.card,
+                linked_correlation_id=p.launch_correlation_id,
+                input_dtypes=list(k.dtypes),
+            )
+        )
+        parent = by_id.get(p.launch_correlation_id)
+        if parent is not None:
+            parent.append_kernel(p.name, p.card, k.duration_us)
+    return events
+
+
+# --- export_chrome_trace(): the merged device process --------------------------------------------------------------
+
+
+def trace_events(capture: _Capture, result, base_ns: int) -> list[dict]:
+    """Chrome trace events of the device steps; `base_ns` is the trace file's baseTimeNanoseconds (ts = ns - base)."""
+    placed = placements(capture, result)
+    if not placed:
+        return []
+    offset_us = (result.trace_start_ns() - base_ns) / 1e3
+    out: list[dict] = []
+    for card in sorted({p.card for p in placed}):
+        pid = _PID_BASE + card
+        label = f"{TRACE_PROCESS} spyre:{card}"
+        out += [
+            {"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "args": {"name": label}},
+            {"ph": "M", "name": "process_labels", "pid": pid, "tid": 0, "args": {"labels": "spyre"}},
+            {"ph": "M", "name": "process_sort_index", "pid": pid, "tid": 0, "args": {"sort_index": pid}},
+            {"ph": "M", "name": "thread_name", "pid": pid, "tid": _KERNEL_TID, "args": {"name": "kernels"}},
+            {"ph": "M", "name": "thread_name", "pid": pid, "tid": _HOST_TID, "args": {"name": "host steps"}},
+        ]
+    flowed: set[int] = set()
+    for p in placed:
+        k = p.record
+        ts = round(offset_us + p.start_ns / 1e3, 3)
+        event = {
+            "ph": "X",
+            "cat": "kernel" if p.kind == "kernel" else "spyre_host_step",
+            "name": p.name,
+            "pid": _PID_BASE + p.card,
+            "tid": _KERNEL_TID if p.kind == "kernel" else _HOST_TID,
+            "ts": ts,
+            "dur": round((p.end_ns - p.start_ns) / 1e3, 3),
+            "args": {
+                "program": p.program,
+                "op": k.op if not k.fn else f"{k.op}:{k.fn}",
+                "shapes": [list(s) for s in k.shapes],
+                "dtypes": list(k.dtypes),
+                "cores": k.cores,
+                "utilization": round(k.utilization, 4),
+                "bundle": k.bundle,
+                "simulated_start_us": k.start_us,
+                "simulated_duration_us": k.duration_us,
+                "correlation": p.launch_correlation_id,
+                "device": p.card,
+            },
+        }
+        out.append(event)
+        if p.kind == "kernel" and p.launch_correlation_id >= 0 and p.launch_correlation_id not in flowed:
+            flowed.add(p.launch_correlation_id)
+            out.append({**_flow(event, "f"), "bp": "e"})
+    return out
+
+
+def _flow(event: dict, phase: str) -> dict:
+    return {
+        "ph": phase,
+        "id": event["args"]["correlation"],
+        "pid": event["pid"],
+        "tid": event["tid"],
+        "ts": event["ts"],
+        "cat": "spyre_launch",
+        "name": "spyre_launch",
+    }
+
+
+def _launch_flow_starts(doc_events: list[dict], placed_ids: set[int]) -> list[dict]:
+    """A flow start on each launch range kineto wrote (its "External id" arg is the correlation id)."""
+    out = []
+    for e in doc_events:
+        if e.get("ph") != "X" or not str(e.get("name", "")).startswith(LAUNCH_PREFIX):
+            continue
+        cid = (e.get("args") or {}).get("External id")
+        if cid in placed_ids:
+            out.append(
+                {
+                    "ph": "s",
+                    "id": cid,
+                    "pid": e["pid"],
+                    "tid": e["tid"],
+                    "ts": e["ts"],
+                    "cat": "spyre_launch",
+                    "name": "spyre_launch",
+                }  # fmt: skip
+            )
+    return out
+
+
+def merge_into_trace(capture: _Capture, result, path: str) -> None:
+    """Add the device process to the Chrome trace kineto wrote at `path` (.json or .json.gz)."""
+    opener = gzip.open if str(path).endswith(".gz") else open
+    with opener(path, "rt") as f:
+        doc = json.load(f)
+    events = doc.get("traceEvents") if isinstance(doc, dict) else doc
+    base_ns = int(doc.get("baseTimeNanoseconds", 0)) if isinstance(doc, dict) else 0
+    device = trace_events(capture, result, base_ns)
+    if not device:
+        return
+    ids = {e["id"] for e in device if e.get("ph") == "f"}
+    events.extend(_launch_flow_starts(events, ids))
+    events.extend(device)
+    with opener(path, "wt") as f:
+        json.dump(doc, f)
+
+
+# --- the wrapped methods of torch.autograd.profiler.profile -------------------------------------------------------
+
+
+def _wants_device(prof) -> bool:
+    return prof.use_device is not None and prof.use_device == torch._C._get_privateuse1_backend_name()
+
+
+def _start_trace(original):
+    @functools.wraps(original)
+    def _start_trace(self):
+        capture = _Capture(self.use_device) if _wants_device(self) else None
+        if capture is not None:
+            self._spyre_capture = capture
+            with _lock:
+                _CAPTURES.append(capture)
+        try:
+            out = original(self)
+        except BaseException:
+            _close(capture)
+            raise
+        if capture is not None:
+            capture.started_ns = time.time_ns()
+        return out
+
+    return _start_trace
+
+
+def _close(capture) -> None:
+    with _lock:
+        if capture in _CAPTURES:
+            _CAPTURES.remove(capture)
+
+
+def _exit(original):
+    @functools.wraps(original)
+    def __exit__(self, exc_type, exc_val, exc_tb):
+        _close(getattr(self, "_spyre_capture", None))
+        return original(self, exc_type, exc_val, exc_tb)
+
+    return __exit__
+
+
+def _parse(original):
+    @functools.wraps(original)
+    def _parse_kineto_results(self, result, *args, **kwargs):
+        parsed = original(self, result, *args, **kwargs)
+        capture = getattr(self, "_spyre_capture", None)
+        if capture is None or not capture.launches:
+            return parsed
+        parsed.extend(_device_events(capture, result, parsed))
+        parsed.sort(key=lambda evt: [evt.time_range.start, -evt.time_range.end])
+        return parsed
+
+    return _parse_kineto_results
+
+
+def _export(original):
+    @functools.wraps(original)
+    def export_chrome_trace(self, path, *args, **kwargs):
+        out = original(self, path, *args, **kwargs)
+        capture = getattr(self, "_spyre_capture", None)
+        if capture is not None and capture.launches and self.kineto_results is not None:
+            merge_into_trace(capture, self.kineto_results, path)
+        return out
+
+    return export_chrome_trace
+
+
+def install() -> None:
+    """Wrap torch.autograd.profiler.profile's start, stop, parse and export (idempotent)."""
+    global _installed
+    if _installed:
+        return
+    cls = _autograd_profiler.profile
+    cls._start_trace = _start_trace(cls._start_trace)
+    cls.__exit__ = _exit(cls.__exit__)
+    cls._parse_kineto_results = _parse(cls._parse_kineto_results)
+    cls.export_chrome_trace = _export(cls.export_chrome_trace)
+    _installed = True
+
+
+__all__ = [
+    "install",
+    "launch",
+    "placements",
+    "profiler_running",
+    "trace_events",
+    "merge_into_trace",
+    "Placed",
+]
