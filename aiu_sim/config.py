@@ -68,6 +68,11 @@ class HardwareConfig:
     # did not fall off the cliff on shapes like its sweep's; the tiler's M-outer loop and its extra traffic stand for
     # that. An assumption: ASSUMPTION_RANGES bands it 1..15, AH-MM's measurement at the top.
     lx_cliff_slowdown: float = 1.0
+    # HW §3 / STACK §7 (TS-CM fitted): "when a tiled softmax holds several live intermediates, LX starts spilling to
+    # DRAM from about 512 KB of working set per core". The tile budget of a fused row op (softmax, and by assumption
+    # layernorm / rmsnorm, which hold intermediates too): one whose rows cannot be tiled under it spills, i.e. reads
+    # its input twice (kernels.py). "About": ASSUMPTION_RANGES bands it 256 KiB .. the allocatable LX.
+    row_op_lx_working_set_bytes: int = 512 * KIB
 
     # --- data ring (RIU) ---
     ring_bytes_per_cycle: int = 128  # HW §4: per direction (TS-KC, AH-RING)
@@ -269,6 +274,11 @@ ASSUMPTION_RANGES: dict[str, Assumption] = {
     "request_header_bytes": Assumption(
         0, 64, "HW §4: request header size not public (1 B/cycle request ring)"
     ),
+    "row_op_lx_working_set_bytes": Assumption(
+        256 * KIB,
+        1638 * KIB,
+        "HW §3: TS-CM's fused-softmax spill from 'about 512 KB'; up to all allocatable LX",
+    ),
     "multicast_cohort_exponent": Assumption(
         0.0, 1.0, "HW §4: TS-WD's delivery penalty past 8 receivers (exponent 1, one version 0.75); 0 = none"
     ),
@@ -355,6 +365,12 @@ def _validate(cfg: HardwareConfig) -> None:
         f"{STICK_BYTES}..lx_bytes",
     )
     _require(cfg, "core_span_bytes", cfg.core_span_bytes >= STICK_BYTES, f">= {STICK_BYTES}")
+    _require(
+        cfg,
+        "row_op_lx_working_set_bytes",
+        cfg.row_op_lx_working_set_bytes >= STICK_BYTES,
+        f">= {STICK_BYTES}",
+    )
     _require(cfg, "ring_hop_latency_cycles", cfg.ring_hop_latency_cycles >= 0, ">= 0")
     _require(cfg, "psum_hop_latency_cycles", cfg.psum_hop_latency_cycles >= 0, ">= 0")
     _require(cfg, "multicast_cohort_exponent", cfg.multicast_cohort_exponent >= 0, ">= 0")

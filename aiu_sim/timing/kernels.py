@@ -4,7 +4,8 @@ it on the engine, and summarize the result as a KernelTiming.
 Every core gets the same tile plan (splits give each core the same number of sticks, HW §7); per-core bytes are
 scaled by the stick alignment of each core's slice. Inputs several cores read identically are multicast (read from
 DRAM once). Buffers placed in LX cost no DRAM traffic (HW §3). A fused row op whose row does not fit LX reads its
-input twice (statistics pass, then output pass: an assumption about how it would be tiled). A matmul whose fp32
+input twice (statistics pass, then output pass: an assumption about how it would be tiled); its tiles must fit
+config.row_op_lx_working_set_bytes (TS-CM's ~512 KB of fused-softmax working set before LX spills). A matmul whose fp32
 partial sums of one core's output slice overflow LX is past the "LX cliff" (HW §3, AH-MM): plan["past_lx_cliff"],
 and it takes config.lx_cliff_slowdown times its pipelined time (1 by default, an assumption: config.py).
 """
@@ -235,6 +236,8 @@ def _plan(
     rates: Rates,
 ) -> TilePlan:
     budget = _lx_budget(kernel, buffers, config)
+    if kernel.op in OpGroup.ROW:  # a fused row op spills past its practical working set (HW §3, TS-CM)
+        budget = min(budget, config.row_op_lx_working_set_bytes)
     if kernel.op == "matmul":
         md = matmul_dims(kernel)
         # KG3 (HW §3): N outer, K inner; M streams inside a tile. M becomes an outer loop only if the fp32

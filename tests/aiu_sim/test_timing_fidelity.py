@@ -375,3 +375,37 @@ def test_a_read_waits_for_its_request_header_on_the_1_byte_per_cycle_request_rin
     res = ResourceMap(SPYRE)
     hops = len(res.path_to_memory(5))
     assert res.request_ns(5) == pytest.approx((SPYRE.request_header_bytes + 2 * hops) / SPYRE.ring_clock_ghz)
+
+
+# --- fused row ops spill past TS-CM's ~512 KB working set (HW §3) ------------------------------------------------
+
+
+def _row_softmax(rows, cols):
+    bufs = [Buffer("x", "dl16", (rows, cols)), Buffer("y", "dl16", (rows, cols))]
+    k = Kernel(
+        "softmax",
+        "softmax",
+        [Arg("x", ("r", "c"))],
+        [Arg("y", ("r", "c"))],
+        {"r": rows, "c": cols},
+        None,
+        ("c",),
+        {},
+    )
+    return KernelProgram("softmax", bufs, [k])
+
+
+def test_a_softmax_whose_double_buffered_rows_pass_512_kb_spills_and_reads_its_input_twice():
+    """A 256 KiB row (131072 fp16) double-buffered in and out is 1 MiB of working set: past the ~512 KB at which
+    TS-CM's fused softmax spills, though under the 1.6 MiB of allocatable LX. It reads its input twice; with the
+    band's high end (all allocatable LX) it fits and reads it once."""
+    program = _row_softmax(8, 131072)
+    x_bytes = 8 * 131072 * 2
+    spilled = body(program)
+    assert not spilled.plan["fits_lx"] and spilled.dram_read == pytest.approx(2 * x_bytes)
+    roomy = body(program, SPYRE.replace(row_op_lx_working_set_bytes=SPYRE.lx_allocatable_bytes))
+    assert roomy.plan["fits_lx"] and roomy.dram_read == pytest.approx(x_bytes)
+    assert roomy.duration_ns < spilled.duration_ns
+    # a 64 KiB row fits either way: the limit is about working set, not about softmax
+    small = _row_softmax(8, 32768)
+    assert body(small).dram_read == pytest.approx(8 * 32768 * 2)
