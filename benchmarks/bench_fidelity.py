@@ -62,7 +62,9 @@ NOT_SCORED = [
     "matmul operand reads repeated on every core, ~2.3 GB/s per core (TS-CM): what was repeated is not public",
     "RIU per-hop cost payload/166 GB/s x (1 + f) (AH-RING): LX->LX ring copies are not a kernel op here",
     "concatenations / block transposes 44-150 GB/s (TS-CM): a range over unpublished shapes",
-    "LX spill from ~512 KB of fused-softmax working set, LX cliff 7-15x (TS-CM, AH-MM): not modelled (docs/timing.md)",
+    "LX spill from ~512 KB of fused-softmax working set (TS-CM), LX cliff 7-15x (AH-MM): modelled (the row-op tile "
+    "budget, lx_cliff_slowdown), but the shapes they were measured on are not public",
+    "multicast delivery penalty past 8 receivers (TS-WD): a cost-model term, not a measurement",
 ]
 
 
