@@ -137,3 +137,12 @@ def test_compiled_to_dtype_keeps_the_on_device_cast():
     assert torch.equal(y.cpu(), x.cpu().float() * 2)
     report = torch_spyre_emu.last_profile()
     assert not any(s.op.startswith("host") for s in report.steps)
+
+
+def test_a_cast_to_another_card_casts_on_the_cpu_and_lands_there(monkeypatch):
+    monkeypatch.delenv("SPYRE_DEVICES", raising=False)
+    monkeypatch.setenv("AIU_WORLD_SIZE", "4")
+    x = torch.randn(5, 64, dtype=torch.float16).to("spyre:0")
+    y, messages = _fallbacks(lambda: x.to("spyre:2", torch.float32))
+    assert len(messages) == 1 and y.device == torch.device("spyre", 2) and y.dtype == torch.float32
+    assert torch.equal(y.cpu(), x.cpu().float())

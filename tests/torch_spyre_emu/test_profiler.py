@@ -205,3 +205,22 @@ def test_torch_spyre_profiler_is_the_real_stub():
     assert torch_spyre.profiler is None  # is_available() is False, so torch_spyre rebinds it to None
     module = importlib.import_module("torch_spyre.profiler")
     assert module.is_available() is False
+
+
+def test_each_card_has_its_own_device_process(monkeypatch, tmp_path):
+    monkeypatch.delenv("SPYRE_DEVICES", raising=False)
+    monkeypatch.setenv("AIU_WORLD_SIZE", "4")
+    a = torch.randn(64, 64, dtype=torch.float16).to("spyre:0")
+    b = a.to("spyre:2")
+    a + 1, b + 1
+    with profile(activities=DEVICE) as prof:
+        a + 1
+        b + 1
+    cards = sorted(e.device_index for e in _device_events(prof))
+    assert cards == [0] * (len(cards) // 2) + [2] * (len(cards) // 2) and cards
+    path = tmp_path / "t.json"
+    prof.export_chrome_trace(str(path))
+    events = json.loads(path.read_text())["traceEvents"]
+    names = {e["args"]["name"] for e in events if e.get("ph") == "M" and e["name"] == "process_name"}
+    assert {"Spyre (simulated) spyre:0", "Spyre (simulated) spyre:2"} <= names
+    assert sorted(e["args"]["device"] for e in events if e.get("cat") == "kernel") == cards
