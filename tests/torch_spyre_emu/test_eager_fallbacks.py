@@ -111,6 +111,14 @@ def test_every_form_naming_a_spyre_device_casts_on_the_cpu(call):
     assert torch.equal(y.cpu(), x.cpu().float())
 
 
+def test_strict_mode_rejects_the_cpu_cast_and_keeps_the_on_device_one():
+    x = _x(4, 64)
+    with torch_spyre_emu.strict():
+        with pytest.raises(SpyreUnsupportedOpError, match="casts through the CPU"):
+            x.to("spyre", torch.float32)
+        assert torch.equal(x.to(torch.float32).cpu(), x.cpu().float())  # dl16tofp32 on the device
+
+
 def test_same_dtype_or_no_device_stays_on_the_device():
     x = _x(4, 64)
     same, messages = _fallbacks(lambda: x.to("spyre", torch.float16))

@@ -164,8 +164,15 @@ def _spyre_to_spyre_cast(self: torch.Tensor, args, kwargs) -> torch.Tensor | Non
         return None
     if not device_storage.has_device_data(self):
         return None
-    from torch_spyre_emu.errors import warn_fallback
+    from torch_spyre_emu import config
+    from torch_spyre_emu.errors import SpyreUnsupportedOpError, warn_fallback
 
+    if config.strict:
+        raise SpyreUnsupportedOpError(
+            f"a spyre -> spyre .to(device, dtype) ({self.dtype} -> {dtype}) casts through the CPU in torch-spyre and "
+            "strict mode forbids fallbacks; call .to(dtype) without a device (an on-device cast for the pairs in "
+            "torch-spyre's dtype-op table, capabilities().casts) or leave strict mode"
+        )
     warn_fallback(
         "spyre.to_dtype_cpu",
         "cpu",
