@@ -310,3 +310,18 @@ def test_zoo_types_leave_unsupported(model_type, was):
     )
     assert "rewrite" in rec["adapters_applied"]
     assert was not in {op["capability"] for op in rec["plan"]["remaining"]}
+
+
+def test_the_mode_adds_no_graph_break_on_methods_the_stack_wraps():
+    """torch_spyre_emu wraps Tensor.to in Python; under the mode it must still trace in one graph (fullgraph)."""
+    x = _rand(3, dtype=torch.float16)
+
+    def f(x):
+        with Reexpress(list(REWRITES)):
+            return x.to(torch.float32) * 2, x.float().masked_fill(x > 0, 0.0)
+
+    torch._dynamo.reset()
+    out = torch.compile(f, backend="eager", fullgraph=True)(x)
+    torch._dynamo.reset()
+    _same(out[0], x.to(torch.float32) * 2)
+    _same(out[1], x.float().masked_fill(x > 0, 0.0))
