@@ -15,6 +15,11 @@ DRAM is the one resource whose service time depends on history: a chunk of r rea
 before and R', W' after it. Summed over a kernel that is exactly the calibrated
 (R + W) / BW + alpha * min(R, W) model of TS-CM (HW §2); dram.py holds the parameters.
 
+Arrival order is work-conserving but not monotone (a faster unit can reorder requests and cost time). `run(...,
+order=...)` instead dispatches in a given order, a previous run's (EngineResult.order): each resource then serves
+the same requests in the same sequence and every time is a max-plus expression of the service times, so nothing
+gets later when a service time shrinks. kernels.py replays the reference chip's order on what-if configs.
+
 The dispatch loop is compiled with numba: it is the part that runs once per event.
 """
 
