@@ -196,6 +196,18 @@ def test_conv2d_runs_im2col_on_the_cpu_and_the_matmul_on_device():
         compiled(conv)(x, w, b)
 
 
+def test_conv2d_with_one_value_for_both_spatial_dims():
+    # nn.Conv2d(padding="valid") reaches aten.convolution as padding=[0] (one value for H and W); the zoo's
+    # efficientnet, align and siglip patch embeddings crashed on it in im2col's decomposition
+    x = torch.randn(1, 3, 8, 8, dtype=torch.float16)
+    conv = torch.nn.Conv2d(3, 64, 2, stride=2, padding="valid").half()
+    with pytest.warns(FallbackWarning, match=r"aten\.im2col"):
+        got = compiled(conv)(x)
+    ref = conv.float()(x.to("spyre").cpu().float())
+    assert got.shape == ref.shape == (1, 64, 4, 4)
+    assert torch.allclose(got.float(), ref, rtol=2**-7, atol=2**-6)
+
+
 def test_conv1d_decomposes_like_conv2d_and_other_convolutions_fall_back_whole():
     x1 = torch.randn(1, 8, 20, dtype=torch.float16)
     w1 = torch.randn(64, 8, 3, dtype=torch.float16)

@@ -168,6 +168,8 @@ def conv2d_as_matmul(x, weight, bias, stride, padding, dilation, transposed, out
             1,
         )
         return out.squeeze(2)
+    # aten.convolution takes one value for every spatial dim as a 1-list (nn.Conv2d(padding=0) passes [0])
+    stride, padding, dilation = ([*v] * 2 if len(v) == 1 else list(v) for v in (stride, padding, dilation))
     n, _, h, w = x.shape
     out_c, _, kh, kw = weight.shape
     ho = (h + 2 * padding[0] - dilation[0] * (kh - 1) - 1) // stride[0] + 1
