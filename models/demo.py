@@ -537,7 +537,7 @@ def _move_trace(rep: ProfileReport, dest: Path) -> Path | None:
 
 
 def _merged_trace(rep: ProfileReport, dest: Path) -> Path:
-    from aiu_sim.timing.trace import trace_events
+    from aiu_sim.timing.trace import trace_events, write_trace_json
 
     # a decode step runs one decoder-block program per layer, timed once (the runtime memoizes a program's timing
     # report): its events are made once per distinct report and shifted to each occurrence
@@ -557,10 +557,7 @@ def _merged_trace(rep: ProfileReport, dest: Path) -> Path:
         events += [{**e, "ts": e["ts"] + t0} if "ts" in e else e for e in timed[id(timing)]]
         t0 += timing.total_us
     other = {"programs": rep.programs, "total_us": rep.total_us, "generator": "models.demo"}
-    dest.write_text(
-        json.dumps({"traceEvents": events, "displayTimeUnit": "ns", "otherData": other}, separators=(",", ":"))
-    )
-    return dest
+    return write_trace_json({"traceEvents": events, "displayTimeUnit": "ns", "otherData": other}, dest)
 
 
 def _write_chat_files(r: ChatResult, out: Path) -> dict[str, Path]:
