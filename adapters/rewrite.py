@@ -225,6 +225,77 @@ def getitem(args, kwargs):
     return F.embedding(flat, table).reshape(*flat.shape, *rest)
 
 
+def _write_window(x: torch.Tensor, key):
+    """(dim, start, stop, is_index) of a key that writes one window of one dim (an int, or a slice of step 1), the
+    other dims whole (`:` / one Ellipsis); None for any other key."""
+    items = list(key) if isinstance(key, tuple) else [key]
+    if sum(i is Ellipsis for i in items) > 1:
+        return None
+    if any(i is Ellipsis for i in items):
+        at = next(j for j, i in enumerate(items) if i is Ellipsis)
+        items[at : at + 1] = [slice(None)] * (x.dim() - (len(items) - 1))
+    if len(items) > x.dim():
+        return None
+    window = None
+    for d, it in enumerate(items):
+        if isinstance(it, slice) and it == slice(None):
+            continue
+        if window is not None:
+            return None
+        n = x.shape[d]
+        if isinstance(it, int) and not isinstance(it, bool):
+            i = it + n if it < 0 else it
+            if not 0 <= i < n:
+                return None  # stock raises IndexError
+            window = (d, i, i + 1, True)
+        elif (
+            isinstance(it, slice)
+            and it.step in (None, 1)
+            and all(
+                b is None or (isinstance(b, int) and not isinstance(b, bool)) for b in (it.start, it.stop)
+            )
+        ):
+            a, b, _ = it.indices(n)
+            if b <= a:
+                return None  # an empty window
+            window = (d, a, b, False)
+        else:
+            return None
+    return window
+
+
+def setitem(args, kwargs):
+    """`x[..., a:b] = y` / `x[:, i] = y` on a base of rank >= 3 (the write the stack cannot do, #4441) as one whole
+    write: `x.copy_(where(window, y placed in the window, x))`; the window is a constant bool mask, y is placed by a
+    zero pad (a slice) or an unsqueeze (an index). Lower ranks are left to the stack, which lowers them."""
+    if kwargs or len(args) != 3:
+        return _PASS
+    x, key, value = args
+    if not isinstance(x, torch.Tensor) or x.dim() < 3 or x.is_complex() or x.layout != torch.strided:
+        return _PASS
+    window = _write_window(x, key)
+    if window is None:
+        return _PASS
+    d, a, b, is_index = window
+    if isinstance(value, torch.Tensor):
+        v = value.to(device=x.device, dtype=x.dtype)
+    elif isinstance(value, int | float | bool) and _fill_value(value, x.dtype) is not _PASS:
+        v = torch.full((), value, dtype=x.dtype, device=x.device)
+    else:
+        return _PASS
+    n, shape = x.shape[d], list(x.shape)
+    if is_index:
+        v = v.expand(shape[:d] + shape[d + 1 :]).unsqueeze(d)
+    else:
+        shape[d] = b - a
+        v = F.pad(v.expand(shape), [0, 0] * (x.dim() - 1 - d) + [a, n - b])
+    where = [1] * x.dim()
+    where[d] = n
+    mask = torch.tensor([a <= j < b for j in range(n)], device=x.device).reshape(where)
+    x.copy_(torch.where(mask, v, x))
+    return None
+
+
 @dataclass(frozen=True)
 class Rewrite:
     gap: str  # the capability the stack lacks
@@ -233,6 +304,41 @@ class Rewrite:
     handler: Callable
     needs: tuple[str, ...]  # ops the re-expression uses: each must be one the stack runs
     how: str
+    also: tuple[str, ...] = ()  # further capabilities the same rewrite bridges
+    # when the table cannot say whether the stack lacks the gap (a limit on a supported op): ask the stack itself
+    lacking: Callable | None = None
+
+    def needed(self, caps) -> bool:
+        """Does the stack `caps` lack what this rewrite bridges?"""
+        if self.lacking is not None:
+            return self.lacking(caps)
+        return not caps.supports(self.gap)
+
+
+_VIEW_WRITES = ("aten.select_scatter", "aten.slice_scatter")
+_PROBED: dict[int, bool] = {}
+
+
+def _probe_view_write(caps) -> bool:
+    """Does the stack refuse a write into a window of a 3-D tensor (#4441)? The table lists slice_scatter and
+    select_scatter as native, with that limit in their note, so the stack's own support check is asked: a tiny
+    program `x[:, 1] = v; x[:, :, 2:4] = w` walked in strict mode (find_unsupported). Cached per table contents."""
+    key = caps.content_key
+    if key not in _PROBED:
+        find_unsupported = _stack.find_unsupported_fn()
+
+        class _ViewWrite(nn.Module):
+            def forward(self, x, v, w):
+                x = x.clone()
+                x[:, 1] = v
+                x[:, :, 2:4] = w
+                return x
+
+        x = torch.zeros(2, 4, 64, dtype=torch.float16)
+        inputs = (x, torch.ones(2, 64, dtype=x.dtype), torch.ones(2, 4, 2, dtype=x.dtype))
+        found = find_unsupported(_ViewWrite(), inputs)
+        _PROBED[key] = any(getattr(u, "capability", None) in _VIEW_WRITES for u in found)
+    return _PROBED[key]
 
 
 REWRITES: tuple[Rewrite, ...] = (
@@ -284,18 +390,25 @@ REWRITES: tuple[Rewrite, ...] = (
         ("aten.embedding", "aten.where", "aten.mul", "aten.add"),
         "embedding lookup of the flattened leading dims",
     ),
+    Rewrite(
+        "aten.select_scatter",
+        (torch.Tensor.__setitem__,),
+        frozenset(),  # a subscript store, found by opcode (_STORE_SUBSCRIPT)
+        setitem,
+        ("aten.where", "aten.copy", "aten.constant_pad_nd", "aten.lift_fresh_copy"),
+        "x.copy_(where(window mask, value in the window, x)) for a window write on a base of rank >= 3",
+        also=("aten.slice_scatter",),
+        lacking=_probe_view_write,
+    ),
 )
-GAPS: tuple[str, ...] = tuple(dict.fromkeys(r.gap for r in REWRITES))
+GAPS: tuple[str, ...] = tuple(dict.fromkeys(g for r in REWRITES for g in (r.gap, *r.also)))
 _SUBSCRIPT = frozenset({"BINARY_SUBSCR"})
+_STORE_SUBSCRIPT = frozenset({"STORE_SUBSCR"})
 
 
 def active_rewrites(caps) -> list[Rewrite]:
     """The rewrites the stack `caps` calls for: its gap unsupported, every op the re-expression uses available."""
-    return [
-        r
-        for r in REWRITES
-        if not caps.supports(r.gap) and all(caps.status(n) != "unsupported" for n in r.needs)
-    ]
+    return [r for r in REWRITES if all(caps.status(n) != "unsupported" for n in r.needs) and r.needed(caps)]
 
 
 class Reexpress(TorchFunctionMode):
@@ -347,8 +460,11 @@ _skip_eager_frames(Reexpress.__torch_function__.__code__)
 # -- the structural scan -------------------------------------------------------------------------------------------
 def _code_uses(code: types.CodeType, names: frozenset[str]) -> set[str]:
     found = set(code.co_names) & names
-    if any(ins.opname in _SUBSCRIPT for ins in dis.get_instructions(code)):
+    ops = {ins.opname for ins in dis.get_instructions(code)}
+    if ops & _SUBSCRIPT:
         found.add("[]")
+    if ops & _STORE_SUBSCRIPT:
+        found.add("[]=")
     for const in code.co_consts:
         if isinstance(const, types.CodeType):
             found |= _code_uses(const, names)
@@ -370,7 +486,7 @@ def uses(model: nn.Module, rewrites=REWRITES) -> dict[str, list[str]]:
     names = frozenset().union(*(r.names for r in rewrites))
     by_name: dict[str, set[str]] = {}
     for r in rewrites:
-        for n in r.names or {"[]"}:
+        for n in r.names or {"[]=" if r.handler is setitem else "[]"}:
             by_name.setdefault(n, set()).add(r.gap)
     seen: dict[int, set[str]] = {}
     out: dict[str, list[str]] = {}
@@ -417,6 +533,10 @@ class ExactRewrite(Adapter):
         95  # after every adapter that replaces a forward (gelu 80, rmsnorm 70, ...): it wraps the final one
     )
     summary = "exact re-expressions: masked_fill -> where, stack -> cat, new_full -> full, all -> amin, index -> embedding"
+
+    def retired(self, caps) -> bool:
+        """Every rewrite's gap is covered by the stack now (for the window write: its own support check says so)."""
+        return not any(r.needed(caps) for r in REWRITES)
 
     def _targets(self, model: nn.Module) -> list[Rewrite]:
         found = uses(model)
