@@ -342,6 +342,8 @@ def _stock_rotary_on_host_call(self, x, *args, **kwargs):
     on_host = [to_host(a) if isinstance(a, torch.Tensor) else a for a in args]
     kw = {k: to_host(v) if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
     out = forward(torch.empty(x.shape, dtype=x.dtype), *on_host, **kw)  # x is read for its dtype and device only
+    if isinstance(out, torch.Tensor):  # one table, e.g. DeepSeek-V2's complex freqs_cis, not a (cos, sin) pair
+        return out.to(x.device)
     return tuple(o.to(x.device) if isinstance(o, torch.Tensor) else o for o in out)
 
 
