@@ -5,9 +5,21 @@ PR #3337). Choice: a host-side lookup rather than a one-hot matmul. A one-hot [t
 would cost vocab x hidden MACs per token on device (as much as the LM head) and need an in-graph
 eq/arange to build; the host gather is exact and cheap, and only [tokens, hidden] crosses to the device.
 This is what hf-adapters did before the device kernel existed.
+
+Subclasses of nn.Embedding (issue 11): Gemma's `*ScaledWordEmbedding` (lookup, then `* embed_scale` in the table's
+dtype), BART's scaled word and learned positional embeddings, OPT's positions from the padding mask (cumsum), and
+the other leaf subclasses transformers defines. Recognised by structure: a module that is an nn.Embedding, is not
+nn.Embedding itself, has no child modules, does not renormalise (max_norm), and whose forward (defined by
+transformers) calls the base lookup (`super().forward` or `F.embedding`). Its *stock forward* runs on the host, on
+host copies of its own parameters and buffers in their current dtype: the lookup, the position arithmetic and the
+scale are the stock code on the same values in the same dtype, so the result is bit-identical (the scale is rounded
+exactly as stock: it is the stock multiply); only the [tokens, hidden] result crosses to the device.
 """
 
 from __future__ import annotations
+
+import copy
+import types
 
 import torch
 import torch.nn.functional as F
@@ -37,16 +49,69 @@ def _host_embedding_forward(self: nn.Embedding, input: torch.Tensor) -> torch.Te
     return _host_lookup(self, input)
 
 
+def _host_twin(self: nn.Embedding) -> nn.Embedding:
+    """The module itself when its tensors are on the CPU; else a shallow copy holding host copies of its parameters
+    and buffers, in their current dtypes (rebuilt when a dtype or shape changes: model.to(torch.float16) after
+    patching must give the fp16 lookup and the fp16 scale, not fp32 ones rounded afterwards)."""
+    tensors = [*self._parameters.items(), *self._buffers.items()]
+    if all(t is None or t.device.type == "cpu" for _, t in tensors):
+        return self
+    key = tuple((n, t.dtype, tuple(t.shape)) for n, t in tensors if t is not None)
+    cached = self.__dict__.get("_spyre_host_twin")
+    if cached is not None and cached[0] == key:
+        return cached[1]
+    twin = copy.copy(self)
+    twin.__dict__.pop("forward", None)  # the twin runs its class's (stock) forward
+    twin.__dict__.pop("_spyre_host_twin", None)
+    twin._parameters = {n: None if t is None else to_host(t.detach()) for n, t in self._parameters.items()}
+    twin._buffers = {n: None if t is None else to_host(t) for n, t in self._buffers.items()}
+    self.__dict__["_spyre_host_twin"] = (key, twin)
+    return twin
+
+
+def _subclass_stock(self: nn.Embedding, *args, **kwargs):
+    twin = _host_twin(self)
+    args = tuple(to_host(a) if isinstance(a, torch.Tensor) else a for a in args)
+    kwargs = {k: to_host(v) if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
+    out = type(self).forward(twin, *args, **kwargs)
+    return out.to(self.weight.device) if isinstance(out, torch.Tensor) else out
+
+
+_host_subclass = host(_subclass_stock)
+
+
+def _host_subclass_forward(self: nn.Embedding, *args, **kwargs):
+    return _host_subclass(self, *args, **kwargs)
+
+
+def embedding_subclasses(model: nn.Module) -> list[tuple[str, nn.Embedding]]:
+    """(path, module) of the leaf nn.Embedding subclasses whose transformers forward calls the base lookup."""
+    out = []
+    for path, m in model.named_modules():
+        if not isinstance(m, nn.Embedding) or type(m) is nn.Embedding or m.max_norm is not None or m._modules:
+            continue
+        forward = type(m).forward
+        if not isinstance(forward, types.FunctionType) or forward is nn.Embedding.forward:
+            continue
+        if not (forward.__module__ or "").startswith("transformers."):
+            continue
+        code = forward.__code__
+        names = set(code.co_names)
+        if ("super" in names and "forward" in names) or "embedding" in names:
+            out.append((path, m))
+    return out
+
+
 @register_adapter
 class HostEmbedding(Adapter):
     name = "embedding"
     gap = "aten.embedding"
-    applies_to = frozenset({"Embedding"})
+    applies_to = frozenset({"Embedding", "leaf nn.Embedding subclasses whose forward calls the base lookup"})
     order = 10
     summary = "token/position/type embedding lookups run on the host; only the rows go to the device"
 
     def applicable(self, model: nn.Module) -> bool:
-        return bool(self._targets(model))
+        return bool(self._targets(model) or embedding_subclasses(model))
 
     @staticmethod
     def _targets(model: nn.Module) -> list[nn.Embedding]:
@@ -60,5 +125,10 @@ class HostEmbedding(Adapter):
                 patch.set_attr(emb, "_spyre_host_weight", emb.weight.detach(), "host copy of the table")
             patch.override_forward(
                 emb, _host_embedding_forward, f"host lookup for Embedding{tuple(emb.weight.shape)}"
+            )
+        for path, emb in embedding_subclasses(model):
+            patch.on_undo(lambda emb=emb: emb.__dict__.pop("_spyre_host_twin", None))
+            patch.override_forward(
+                emb, _host_subclass_forward, f"{path}: stock {type(emb).__name__}.forward on the host"
             )
         return patch

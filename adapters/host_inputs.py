@@ -5,8 +5,10 @@ bit-identical) and handing its result to the device, as hf-adapters pass positio
 
 - `host_position_ids`: position ids derived from the padding (RoBERTa's `create_position_ids_from_input_ids`, a
   cumsum of `input_ids != padding_idx`; BLOOM's ALiBi positions, a cumsum of the attention mask) and the token types
-  BERT-style embeddings gather from their all-zero `token_type_ids` buffer (`torch.gather(buffer, 1, position_ids)`).
-  Gaps: aten.cumsum (a CPU fallback: the scan is not implemented) and aten.gather (unsupported).
+  BERT-style embeddings gather from their all-zero `token_type_ids` buffer (`torch.gather(buffer, 1, position_ids)`);
+  T5's relative position buckets (integer positions -> bucket ids: a log of 0 cast to int64 gives int64's minimum,
+  which the device's int32 cannot hold). Gaps: aten.cumsum (a CPU fallback: the scan is not implemented),
+  aten.gather (unsupported), aten.log on integer positions.
 - `host_clamp_guard`: the fp16 overflow guards of T5 (`torch.where(torch.isinf(h).any(), max - 1000, max)`) and
   BART (`if fp16 and not torch.isfinite(h).all(): clamp`): the boolean is computed on the host from the activations;
   the clamp itself stays stock on the device. Applying the clamp unconditionally is not identical (T5 clamps to
@@ -43,7 +45,8 @@ from adapters.base import Adapter
 from adapters.patch import Patch
 from adapters.registry import register_adapter
 
-_POSITION_INPUTS = ("input_ids", "attention_mask")  # the first parameter of a position helper
+_POSITION_INPUTS = ("input_ids", "attention_mask")  # the first parameter of a cumsum position helper
+_RELATIVE = "relative_position"  # the first parameter of a relative-position bucketing helper
 
 
 # ------------------------------------------------------------------------------------------------ shared pieces
@@ -147,16 +150,16 @@ def _source(fn) -> str:
 
 def is_position_helper(fn, method: bool = False) -> bool:
     """A function whose code calls cumsum and whose first parameter (after `self` for a method) is input_ids or
-    attention_mask."""
+    attention_mask, or a relative-position bucketing function (first parameter `relative_position`: T5's
+    `_relative_position_bucket` and its copies, integer work on integer positions)."""
     f = structure.chain(fn)
     if not f:
         return False
     code, first = f[-1].__code__, int(method)
-    return (
-        "cumsum" in structure._global_names(code)
-        and code.co_argcount > first
-        and code.co_varnames[first] in _POSITION_INPUTS
-    )
+    if code.co_argcount <= first:
+        return False
+    name = code.co_varnames[first]
+    return name == _RELATIVE or ("cumsum" in structure._global_names(code) and name in _POSITION_INPUTS)
 
 
 def _self_calls(fn) -> set[str]:
@@ -185,7 +188,7 @@ def position_helpers(module: nn.Module) -> tuple[dict[int, object], dict[str, ob
         in loaded  # co_names also holds attribute names: `self.build_alibi_tensor` is no global call
     }
     statics = {}
-    for name in _self_calls(forward):
+    for name in _self_calls_deep(type(module), forward):
         raw = inspect.getattr_static(type(module), name, None)
         if isinstance(raw, staticmethod) and is_position_helper(raw.__func__):
             statics[name] = (raw.__func__, False)
@@ -195,6 +198,18 @@ def position_helpers(module: nn.Module) -> tuple[dict[int, object], dict[str, ob
         ):
             statics[name] = (raw, True)  # a method that is, or only forwards to, a position helper
     return globs, statics
+
+
+def _self_calls_deep(cls: type, fn, depth: int = structure.HELPER_DEPTH) -> set[str]:
+    """Attribute names loaded from `self` by `fn` and by the plain methods of `cls` it calls that way (T5's
+    forward -> self.compute_bias -> self._relative_position_bucket)."""
+    names = _self_calls(fn)
+    if depth > 0:
+        for name in list(names):
+            raw = inspect.getattr_static(cls, name, None)
+            if isinstance(raw, types.FunctionType) and raw is not fn:
+                names |= _self_calls_deep(cls, raw, depth - 1)
+    return names
 
 
 def _is_helper_function(obj) -> bool:
@@ -254,14 +269,19 @@ class HostPositionIds(Adapter):
     def patch(self, model: nn.Module) -> Patch:
         patch = Patch(self.name)
         host_gather = on_host(torch.gather)
+        calls: dict[int, object] = {}  # one host call per stock function: dynamo then guards on one object
+
+        def once(fn):
+            return calls.setdefault(id(fn), on_host(fn))
+
         for path, m, globs, statics, gather in position_targets(model):
             for name, (fn, method) in statics.items():
-                call = types.MethodType(on_host(fn), m) if method else on_host(fn)
+                call = types.MethodType(once(fn), m) if method else once(fn)
                 patch.set_attr(m, name, call, f"{path}.{name}: on the host")
             if globs:
                 what = ", ".join(f.__name__ for f in globs.values())
                 rebind_forward(
-                    patch, m, {i: on_host(fn) for i, fn in globs.items()}, f"{path}: {what} on the host"
+                    patch, m, {i: once(fn) for i, fn in globs.items()}, f"{path}: {what} on the host"
                 )
             if gather:  # the forward's own torch.gather only, not its helpers'
                 view = torch_with(patch, gather=host_gather)

@@ -1,0 +1,242 @@
+"""issue 11: host-side position ids, token types and fp16 clamp guards (adapters/host_inputs.py).
+
+Each bridge runs stock code on the host, so patched and stock are compared bit for bit (torch.equal), in fp32 and
+fp16, on real zoo families; what is matched and what is not is checked by structure; patches undo exactly; and the
+compiled graph no longer contains the op the bridge moves (a recording dynamo backend). The end-to-end class moves
+run the zoo's classification (`run_one`, as tests/models/zoo/test_ci_subset.py does) and are marked slow.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+from conftest import assert_restored, snapshot
+from torch import nn
+
+import adapters
+from adapters.base import primary_output
+from adapters.host_inputs import (
+    HostPredicate,
+    has_clamp_guard,
+    is_position_helper,
+    position_targets,
+)
+from models.zoo import build
+
+
+@functools.cache
+def _zoo(model_type: str):
+    return build(model_type, "default", seed=0)
+
+
+def _stock_and_patched(model_type: str, adapter: str, dtype: torch.dtype):
+    zm = _zoo(model_type)
+    model = zm.model.to(dtype)
+    try:
+        with torch.no_grad():
+            ref = primary_output(model(**zm.inputs))
+            patch = adapters.get_adapter(adapter).patch(model)
+            try:
+                out = primary_output(model(**zm.inputs))
+            finally:
+                patch.undo()
+    finally:
+        model.float()
+    return ref, out, patch
+
+
+def _torch_calls(model, inputs) -> set[str]:
+    """Names of the torch functions and tensor methods dynamo put in the model's graphs."""
+    seen: set[str] = set()
+
+    def record(gm, example_inputs):
+        for node in gm.graph.nodes:
+            if node.op in ("call_function", "call_method"):
+                seen.add(getattr(node.target, "__name__", str(node.target)))
+        return gm.forward
+
+    torch._dynamo.reset()
+    try:
+        with torch.no_grad():
+            torch.compile(model, backend=record)(**inputs)
+    finally:
+        torch._dynamo.reset()
+    return seen
+
+
+# ------------------------------------------------------------------------------------------------ position ids
+
+POSITION_FAMILIES = {  # type -> what the adapter puts on the host there
+    "roberta": {"create_position_ids_from_input_ids", "token types"},  # staticmethod + buffered token types
+    "bloom": {
+        "build_alibi_tensor"
+    },  # a method forwarding to the module-level ALiBi helper (cumsum of the mask)
+    "albert": {"token types"},  # BERT-style gather of the token-type buffer
+    "t5": {
+        "_relative_position_bucket"
+    },  # relative position buckets (staticmethod reached through compute_bias)
+}
+
+
+@pytest.mark.parametrize("model_type", sorted(POSITION_FAMILIES))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
+def test_position_ids_bit_identical(model_type, dtype):
+    ref, out, patch = _stock_and_patched(model_type, "host_position_ids", dtype)
+    assert torch.equal(out, ref)
+    log = " ".join(patch.changes)
+    for what in POSITION_FAMILIES[model_type]:
+        assert what in log, (what, patch.changes)
+
+
+def test_position_helpers_leave_the_graph():
+    """Compiled, RoBERTa's graph has no cumsum and no gather once patched (they were there before)."""
+    zm = _zoo("roberta")
+    before = _torch_calls(zm.model, zm.inputs)
+    assert {"cumsum", "gather"} <= before
+    with adapters.apply(zm.model, only=["host_position_ids"]):
+        after = _torch_calls(zm.model, zm.inputs)
+    assert not {"cumsum", "gather"} & after
+
+
+def test_position_ids_undo_restores_the_model():
+    model = _zoo("roberta").model
+    snap = snapshot(model)
+    patch = adapters.get_adapter("host_position_ids").patch(model)
+    assert "create_position_ids_from_input_ids" in model.embeddings.__dict__
+    patch.undo()
+    assert_restored(model, snap)
+    assert "create_position_ids_from_input_ids" not in model.embeddings.__dict__
+
+
+def test_what_is_a_position_helper():
+    from transformers.models.roberta.modeling_roberta import RobertaEmbeddings
+
+    assert is_position_helper(RobertaEmbeddings.create_position_ids_from_input_ids)
+
+    def running_total(x):  # a cumsum, but not of input ids or a mask
+        return torch.cumsum(x, dim=1)
+
+    def from_mask(attention_mask):
+        return attention_mask.cumsum(-1)
+
+    assert not is_position_helper(running_total)
+    assert is_position_helper(from_mask)
+    # the inputs_embeds variant is an arange (no padding to count): not a cumsum helper
+    assert not is_position_helper(RobertaEmbeddings.create_position_ids_from_inputs_embeds)
+
+
+def test_llama_has_no_position_targets():
+    """Llama's template positions are an arange the mask adapter passes from the host; nothing here matches."""
+    from models import tiny
+
+    model = tiny.tiny_llama()
+    assert not position_targets(model)
+    assert not adapters.get_adapter("host_position_ids").applicable(model)
+
+
+# ----------------------------------------------------------------------------------------------- clamp guards
+
+
+@pytest.mark.parametrize("model_type", ["t5", "bart"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
+def test_clamp_guard_bit_identical(model_type, dtype):
+    ref, out, patch = _stock_and_patched(model_type, "host_clamp_guard", dtype)
+    assert torch.equal(out, ref)
+    assert patch.changes and all("clamp guard on the host" in c for c in patch.changes)
+
+
+def test_clamp_guard_taken_branch_is_stock():
+    """An fp16 T5 block whose attention output overflows (its output projection scaled up): the guard fires and
+    clamps to finfo.max - 1000 (64512 in fp16), in stock and patched alike, bit for bit."""
+    import copy
+
+    block = copy.deepcopy(_zoo("t5").model.encoder.block[1]).half()
+    with torch.no_grad():
+        block.layer[0].SelfAttention.o.weight.mul_(3.0e4)
+        h = torch.randn(
+            1, 4, block.layer[0].SelfAttention.d_model, generator=torch.Generator().manual_seed(0)
+        )
+        h = h.half()
+        assert torch.isinf(block.layer[0](h)[0]).any(), "the attention output overflows fp16"
+        ref = block(h)[0]
+        patch = adapters.get_adapter("host_clamp_guard").patch(block)
+        try:
+            out = block(h)[0]
+        finally:
+            patch.undo()
+    assert torch.isfinite(ref).all() and float(ref.abs().max()) == 64512.0, "the stock guard clamped"
+    assert torch.equal(out, ref)
+
+
+@pytest.mark.parametrize(
+    "x",
+    [
+        torch.tensor([1.0, 2.0]),
+        torch.tensor([1.0, float("inf")]),
+        torch.tensor([float("nan"), float("-inf")]),
+        torch.tensor([float("nan"), 1.0]),
+    ],
+    ids=["finite", "inf", "nan_and_inf", "nan"],
+)
+def test_host_predicate_is_the_stock_reduction(x):
+    x = x.half()
+    assert torch.equal(HostPredicate(torch.isinf, x).any(), torch.isinf(x).any())
+    assert torch.equal(HostPredicate(torch.isfinite, x).all(), torch.isfinite(x).all())
+
+
+class _Unreduced(nn.Module):
+    def forward(self, x):
+        return torch.where(torch.isinf(x), torch.zeros_like(x), x)  # isinf used elementwise: not a guard
+
+
+class _Guarded(nn.Module):
+    def forward(self, x):
+        if x.dtype == torch.float16 and not torch.isfinite(x).all():
+            x = torch.clamp(x, min=-60000.0, max=60000.0)
+        return x
+
+
+def test_what_is_a_clamp_guard():
+    assert not has_clamp_guard(_Unreduced())
+    assert has_clamp_guard(_Guarded())
+    model = _zoo("t5").model
+    assert has_clamp_guard(model.encoder.block[0]) and not has_clamp_guard(model.encoder)
+
+
+def test_clamp_guard_undo_restores_the_model():
+    model = _zoo("bart").model
+    snap = snapshot(model)
+    adapters.get_adapter("host_clamp_guard").patch(model).undo()
+    assert_restored(model, snap)
+
+
+# ------------------------------------------------------------------------------------ end to end (zoo classes)
+
+
+def _class_of(model_type: str) -> str:
+    from models.zoo.classify import run_one
+
+    rec = run_one(model_type, "default")
+    assert rec["class"] != "emulator_error", rec["error"]
+    return rec["class"]
+
+
+@pytest.mark.slow
+def test_roberta_runs_on_device():
+    """Before: unsupported (aten.gather of the token-type buffer, aten.cumsum of the padding)."""
+    assert _class_of("roberta") == "pass_device"
+
+
+@pytest.mark.slow
+def test_bart_runs_on_device():
+    """Before: unsupported (aten.all of the fp16 isfinite guard); its scaled and positional embeddings go to the
+    host with the embedding adapter."""
+    assert _class_of("bart") == "pass_device"
+
+
+@pytest.mark.slow
+def test_albert_runs_with_fallback():
+    """Before: unsupported (aten.gather of the token-type buffer); the position-id buffer slice stays a CPU island."""
+    assert _class_of("albert") == "pass_fallback"
