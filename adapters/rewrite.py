@@ -12,11 +12,15 @@ exact expression in ops it lowers or runs:
 | `t.new_full(size, v)` | `torch.full(size, v, dtype=t.dtype, device=t.device)`     | full (native)              |
 | `b.all(dim)` (bool, or a number tensor: `b != 0`) | `b.to(float16).amin(dim) != 0`  | amin (native), ne, the bool->fp16 cast |
 | `x[i]`, `x[i, j, ...]` (integer tensors on the leading dims) | `F.embedding(flat, x.reshape(rows, -1))` | embedding (a CPU fallback in the June table) |
+| `x[..., [p, q], :]` (a constant list of positions of one dim) | `torch.cat([x.select(d, p).unsqueeze(d), ...], d)` | select (a view), cat |
+| `x[:, i] = y`, `x[..., a:b] = y` on a base of rank >= 3 (select_scatter / slice_scatter, #4441) | `x.copy_(where(window, y in the window, x))` | where, copy, constant_pad_nd |
 
 `torch.where(m, v, x)` is `masked_fill` by definition (elementwise select, both broadcast the mask and x); ATen
 implements `stack` as exactly that `cat`; an embedding lookup is the row gather `x[i]` (negative indices made
 positive first: `where(i < 0, i + n, i)`); for several index tensors the row is the flattened position
-`((i0 * s1 + i1) * s2 + i2)...` of the leading dims. So fp32, fp16 and integer results are bit-identical to stock.
+`((i0 * s1 + i1) * s2 + i2)...` of the leading dims; a window write selects, per element, the written value inside a
+constant bool mask of the window and the old value outside it (y reaches the window by a zero pad or an unsqueeze,
+never by arithmetic). So fp32, fp16 and integer results are bit-identical to stock.
 What is not rewritten (runs as stock, so the stack still reports it): out=, a non-bool mask, a fill value that
 stock refuses (overflow), an index key with a bool mask, None, a step or partial slice, or an Ellipsis before an
 index tensor, an `all` over an empty reduction (amin of nothing is an error, `all` of nothing is True).
@@ -24,19 +28,20 @@ One difference in error behaviour, documented rather than hidden: with several i
 of a later dim that still lands inside the flattened table is checked only in eager runs (a data-dependent check
 cannot be traced); a compiled graph reads that row, where stock raises IndexError.
 
-How it recognises its target: by what the code calls. The methods of every module class of the model (its own code: transformers' or a user's, not torch.nn's) (and
-the same-package helpers they call, `structure.reachable`) are scanned for the names these ops are called by
-(`masked_fill`, `masked_fill_`, `stack`, `new_full`, `all`) and for subscripts (`x[...]`, an aten.index when the key
-holds an integer tensor); the model's top-level forward is then run under a `torch.overrides.TorchFunctionMode`
-that re-expresses each call of those ops whose capability the stack lacks, and passes every other call through
-unchanged. Dynamo traces through the mode (fullgraph too) and records the re-expressed ops. The patch is one
-per-instance forward, undone exactly; it goes after every adapter that replaces forwards (`order`), so it wraps
-the final one.
+How it recognises its target: by what the code calls. The methods of every module class of the model (its own code,
+transformers' or a user's, not torch.nn's) and the same-package helpers they call (`structure.reachable`) are
+scanned for the names these ops are called by (`masked_fill`, `masked_fill_`, `stack`, `new_full`, `all`) and for
+subscripts (`x[...]`: an aten.index when the key holds an integer tensor or a list; `x[...] = y`: a scatter into a
+view). The model's top-level forward then runs under a `torch.overrides.TorchFunctionMode` that re-expresses each
+call of those ops whose capability the stack lacks and passes every other call through unchanged. Dynamo traces
+through the mode (fullgraph too) and records the re-expressed ops. The patch is one per-instance forward, undone
+exactly; it goes after every adapter that replaces forwards (`order`), so it wraps the final one.
 
 Retirement: per op. At patch time each rewrite is switched on only if the stack lacks its capability
 (`capabilities().supports(gap)` is False) and has every op the re-expression needs (status not "unsupported"), so
 a gap the stack gains stops being rewritten, and no gap is routed around with an op the stack lacks too. The
-adapter retires when every gap it bridges is supported.
+table lists slice_scatter/select_scatter as native with the rank >= 3 limit in a note, so for window writes the
+stack's support check itself is asked (`_probe_view_write`). The adapter retires when no rewrite is needed.
 """
 
 from __future__ import annotations
@@ -194,12 +199,44 @@ def _index_key(x: torch.Tensor, key) -> list[torch.Tensor] | None:
     return items
 
 
+def _list_key(x: torch.Tensor, key) -> tuple[int, list[int]] | None:
+    """(dim, indices) of a key that picks constant positions of one dim with a Python list (`x[..., [-2], :]`), the
+    other dims whole; None for any other key."""
+    items = list(key) if isinstance(key, tuple) else [key]
+    if sum(i is Ellipsis for i in items) > 1:
+        return None
+    if any(i is Ellipsis for i in items):
+        at = next(j for j, i in enumerate(items) if i is Ellipsis)
+        items[at : at + 1] = [slice(None)] * (x.dim() - (len(items) - 1))
+    if len(items) > x.dim():
+        return None
+    lists = [d for d, i in enumerate(items) if isinstance(i, list)]
+    if len(lists) != 1 or any(
+        not (isinstance(i, slice) and i == slice(None)) for i in items if not isinstance(i, list)
+    ):
+        return None
+    d = lists[0]
+    picks = items[d]
+    if not picks or not all(isinstance(i, int) and not isinstance(i, bool) for i in picks):
+        return None
+    n = x.shape[d]
+    if not all(-n <= i < n for i in picks):
+        return None  # stock raises IndexError
+    return d, picks
+
+
 def getitem(args, kwargs):
     if kwargs or len(args) != 2:
         return _PASS
     x, key = args
     if not isinstance(x, torch.Tensor) or x.is_complex() or x.layout != torch.strided:
         return _PASS
+    picked = _list_key(x, key)
+    if (
+        picked is not None
+    ):  # constant positions of one dim: selects (views), one cat (a copy, as stock's index)
+        d, picks = picked
+        return torch.cat([x.select(d, i).unsqueeze(d) for i in picks], d)
     idx = _index_key(x, key)
     if idx is None:
         return _PASS
@@ -387,8 +424,8 @@ REWRITES: tuple[Rewrite, ...] = (
         (torch.Tensor.__getitem__,),
         frozenset(),  # a subscript, found by opcode (_SUBSCRIPT)
         getitem,
-        ("aten.embedding", "aten.where", "aten.mul", "aten.add"),
-        "embedding lookup of the flattened leading dims",
+        ("aten.embedding", "aten.where", "aten.mul", "aten.add", "aten.select", "aten.cat"),
+        "embedding lookup of the flattened leading dims; a constant list of positions: cat of selects",
     ),
     Rewrite(
         "aten.select_scatter",

@@ -173,6 +173,17 @@ def test_row_lookups_are_bit_identical(dtype):
         _same(out, ref)
 
 
+@pytest.mark.parametrize("dtype", DTYPES + [torch.int64])
+def test_constant_position_lists_are_bit_identical(dtype):
+    x = (_rand(2, 6, 5, 4) * 5).to(dtype)
+    for key in [(Ellipsis, [-2], slice(None)), (slice(None), [0, 5, -1, 0]), [1], (Ellipsis, [3, 0])]:
+        ref, out = _both(lambda key=key: x[key])
+        _same(out, ref)
+        assert out.data_ptr() != x.data_ptr()  # a copy, as stock's
+    for key in [(Ellipsis, [True, False]), ([0, 1], [1, 2]), (0, [1]), (slice(1, 2), [0]), (Ellipsis, [9])]:
+        assert rewrite._list_key(x, key) is None, key
+
+
 def test_index_forms_left_to_stock():
     """Bool masks, None, Ellipsis before the index, step/partial slices before it: not row lookups, never rewritten."""
     x = _rand(6, 5, 4)
@@ -287,7 +298,7 @@ def test_graph_has_the_reexpressions_not_the_gaps():
     def f(x, ids):
         a = x.masked_fill(x > 0, -1.0)
         b = torch.stack([a, x], dim=-1)
-        c = x[torch.arange(4), ids]
+        c = x[torch.arange(4), ids] + x[..., [-2]].sum()
         y = b.clone()
         y[:, 1] = 2.0
         return y, c, x.new_full((2,), 1.0), (x > -3).all(-1)
