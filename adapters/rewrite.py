@@ -146,7 +146,9 @@ def new_full(args, kwargs):
     size = _arg(args, kwargs, 1, "size")
     value = _arg(args, kwargs, 2, "fill_value")
     extra = set(kwargs) - {"self", "size", "fill_value", "dtype", "device", "requires_grad"}
-    if not isinstance(x, torch.Tensor) or size is _PASS or value is _PASS or extra or len(args) > 3:
+    if not isinstance(x, torch.Tensor) or value is _PASS or extra or len(args) > 3:
+        return _PASS
+    if not isinstance(size, list | tuple | torch.Size) or not all(isinstance(n, int) for n in size):
         return _PASS
     dtype = kwargs.get("dtype") or x.dtype
     if _fill_value(value, dtype) is _PASS:
