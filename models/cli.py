@@ -281,7 +281,8 @@ def precision(
     settings: str = typer.Option(
         "dl16,fp8_e4m3_channel",
         help="Comma list of models/precision.py settings: dl16, dl16_acc, chunked, chunked:N, "
-        "fp8_<e4m3|e5m2>_<tensor|channel>, fp32:MODULE[+MODULE...].",
+        "fp8_<e4m3|e5m2>_<tensor|channel>, fp32:MODULE[+MODULE...]; hardware what-ifs (hypothetical: the stack "
+        "lowers no such matmul; labelled so in every output): int8_<tensor|channel>, fp8_matmul_<e4m3|e5m2>.",
     ),
     prompt: str = typer.Option(None, help="Chat prompt for smollm2 (default: a question about France)."),
     new_tokens: int = typer.Option(16, help="Greedy tokens of the fp32 reference to compare, teacher-forced."),
@@ -295,8 +296,8 @@ def precision(
     out: Path = typer.Option(Path("spyre_emu_out/precision"), help="Where summary.md, modules.csv, JSON, PNGs go."),
 ) -> None:
     """Per-module error of emulated Spyre against CPU fp32 under numeric settings (DL16, DL16 or chunked
-    accumulation, FP8 weights, fp32 islands), and where the greedy output first changes; writes a table, PNGs and
-    JSON (models/precision.py; docs/studies.md)."""
+    accumulation, FP8 weights, fp32 islands, and the hardware what-ifs int8 and FP8 x FP8 matmuls), and where the
+    greedy output first changes; writes a table, PNGs and JSON (models/precision.py; docs/studies.md)."""
     from models import precision as prec
     from models.weights import WeightsNotInstalledError
 

@@ -32,10 +32,30 @@ Settings (SETTINGS, plus the two parametrised forms below):
     fallback, so such a setting always runs in fallback mode and the summary counts its CPU islands. It answers
     "does keeping this module in fp32 fix the error?".
 
-Not available (NOT_AVAILABLE says why, and asking for one is a PrecisionError): FP8 x FP8 matmuls (the executor has
-batchmatmulfp8's numerics, but the stack lowers no op to it: the fp8 custom ops have no lowering and mm/bmm are
-fp16 only), _scaled_mm (not in the stack's op tables), and int8 weights with integer accumulation (the executor
-has int8 x int8 -> int32 numerics for hand-built programs; the stack lowers no integer matmul).
+Hardware what-ifs (hypothetical=True in every row, table and JSON record; HYPOTHETICAL says why). The June 2026
+stack lowers no integer matmul and no op to batchmatmulfp8, but the chip has both units (spyre_hardware.md §1, §5),
+so these settings ask what the hardware could do, not what the stack does. The affected nn.Linear modules (those
+inside the decoder layers, as for the FP8-weight settings) run their matmul on the host through aiu_sim's functional
+executor (a "hardware what-if island": a graph break, like the adapters' host code; aiu_sim.builders.ProgramBuilder
+builds the Linear's program for the stack's chip, torch_spyre_emu.config.hardware_config(), with its work division);
+the rest of the model runs on emulated Spyre as for "dl16".
+  * "int8_<tensor|channel>": int8 weights (symmetric, scale = amax / 127, per tensor or per output channel) and int8
+    activations (symmetric, one scale per token: our assumption, mirroring the stack's per-token FP8 quantize op
+    quantscalepertokenfp8, spyre_hardware.md §5, and LLM.int8()'s vector-wise / SmoothQuant's per-token choice:
+    Dettmers et al. 2022, Xiao et al. 2023); int8 x int8 products summed
+    exactly into int32 (the executor's integer matmul, aiu_sim.numerics.accumulate.matmul_int), then one SFP mul by
+    the fp32 outer product of the two scales, written as DL16 (W8A8).
+  * "fp8_matmul_<e4m3|e5m2>": FP8 weights (one scale per output channel: qfp8ch's arrangement) and FP8 activations
+    (one scale per token: quantscalepertokenfp8), the product by the executor's batchmatmulfp8 numerics (16-bit
+    accumulation, DL16 output; aiu_sim.numerics.accumulate.fp8_matmul_model), then the same scale mul. Scales map
+    each group's amax onto 448 (FP8_MATMUL_AMAX, e4m3's largest value) in both formats: at e5m2's own 57344 the
+    16-bit accumulator overflows.
+Activations are quantized on the host in fp32 (amax per token, scale = amax / that value, x / scale rounded to the
+format): the device's per-token quantize arithmetic is not public. A Linear bias, if any, is added
+after the scale (a DL16 add). The island's time is not counted (functional runs only).
+
+Not available (NOT_AVAILABLE says why, and asking for one is a PrecisionError): _scaled_mm (not in the stack's op
+tables, so the stack rejects it in every mode).
 """
 
 from __future__ import annotations
@@ -52,7 +72,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from aiu_sim.numerics import AccumulationModel, dl16, fp8, get_format
+from aiu_sim.numerics import AccumulationModel, dl16, fp8, get_format, ints
 
 
 class PrecisionError(ValueError):
@@ -68,6 +88,14 @@ class Setting:
     # torch_spyre_emu.config.accumulation for the device run ("dl16", "chunked", "chunked:N"); None: the default
     accumulation: str | None = None
     fp32_modules: tuple[str, ...] = ()  # modules kept in fp32 (fp32 islands); the run is in fallback mode
+    # a hardware what-if matmul: "int8" or an FP8 format name; the decoder Linears' matmuls run in it on the host
+    # through aiu_sim's executor (weights at `granularity`, activations per token)
+    matmul_format: str | None = None
+    hypothetical: str = ""  # non-empty: a hardware what-if, not a stack feature; says why (no stack lowering)
+
+    @property
+    def is_hypothetical(self) -> bool:
+        return bool(self.hypothetical)
 
 
 # aiu_sim's default chunk: the PT array's K SIMD depth (one fact, one place)
@@ -80,6 +108,45 @@ def _fp8(fmt: str, gran: str) -> Setting:
     )
     return Setting(
         f"{fmt}_{gran}", f"decoder Linear weights in {fmt}, {scope}, dequantized to DL16", fmt, gran
+    )
+
+
+# Why the hardware what-ifs are hypothetical: the June 2026 stack lowers neither (one fact, one place).
+NO_INT_LOWERING = (
+    "no stack lowering: torch-spyre lowers no integer matmul (mm/bmm are fp16 only, torch_spyre_stack.md §3; "
+    "integer formats have native add and mul only, spyre_hardware.md §5); the PT array has int8 (spyre_hardware.md "
+    "§1, §5), so this is what the hardware could do"
+)
+NO_FP8_LOWERING = (
+    "no stack lowering: torch-spyre lowers no op to batchmatmulfp8 (the fp8 custom ops qfp8ch and "
+    "quantize/dequantize_fp8_with_scale have no lowering and mm/bmm are fp16 only, torch_spyre_stack.md §3, "
+    "torch_spyre_api.md §4); batchmatmulfp8 (FP8 x FP8, 16-bit accumulation, DL16 output) is a hardware op "
+    "(spyre_hardware.md §5), so this is what the hardware could do"
+)
+HW_WHATIF = "HARDWARE WHAT-IF"  # the label the summary, the JSON and the command carry
+
+
+def _int8(gran: str) -> Setting:
+    scope = "one scale per tensor" if gran == "tensor" else "one scale per output channel"
+    return Setting(
+        f"int8_{gran}",
+        f"{HW_WHATIF}: decoder Linear weights in int8 ({scope}), activations in int8 (one scale per token), "
+        "int8 x int8 summed exactly in int32 by aiu_sim's executor, dequantized to DL16",
+        granularity=gran,
+        matmul_format="int8",
+        hypothetical=NO_INT_LOWERING,
+    )
+
+
+def _fp8_matmul(fmt: str) -> Setting:
+    return Setting(
+        f"fp8_matmul_{fmt.removeprefix('fp8_')}",
+        f"{HW_WHATIF}: decoder Linear weights ({fmt}, one scale per output channel) and activations ({fmt}, one "
+        "scale per token) multiplied by aiu_sim's executor as batchmatmulfp8 (16-bit accumulation, DL16 output), "
+        "dequantized to DL16",
+        granularity="channel",
+        matmul_format=fmt,
+        hypothetical=NO_FP8_LOWERING,
     )
 
 
@@ -98,21 +165,15 @@ SETTINGS: dict[str, Setting] = {
             accumulation="chunked",
         ),
         *(_fp8(f, g) for f in fp8.FORMAT_NAMES for g in ("tensor", "channel")),
+        *(_int8(g) for g in ("tensor", "channel")),
+        *(_fp8_matmul(f) for f in fp8.FORMAT_NAMES),
     )
 }
-_NO_INT8 = (
-    "the stack lowers no integer matmul (mm/bmm are fp16 only; integer formats have native add and mul "
-    "only, spyre_hardware.md §5); aiu_sim's executor has int8 x int8 -> int32 numerics for hand-built "
-    "programs (docs/numerics.md)"
-)
+# the hardware what-if settings and why each is hypothetical
+HYPOTHETICAL: dict[str, str] = {n: s.hypothetical for n, s in SETTINGS.items() if s.is_hypothetical}
 NOT_AVAILABLE: dict[str, str] = {
-    "fp8_matmul": "the stack lowers no op to batchmatmulfp8 (FP8 x FP8, 16-bit accumulation, DL16 output): the "
-    "fp8 custom ops (qfp8ch, quantize/dequantize_fp8_with_scale) have no lowering and mm/bmm are "
-    "fp16 only; aiu_sim's executor has its numerics for hand-built programs (docs/numerics.md)",
     "scaled_mm": "aten._scaled_mm is in none of torch-spyre's op tables (torch_spyre_stack.md §1.7, §3), so the "
     "stack rejects it",
-    "int8_tensor": _NO_INT8,
-    "int8_channel": _NO_INT8,
 }
 FP32_PREFIX = "fp32:"
 CHUNKED_PREFIX = "chunked:"
@@ -161,7 +222,8 @@ def setting(name: str | Setting) -> Setting:
         raise PrecisionError(f"precision setting {name!r} is not available: {NOT_AVAILABLE[name]}")
     raise PrecisionError(
         f"unknown precision setting {name!r}; available: {', '.join(SETTINGS)}, "
-        f"{CHUNKED_PREFIX}N, {FP32_PREFIX}MODULE[+MODULE...]; not available yet: "
+        f"{CHUNKED_PREFIX}N, {FP32_PREFIX}MODULE[+MODULE...] ({', '.join(HYPOTHETICAL)} are hardware what-ifs); "
+        "not available: "
         f"{', '.join(NOT_AVAILABLE)}"
     )
 
@@ -173,7 +235,38 @@ def parse_settings(text: str) -> list[Setting]:
     return [setting(n) for n in names]
 
 
-# ---- FP8 weights -------------------------------------------------------------------------------------------
+# ---- quantization: FP8 weights, and the hardware what-ifs' int8 / FP8 operands --------------------------------
+
+GRANULARITIES = ("tensor", "channel")
+INT8_MAX = ints.RANGES["int8"][1]  # 127: symmetric int8 uses -127..127
+# FP8 x FP8 operands are scaled so that their amax lands on e4m3's largest value (448, the constant of the stack's
+# qfp8ch) in both formats: e5m2's own, 57344, would overflow the 16-bit accumulator (57344**2 is 38% of DLFloat16's
+# largest value, 8.6e9, so three full-scale products overflow). Our choice; the device's is not public.
+FP8_MATMUL_AMAX = fp8.max_finite("fp8_e4m3")
+
+
+def quantize_symmetric(
+    x: np.ndarray, fmt: str, per_row: bool, qmax: float | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """(x / scale rounded to `fmt`, scale) with scale = amax / qmax (fp32; default qmax: the format's largest
+    value), one per row of the 2-D x (a weight's output channel, an activation's token) or one for all; an all-zero
+    row gets scale 1.
+
+    fmt "int8": ints.quantize (round half to even, saturate), int8 values; an FP8 name: fp8.round, float32 values
+    (x / scale is within range by construction). Scales are [rows, 1] or [1, 1] float32."""
+    x = np.asarray(x, dtype=np.float32)
+    if qmax is None:
+        qmax = INT8_MAX if fmt == "int8" else fp8.max_finite(fmt)
+    qmax = np.float32(qmax)
+    amax = np.abs(x).max(axis=-1, keepdims=True) if per_row else np.abs(x).max(keepdims=True)
+    scale = np.where(amax > 0, amax / qmax, np.float32(1)).astype(np.float32)
+    scaled = x / scale  # fp32 division
+    return (ints.quantize(scaled, "int8") if fmt == "int8" else fp8.round(scaled, fmt)), scale
+
+
+def _check_granularity(granularity: str, what: str) -> None:
+    if granularity not in GRANULARITIES:
+        raise PrecisionError(f"{what} granularity must be 'tensor' or 'channel', got {granularity!r}")
 
 
 def fp8_dequantized(weight: torch.Tensor, fmt: str, granularity: str) -> tuple[torch.Tensor, np.ndarray]:
@@ -181,12 +274,8 @@ def fp8_dequantized(weight: torch.Tensor, fmt: str, granularity: str) -> tuple[t
 
     scale = amax / max_finite(fmt) per tensor, or per output channel (row of the [out, in] weight); an all-zero
     row gets scale 1. Values in the fp16 subnormal range (< 6.1e-5) lose the bits fp16 cannot hold."""
-    if granularity not in ("tensor", "channel"):
-        raise PrecisionError(f"fp8 granularity must be 'tensor' or 'channel', got {granularity!r}")
-    w = weight.detach().float().numpy()
-    amax = np.abs(w).max(axis=1, keepdims=True) if granularity == "channel" else np.abs(w).max(keepdims=True)
-    scale = np.where(amax > 0, amax / fp8.max_finite(fmt), 1.0).astype(np.float32)
-    q = fp8.round(w / scale, fmt)  # the FP8 values; w / scale is within range by construction
+    _check_granularity(granularity, "fp8")
+    q, scale = quantize_symmetric(weight.detach().float().numpy(), fmt, granularity == "channel")
     deq = dl16.round(q * scale)  # dequantize_fp8_with_scale: fp32 product, one rounding to DL16
     return torch.from_numpy(deq).to(torch.float16), scale
 
@@ -210,6 +299,141 @@ def quantize_linear_weights(
             f"Linear modules by default; pass include=)"
         )
     return done
+
+
+# ---- hardware what-if islands: int8 and FP8 x FP8 Linear matmuls through aiu_sim's executor ----------------
+
+
+def hw_linear_program(fmt: str, m: int, k: int, n: int, bias: bool = False, config=None):
+    """The KernelProgram of one what-if Linear, y = (x_q @ w_q) * (s_x s_w) [+ b] for x_q [m, k], w_q [k, n] in
+    `fmt` ("int8" or an FP8 name), s_x [m, 1] and s_w [1, n] fp32, b [1, n] DL16, y [m, n] DL16 (host float16).
+
+    One matmul kernel: int8 x int8 into an int32 buffer (the executor's exact integer accumulation), FP8 x FP8 into
+    a DL16 buffer (its batchmatmulfp8 numerics, 16-bit accumulation); then SFP muls: the fp32 outer product of the
+    scales, the accumulator times it written as DL16 (one rounding after the executor's fp32 / float64 product),
+    and a DL16 add of the bias. Work division: aiu_sim's ProgramBuilder policy for `config` (default: the stack's
+    chip, torch_spyre_emu.config.hardware_config()), which may split K across cores."""
+    from aiu_sim.builders.program_builder import ProgramBuilder
+
+    if fmt != "int8" and fmt not in fp8.FORMAT_NAMES:
+        raise PrecisionError(
+            f"hardware what-if matmul format must be int8 or one of {fp8.FORMAT_NAMES}, got {fmt!r}"
+        )
+    if config is None:
+        from torch_spyre_emu import config as stack_config
+
+        config = stack_config.hardware_config()
+    pb = ProgramBuilder(f"hw_whatif_{fmt}_linear", config)
+    mn = {"m": m, "n": n}
+    pb.buffer("X", fmt, (m, k))
+    pb.buffer("W", fmt, (k, n))
+    pb.buffer("C", "int32" if fmt == "int8" else "dl16", (m, n))
+    pb.buffer("SX", "fp32", (m, 1))
+    pb.buffer("SW", "fp32", (1, n))
+    pb.buffer("S", "fp32", (m, n))
+    pb.buffer("Y", "dl16", (m, n))
+    host_fmt = "int8" if fmt == "int8" else "float32"  # FP8 values travel exactly as float32
+    for name in ("X", "W"):
+        pb.host_input(name, name, host_fmt)
+    for name in ("SX", "SW"):
+        pb.host_input(name, name, "float32")
+    pb.kernel("matmul", "matmul", [("X", ("m", "k")), ("W", ("k", "n"))], [("C", ("m", "n"))],
+              {**mn, "k": k}, reduce_dims=("k",))  # fmt: skip
+    pb.kernel(
+        "scales", "binary", [("SX", ("m", None)), ("SW", (None, "n"))], [("S", ("m", "n"))], mn, fn="mul"
+    )
+    pb.kernel(
+        "dequantize", "binary", [("C", ("m", "n")), ("S", ("m", "n"))], [("Y", ("m", "n"))], mn, fn="mul"
+    )
+    out = "Y"
+    if bias:
+        pb.buffer("B", "dl16", (1, n))
+        pb.buffer("Z", "dl16", (m, n))
+        pb.host_input("B", "B", "float32")
+        pb.kernel(
+            "bias", "binary", [("Y", ("m", "n")), ("B", (None, "n"))], [("Z", ("m", "n"))], mn, fn="add"
+        )
+        out = "Z"
+    pb.host_output(out, "y", "float16")
+    return pb.build()
+
+
+class HardwareWhatIfLinear(torch.nn.Module):
+    """An nn.Linear whose matmul runs on the host through aiu_sim's functional executor in int8 or FP8 (a hardware
+    what-if island: a graph break under torch.compile, like the adapters' host code). The weight is quantized once,
+    here, from the Linear's own values (symmetric, per tensor or per output channel); each call quantizes its input
+    per token (quantize_symmetric) and runs hw_linear_program."""
+
+    def __init__(self, linear: torch.nn.Linear, fmt: str, granularity: str, config=None):
+        super().__init__()
+        _check_granularity(granularity, "hardware what-if weight")
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.fmt, self.granularity, self.config = fmt, granularity, config
+        self.qmax = (
+            INT8_MAX if fmt == "int8" else FP8_MATMUL_AMAX
+        )  # the value each scale group's amax lands on
+        wq, ws = quantize_symmetric(
+            linear.weight.detach().float().cpu().numpy(), fmt, granularity == "channel", self.qmax
+        )
+        self.weight_q = np.ascontiguousarray(wq.T)  # [in, out]: the matmul's B operand
+        self.weight_scale = np.ascontiguousarray(np.broadcast_to(ws.reshape(1, -1), (1, self.out_features)))
+        self.bias_values = (
+            None if linear.bias is None else linear.bias.detach().float().cpu().numpy().reshape(1, -1).copy()
+        )
+        self.calls = 0
+
+    def extra_repr(self) -> str:
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features}, {self.fmt}, "
+            f"weights per {self.granularity}, activations per token"
+        )
+
+    def operands(self, x: torch.Tensor) -> dict[str, np.ndarray]:
+        """The program's host inputs for input x [..., in_features]: x quantized per token, the weight's."""
+        x2 = x.detach().to("cpu", torch.float32).reshape(-1, self.in_features).numpy()
+        xq, sx = quantize_symmetric(x2, self.fmt, per_row=True, qmax=self.qmax)
+        ops = {"X": xq, "W": self.weight_q, "SX": sx, "SW": self.weight_scale}
+        if self.bias_values is not None:
+            ops["B"] = self.bias_values
+        return ops
+
+    @torch.compiler.disable(recursive=True)
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        from aiu_sim.functional.executor import execute
+
+        ops = self.operands(x)
+        m = ops["X"].shape[0]
+        prog = hw_linear_program(self.fmt, m, self.in_features, self.out_features, "B" in ops, self.config)
+        y = execute(prog, ops)["y"]
+        self.calls += 1
+        return torch.from_numpy(y).reshape(*x.shape[:-1], self.out_features).to(x.device, x.dtype)
+
+
+def hw_whatif_linears(
+    model: torch.nn.Module, st: Setting, include: Callable[[str], bool] | None = None
+) -> list[tuple[str, torch.nn.Module, str, torch.nn.Module]]:
+    """Swap the chosen nn.Linear modules (default: those inside decoder layers) of `model` for HardwareWhatIfLinear
+    in the setting's matmul format; returns (module name, parent, attribute, original) per swap, for
+    restore_linears."""
+    include = include or (lambda name: bool(DECODER_LINEAR.search(name)))
+    chosen = [(n, m) for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and include(n)]
+    if not chosen:
+        raise PrecisionError(
+            f"{type(model).__name__}: no nn.Linear matched for setting {st.name!r} (decoder layers' Linear "
+            "modules by default; pass include=)"
+        )
+    swaps = []
+    for name, lin in chosen:
+        parent_name, _, attr = name.rpartition(".")
+        parent = model.get_submodule(parent_name) if parent_name else model
+        setattr(parent, attr, HardwareWhatIfLinear(lin, st.matmul_format, st.granularity))
+        swaps.append((name, parent, attr, lin))
+    return swaps
+
+
+def restore_linears(swaps) -> None:
+    for _, parent, attr, original in reversed(swaps):
+        setattr(parent, attr, original)
 
 
 # ---- capture and compare -----------------------------------------------------------------------------------
@@ -361,7 +585,10 @@ def keep_in_fp32(model: torch.nn.Module, reference: torch.nn.Module, names: Sequ
 
 def device_run(model_fp32: torch.nn.Module, st: Setting, ids: torch.Tensor, strict: bool = True):
     """(logits [seq, vocab] fp32, module outputs, the patched fp16 model, the FallbackWarnings of its CPU islands)
-    of one setting on emulated Spyre. A setting with fp32 islands runs in fallback mode (their non-fp32 ops take the CPU fallback)."""
+    of one setting on emulated Spyre. A setting with fp32 islands runs in fallback mode (their non-fp32 ops take the
+    CPU fallback). A hardware what-if setting swaps the decoder Linears, after the adapters (which may widen them),
+    for HardwareWhatIfLinear islands; the returned model has its Linears back, the swaps are in `model.hw_whatif`
+    (names)."""
     import adapters
     import torch_spyre_emu
     from torch_spyre_emu.errors import FallbackWarning
@@ -374,7 +601,10 @@ def device_run(model_fp32: torch.nn.Module, st: Setting, ids: torch.Tensor, stri
         keep_in_fp32(model, model_fp32, st.fp32_modules)
         strict = False
     handle = adapters.apply(model)
+    swaps = []
     try:
+        if st.matmul_format:
+            swaps = hw_whatif_linears(model, st)
         compiled = torch.compile(model, backend="spyre", dynamic=False)
 
         fallbacks: list[str] = []
@@ -406,7 +636,14 @@ def device_run(model_fp32: torch.nn.Module, st: Setting, ids: torch.Tensor, stri
                 f"lists the gaps)"
             ) from e
         logits = rep.outputs.logits[0].detach().float().cpu()
+        idle = [name for name, parent, attr, _ in swaps if getattr(parent, attr).calls == 0]
+        if idle:  # a swapped Linear the forward never reached: the study would compare something else
+            raise PrecisionError(
+                f"setting {st.name!r}: hardware what-if Linear(s) never ran: {', '.join(idle)}"
+            )
     finally:
+        model.hw_whatif = [name for name, *_ in swaps]
+        restore_linears(swaps)
         handle.remove()
     return logits, outs, model, sorted(set(fallbacks))
 
@@ -440,9 +677,11 @@ def run_precision(
     logits = {"reference": ref_logits}
     tables, rows, agree = [], [], {}
     for st in sts:
-        dev_logits, dev_mods, _, islands = device_run(model, st, ids, strict)
+        dev_logits, dev_mods, patched, islands = device_run(model, st, ids, strict)
         logits[st.name] = dev_logits
-        tables.append(module_table(st.name, dev_mods, ref_mods, reference))
+        tables.append(
+            module_table(st.name, dev_mods, ref_mods, reference).assign(hypothetical=st.is_hypothetical)
+        )
         top = dev_logits.argmax(-1)
         match = (top == ref_top).numpy().astype(int)
         agree[st.name] = match
@@ -457,6 +696,9 @@ def run_precision(
                 "first_changed_token": int(changed[0]) if changed.size else None,
                 "greedy_tokens_compared": int(generated.size),
                 "cpu_islands": len(islands),
+                "hw_whatif_linears": len(patched.hw_whatif),
+                "hypothetical": st.is_hypothetical,
+                "hypothetical_note": st.hypothetical,
             }
         )
     return PrecisionResult(
@@ -564,8 +806,8 @@ def write_outputs(result: PrecisionResult, out, model_name: str = "") -> Precisi
         "reference, teacher-forced.",
         "",
         "| setting | logits rel RMS | logits cosine | top-1 agreement | first changed greedy token | "
-        "CPU-island ops |",
-        "|---|---:|---:|---:|---:|---:|",
+        "CPU-island ops | hypothetical |",
+        "|---|---:|---:|---:|---:|---:|---|",
     ]
     for name, r in s.iterrows():
         changed = (
@@ -575,15 +817,24 @@ def write_outputs(result: PrecisionResult, out, model_name: str = "") -> Precisi
         )
         lines.append(
             f"| {name} | {r.logits_rel_rms:.3e} | {r.logits_cosine:.6f} | "
-            f"{100 * r.top1_agreement:.1f}% | {changed} | {int(r.cpu_islands)} |"
+            f"{100 * r.top1_agreement:.1f}% | {changed} | {int(r.cpu_islands)} | "
+            f"{'yes: ' + HW_WHATIF.lower() if r.hypothetical else 'no'} |"
         )
+    hypo = s[s.hypothetical.astype(bool)]
+    if len(hypo):
+        lines += ["", f"{HW_WHATIF}S (hypothetical=True: not what the stack runs; the decoder Linears' matmuls ran "
+                  "through aiu_sim's executor on the host, the rest on emulated Spyre):", ""]  # fmt: skip
+        lines += [
+            f"- `{name}` ({int(r.hw_whatif_linears)} Linears): {r.hypothetical_note}"
+            for name, r in hypo.iterrows()
+        ]
     worst = result.modules.dropna(subset=["rel_rms"]).sort_values("rel_rms", ascending=False).head(5)
     lines += ["", "Largest module errors:", ""]
     lines += [
         f"- {r.setting}: `{r.module}` ({r.kind}) rel RMS {r.rel_rms:.3e}, max |diff| {r.max_abs:.3g}"
         for r in worst.itertuples()
     ]
-    lines += ["", "Not available yet:", ""] + [f"- `{k}`: {v}" for k, v in result.notes.items()]
+    lines += ["", "Not available:", ""] + [f"- `{k}`: {v}" for k, v in result.notes.items()]
     table.write_text("\n".join(lines) + "\n")
     doc = {
         "model": model_name,
@@ -591,6 +842,7 @@ def write_outputs(result: PrecisionResult, out, model_name: str = "") -> Precisi
         "tokens": result.tokens,
         "summary": json.loads(s.reset_index().to_json(orient="records")),
         "modules": json.loads(result.modules.to_json(orient="records")),
+        "hypothetical": {n: r.hypothetical_note for n, r in s.iterrows() if r.hypothetical},
         "not_available": result.notes,
     }
     js = out / "precision.json"
@@ -648,5 +900,10 @@ def run_command(
     with console.status(f"{model}: reference and {len(sts)} setting(s) on emulated Spyre"):
         result = run_precision(net, ids, sts, new_tokens, strict)
     files = write_outputs(result, out, model)
-    console.print(result.summary.drop(columns=["note"]).to_string(float_format=lambda v: f"{v:.4g}"))
+    shown = result.summary.drop(columns=["note", "hypothetical_note"])
+    console.print(shown.to_string(float_format=lambda v: f"{v:.4g}"), markup=False, highlight=False)
+    for name, r in result.summary[result.summary.hypothetical.astype(bool)].iterrows():
+        console.print(
+            f"{HW_WHATIF} (hypothetical): {name}: {r.hypothetical_note}", markup=False, highlight=False
+        )
     return files

@@ -24,13 +24,10 @@ def result():
 
 def test_settings_name_what_is_missing():
     fp8_names = {f"{f}_{g}" for f in fp8.FORMAT_NAMES for g in ("tensor", "channel")}
-    assert set(prec.SETTINGS) == {"dl16", "dl16_acc", "chunked"} | fp8_names
-    with pytest.raises(
-        prec.PrecisionError, match="'int8_channel' is not available: the stack lowers no integer"
-    ):
-        prec.setting("int8_channel")
-    with pytest.raises(prec.PrecisionError, match="lowers no op to batchmatmulfp8"):
-        prec.setting("fp8_matmul")
+    what_ifs = {"int8_tensor", "int8_channel", "fp8_matmul_e4m3", "fp8_matmul_e5m2"}  # test_precision_hw.py
+    assert set(prec.SETTINGS) == {"dl16", "dl16_acc", "chunked"} | fp8_names | what_ifs
+    with pytest.raises(prec.PrecisionError, match="'scaled_mm' is not available: aten._scaled_mm"):
+        prec.setting("scaled_mm")
     with pytest.raises(prec.PrecisionError, match="unknown precision setting 'bf8'; available: dl16"):
         prec.parse_settings("dl16,bf8")
     with pytest.raises(prec.PrecisionError, match="--settings is empty"):
@@ -93,7 +90,8 @@ def test_files(result, tmp_path):
     files = prec.write_outputs(result, tmp_path, "tiny-llama")
     doc = json.loads(files.json.read_text())
     assert [r["setting"] for r in doc["summary"]] == ["dl16", "fp8_e4m3_channel", "fp8_e5m2_tensor"]
-    assert "fp8_matmul" in doc["not_available"] and len(doc["modules"]) == len(result.modules)
+    assert list(doc["not_available"]) == ["scaled_mm"] and len(doc["modules"]) == len(result.modules)
+    assert doc["hypothetical"] == {} and not any(r["hypothetical"] for r in doc["summary"])
     assert set(files.plots) == {"layers", "logits", "agreement"}
     assert all(p.stat().st_size > 1000 for p in files.plots.values())
     assert "| fp8_e4m3_channel |" in files.table.read_text()
@@ -120,7 +118,7 @@ def test_precision_command(tmp_path):
     )
     assert r.exit_code == 0, r.output
     assert {p.name for p in out.iterdir()} >= {"summary.md", "modules.csv", "precision.json", "agreement.png"}
-    r = runner.invoke(app, ["precision", "--model", "tiny-llama", "--settings", "dl16,int8_channel"])
-    assert r.exit_code == 2 and "'int8_channel' is not available" in r.output
+    r = runner.invoke(app, ["precision", "--model", "tiny-llama", "--settings", "dl16,scaled_mm"])
+    assert r.exit_code == 2 and "'scaled_mm' is not available" in r.output
     r = runner.invoke(app, ["precision", "--model", "gpt5", "--settings", "dl16"])
     assert r.exit_code == 2 and "unknown --model 'gpt5'" in r.output
