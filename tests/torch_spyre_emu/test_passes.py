@@ -61,6 +61,19 @@ def test_sdpa_decomposes_to_math_path():
     assert ops.count("matmul") == 2 and "softmax" in ops and "ternary" in ops  # where(causal mask, ...)
 
 
+def test_sdpa_output_is_laid_out_like_the_query():
+    # the flash kernels' output is empty_like(query): nn.MultiheadAttention's query (B, H, L, D) lies in memory as
+    # (L, B, H, D), and its graph views the permuted output without a copy (bridgetower crashed on it in the sweep)
+    torch.manual_seed(0)
+    mha = torch.nn.MultiheadAttention(128, 2).half().eval()
+    x = torch.randn(70, 2, 128, dtype=torch.float16)
+    with torch.no_grad():
+        out = torch.compile(lambda x: mha(x, x, x, need_weights=False)[0], backend="spyre")(x)
+        ref = mha.float()(x.float(), x.float(), x.float(), need_weights=False)[0]
+    assert out.shape == (70, 2, 128)
+    assert torch.allclose(out.float(), ref, atol=2e-3, rtol=2**-7)
+
+
 def test_rms_norm_decomposes_into_native_ops():
     c = build(lambda x, w: torch.nn.functional.rms_norm(x, (64,), w, 1e-6), meta(4, 64), meta(64))
     fns = {k.fn for k in kernels(c)}

@@ -64,10 +64,16 @@ def sdpa_math(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=Non
     return torch.matmul(probs, v)
 
 
+def _laid_out_like(out, q):
+    """`out` in the memory order of `q`, as the flash kernels' output (torch.empty_like(query)): later views in the
+    graph rely on it. Llama's q (B, H, L, D) is laid out as (B, L, H, D); nn.MultiheadAttention's as (L, B, H, D)."""
+    order = sorted(range(q.dim()), key=lambda d: -q.stride(d))  # outermost first; ties keep the dim order
+    inverse = [order.index(d) for d in range(q.dim())]
+    return out.permute(order).contiguous().permute(inverse)
+
+
 def sdpa_flash_cpu(q, k, v, dropout_p=0.0, is_causal=False, *, attn_mask=None, scale=None):
-    out = sdpa_math(q, k, v, attn_mask, dropout_p, is_causal, scale)
-    # the CPU flash kernel returns (B, H, L, D) laid out as (B, L, H, D); later views in the graph rely on it
-    out = out.transpose(1, 2).contiguous().transpose(1, 2)
+    out = _laid_out_like(sdpa_math(q, k, v, attn_mask, dropout_p, is_causal, scale), q)
     lse = torch.zeros(q.shape[:-1], dtype=torch.float32)  # logsumexp output; dead in inference graphs
     return out, lse
 
