@@ -50,9 +50,10 @@ def _host_embedding_forward(self: nn.Embedding, input: torch.Tensor) -> torch.Te
 
 
 def _host_twin(self: nn.Embedding) -> nn.Embedding:
-    """The module itself when its tensors are on the CPU; else a shallow copy holding host copies of its parameters
-    and buffers, in their current dtypes (rebuilt when a dtype or shape changes: model.to(torch.float16) after
-    patching must give the fp16 lookup and the fp16 scale, not fp32 ones rounded afterwards)."""
+    """The module itself when its tensors are on the CPU; else a shallow copy holding host tensors in their current
+    dtypes: the patch-time host snapshot cast to the current dtype (model.to(torch.float16) after patching rounds the
+    same way as this cast, and the device copy of the table is DL16, not the fp16 table), or, for a tensor the
+    snapshot lacks, a copy back from the device. Rebuilt when a dtype or shape changes."""
     tensors = [*self._parameters.items(), *self._buffers.items()]
     if all(t is None or t.device.type == "cpu" for _, t in tensors):
         return self
@@ -60,11 +61,21 @@ def _host_twin(self: nn.Embedding) -> nn.Embedding:
     cached = self.__dict__.get("_spyre_host_twin")
     if cached is not None and cached[0] == key:
         return cached[1]
+    snaps = self.__dict__.get("_spyre_host_tensors", {})
+
+    def on_host(name, t):
+        if t is None:
+            return None
+        snap = snaps.get(name)
+        if snap is not None and snap.shape == t.shape:
+            return snap.to(t.dtype)
+        return to_host(t.detach())
+
     twin = copy.copy(self)
-    twin.__dict__.pop("forward", None)  # the twin runs its class's (stock) forward
-    twin.__dict__.pop("_spyre_host_twin", None)
-    twin._parameters = {n: None if t is None else to_host(t.detach()) for n, t in self._parameters.items()}
-    twin._buffers = {n: None if t is None else to_host(t) for n, t in self._buffers.items()}
+    for attr in ("forward", "_spyre_host_twin", "_spyre_host_tensors"):
+        twin.__dict__.pop(attr, None)  # the twin runs its class's (stock) forward
+    twin._parameters = {n: on_host(n, t) for n, t in self._parameters.items()}
+    twin._buffers = {n: on_host(n, t) for n, t in self._buffers.items()}
     self.__dict__["_spyre_host_twin"] = (key, twin)
     return twin
 
@@ -127,6 +138,12 @@ class HostEmbedding(Adapter):
                 emb, _host_embedding_forward, f"host lookup for Embedding{tuple(emb.weight.shape)}"
             )
         for path, emb in embedding_subclasses(model):
+            snaps = {
+                n: t.detach()
+                for n, t in [*emb._parameters.items(), *emb._buffers.items()]
+                if t is not None and t.device.type == "cpu"
+            }
+            patch.set_attr(emb, "_spyre_host_tensors", snaps, f"{path}: host copies of its tensors")
             patch.on_undo(lambda emb=emb: emb.__dict__.pop("_spyre_host_twin", None))
             patch.override_forward(
                 emb, _host_subclass_forward, f"{path}: stock {type(emb).__name__}.forward on the host"

@@ -20,7 +20,13 @@ from models.zoo import CI_SUBSET, build
 ATOL = RTOL = 1e-5
 # CI-subset families plus families outside it for the MoE (the subset's only MoE is mixtral) and interleaved
 # rotary (GLM's and Cohere's rotate_half) adapters
-FAMILIES = (*CI_SUBSET, "qwen2_moe", "glm", "cohere", "glmasr")  # glmasr: an audio tower beside a Llama decoder
+FAMILIES = (
+    *CI_SUBSET,
+    "qwen2_moe",
+    "glm",
+    "cohere",
+    "glmasr",
+)  # glmasr: an audio tower beside a Llama decoder
 
 
 @functools.cache
@@ -40,7 +46,9 @@ def test_structural_adapters_reach_beyond_the_three_named_families():
     by_adapter: dict[str, set[str]] = {}
     for t, a in PAIRS:
         by_adapter.setdefault(a, set()).add(t)
-    assert {"mistral", "qwen2", "qwen3", "granite", "mixtral", "opt", "t5", "bart", "clip"} <= by_adapter["attention_mask"]
+    assert {"mistral", "qwen2", "qwen3", "granite", "mixtral", "opt", "t5", "bart", "clip"} <= by_adapter[
+        "attention_mask"
+    ]
     assert {"mistral", "qwen2", "qwen3", "granite", "mixtral", "glmasr"} <= by_adapter["rope"]
     assert {"mistral", "qwen2", "qwen3", "granite", "mixtral"} <= by_adapter["rmsnorm"]
     assert {"mixtral", "qwen2_moe"} <= by_adapter["moe_dense"]
@@ -65,7 +73,9 @@ def test_all_adapters_together_are_equivalent(model_type):
         ref = primary_output(zm.model(**zm.inputs))
         with adapters.apply(zm.model):
             out = primary_output(zm.model(**zm.inputs))
-    keep = zm.pad_mask if zm.pad_mask is not None and tuple(ref.shape[:2]) == tuple(zm.pad_mask.shape) else None
+    keep = (
+        zm.pad_mask if zm.pad_mask is not None and tuple(ref.shape[:2]) == tuple(zm.pad_mask.shape) else None
+    )
     if keep is not None:
         ref, out = ref[keep], out[keep]
     torch.testing.assert_close(out, ref, atol=ATOL, rtol=RTOL)
@@ -105,7 +115,9 @@ def test_moe_structure():
         assert model.config._experts_implementation != "spyre_dense", "the model's own config is not mutated"
     from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS
 
-    assert "spyre_dense" not in ALL_EXPERTS_FUNCTIONS._global_mapping, "the registry key goes with the last user"
+    assert "spyre_dense" not in ALL_EXPERTS_FUNCTIONS._global_mapping, (
+        "the registry key goes with the last user"
+    )
 
 
 def test_rebind_is_per_instance_and_undone():
@@ -138,3 +150,167 @@ def test_plan_names_adapters_for_similar_gaps():
     assert {"attention_mask", "moe_dense"} <= set(similar_adapters("aten.index"))
     assert similar_adapters("aten.histc") == ["moe_dense"]
     assert similar_adapters("no.such_capability") == []
+
+
+# ---------------------------------------------------------------- head_dim_pad and embedding, matched by structure
+
+
+def test_head_dim_pad_matches_registry_attentions_by_structure():
+    """Attention modules of families it never names, found because their forward calls ALL_ATTENTION_FUNCTIONS and
+    their head is not whole sticks: GPT-NeoX (head_size 96, fused QKV), Phi-3 (96, fused QKV, partial-rotary code),
+    StableLM (80, partial rotary). A whole-stick head (Qwen3: 64) and the weight-surgery families are not listed."""
+    from adapters.head_dim_pad import registry_attentions
+
+    for model_type, width in (("gpt_neox", 96), ("phi3", 96), ("stablelm", 80)):
+        found = registry_attentions(_zoo(model_type).model)
+        assert found and {tuple(w) for _, _, w in found} == {(width,)}, (model_type, found)
+    assert not registry_attentions(_zoo("qwen3").model)
+    assert not registry_attentions(
+        _zoo("llama").model
+    )  # LlamaAttention: weight surgery, not the call-site pad
+
+
+def test_padded_attention_pads_and_slices_back_exactly():
+    """The stock SDPA function sees heads padded to 128 lanes and returns, sliced back, the stock output; with no
+    scale passed it uses 1/sqrt(80), not 1/sqrt(128)."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    from adapters.head_dim_pad import pad_buffer, pad_matrix, padded_attention
+
+    module = torch.nn.Module()
+    module.is_causal = True
+    module.register_buffer(pad_buffer(80), pad_matrix(80, 128))
+    module.__dict__["_spyre_pad_widths"] = frozenset({80})
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 4, 6, 80, generator=g) for _ in range(3))
+    seen = []
+
+    def inner(mod, query, key, value, mask, **kw):
+        seen.append((query.shape[-1], key.shape[-1], value.shape[-1], kw.get("scaling")))
+        return sdpa_attention_forward(mod, query, key, value, mask, **kw)
+
+    ref, _ = sdpa_attention_forward(module, q, k, v, None)
+    out, _ = padded_attention(inner, module, q, k, v, None)
+    assert seen == [(128, 128, 128, 1.0 / 80**0.5)]
+    assert out.shape == ref.shape
+    torch.testing.assert_close(out, ref, atol=1e-6, rtol=1e-6)
+
+
+def _executed_inner(fn):
+    """The function a decorated copy runs: the one its closure holds (structure.rebind leaves a stale __wrapped__)."""
+    while True:
+        held = [c.cell_contents for c in (fn.__closure__ or ()) if structure._filled(c)]
+        inner = next(
+            (h for h in held if callable(h) and getattr(h, "__qualname__", None) == fn.__qualname__), None
+        )
+        if inner is None:
+            return fn
+        fn = inner
+
+
+def test_head_dim_pad_composes_with_rope():
+    """Arcee (a Llama copy with head_dim 80): the pad at the call and the rope adapter's rotation by matmul both
+    rebind one forward; both are in the patched copy and the model still matches stock."""
+    from adapters.head_dim_pad import PaddedInterface
+
+    zm = _zoo("arcee")
+    attn = zm.model.model.layers[0].self_attn
+    with torch.no_grad():
+        ref = primary_output(zm.model(**zm.inputs))
+        with adapters.apply(zm.model) as h:
+            assert {"head_dim_pad", "rope"} <= set(h.report.applied)
+            inner = _executed_inner(attn.forward.__func__)
+            assert isinstance(inner.__globals__["ALL_ATTENTION_FUNCTIONS"], PaddedInterface)
+            assert inner.__globals__["apply_rotary_pos_emb"].__module__ == "adapters.rope"
+            out = primary_output(zm.model(**zm.inputs))
+    keep = zm.pad_mask
+    torch.testing.assert_close(out[keep], ref[keep], atol=ATOL, rtol=RTOL)
+    assert "forward" not in attn.__dict__ and "_spyre_pad_E80" not in attn._buffers
+
+
+def test_embedding_subclasses_by_structure():
+    """Gemma's scaled embedding and OPT's learned positions are matched; nn.Embedding itself goes the plain lookup
+    path; a subclass with a child module or with max_norm is left alone."""
+    from adapters.embedding import embedding_subclasses
+
+    found = {type(m).__name__ for _, m in embedding_subclasses(_zoo("gemma3_text").model)}
+    assert found == {"Gemma3TextScaledWordEmbedding"}
+    assert {type(m).__name__ for _, m in embedding_subclasses(_zoo("opt").model)} == {
+        "OPTLearnedPositionalEmbedding"
+    }
+    assert not embedding_subclasses(_zoo("llama").model)
+
+    from transformers.models.gemma3.modeling_gemma3 import Gemma3TextScaledWordEmbedding
+
+    class WithChild(Gemma3TextScaledWordEmbedding):
+        def __init__(self):
+            super().__init__(10, 4, 0, 2.0)
+            self.norm = torch.nn.LayerNorm(4)
+
+    renorm = Gemma3TextScaledWordEmbedding(10, 4, 0, 2.0)
+    renorm.max_norm = 1.0
+    holder = torch.nn.ModuleDict({"a": WithChild(), "b": renorm})
+    assert not embedding_subclasses(holder)
+
+
+@pytest.mark.parametrize("model_type", ["gemma3_text", "opt"])
+def test_embedding_subclass_on_host_is_stock_fp16(model_type):
+    """fp16 on the CPU: the patched model is bit-identical (the scale is the stock multiply, in the stock dtype)."""
+    zm = _zoo(model_type)
+    model = zm.model.half()
+    try:
+        with torch.no_grad():
+            ref = primary_output(model(**zm.inputs))
+            with adapters.apply(model, only=["embedding"]):
+                out = primary_output(model(**zm.inputs))
+    finally:
+        model.float()
+    assert torch.equal(out, ref)
+
+
+def test_scaled_embedding_on_the_device_is_the_stock_lookup():
+    """On the emulated device the lookup and the scale still run on the host, on host copies of the table in its
+    current dtype (fp16 after the module moved): the device holds exactly the stock fp16 result."""
+    zm = _zoo("gemma3_text")
+    emb = zm.model.model.embed_tokens
+    ids = zm.inputs["input_ids"]
+    emb.half()
+    try:
+        with torch.no_grad():
+            ref = emb(ids)
+            patch = adapters.get_adapter("embedding").patch(zm.model)
+            try:
+                emb.to("spyre")
+                out = emb(ids.to("spyre"))
+                assert out.device.type == "spyre" and out.dtype == torch.float16
+                assert torch.equal(out.to("cpu"), ref.to("spyre").to("cpu"))
+            finally:
+                patch.undo()
+    finally:
+        emb.to("cpu").float()
+    assert "_spyre_host_twin" not in emb.__dict__
+
+
+def _zoo_class(model_type: str) -> str:
+    from models.zoo.classify import run_one
+
+    rec = run_one(model_type, "default")
+    assert rec["class"] != "emulator_error", rec["error"]
+    return rec["class"]
+
+
+@pytest.mark.slow
+def test_arcee_runs_on_device():
+    """Before: unsupported (layout.head_dim_not_stick_multiple, head_dim 80)."""
+    assert _zoo_class("arcee") == "pass_device"
+
+
+@pytest.mark.slow
+def test_gemma_scaled_embedding_leaves_the_fallbacks():
+    """Before: pass_fallback with aten.embedding of Gemma's scaled embedding among its CPU islands; after, the
+    embedding is no longer one of them."""
+    from models.zoo.classify import run_one
+
+    rec = run_one("gemma", "default")
+    assert rec["class"] in ("pass_device", "pass_fallback")
+    assert not any(b["capability"] == "aten.embedding" for b in rec["blocking"])
