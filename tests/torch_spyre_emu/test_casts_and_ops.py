@@ -208,6 +208,20 @@ def test_conv2d_with_one_value_for_both_spatial_dims():
     assert torch.allclose(got.float(), ref, rtol=2**-7, atol=2**-6)
 
 
+def test_conv2d_output_is_contiguous_as_aten_convolutions_is():
+    # a graph may view the conv output as if contiguous (mobilevit's unfolding into patches crashed in the sweep)
+    x = torch.randn(2, 3, 8, 8, dtype=torch.float16)
+    conv = torch.nn.Conv2d(3, 64, 3, padding=1).half()
+
+    def f(x):
+        return conv(x).view(128, 64).sum(dim=-1)  # merges N and C: a view only of a contiguous output
+
+    with pytest.warns(FallbackWarning, match=r"aten\.im2col"):
+        got = compiled(f)(x)
+    ref = conv.float()(x.to("spyre").cpu().float()).view(128, 64).sum(dim=-1)
+    assert torch.allclose(got.float(), ref, rtol=2**-6, atol=2**-4)
+
+
 def test_conv1d_decomposes_like_conv2d_and_other_convolutions_fall_back_whole():
     x1 = torch.randn(1, 8, 20, dtype=torch.float16)
     w1 = torch.randn(64, 8, 3, dtype=torch.float16)

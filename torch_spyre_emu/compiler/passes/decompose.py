@@ -184,7 +184,10 @@ def conv2d_as_matmul(x, weight, bias, stride, padding, dilation, transposed, out
     out = torch.matmul(cols.transpose(1, 2), weight.reshape(out_c, -1).t())  # [N, L, O]
     if bias is not None:
         out = out + bias
-    return out.transpose(1, 2).reshape(n, out_c, ho, wo)
+    out = out.transpose(1, 2).reshape(n, out_c, ho, wo)
+    # laid out as aten.convolution's output (the input's memory format): later views in the graph rely on it
+    cl = not x.is_contiguous() and x.is_contiguous(memory_format=torch.channels_last)
+    return out.contiguous(memory_format=torch.channels_last if cl else torch.contiguous_format)
 
 
 SPYRE_DECOMPOSITIONS = {
