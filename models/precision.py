@@ -369,9 +369,8 @@ class HardwareWhatIfLinear(torch.nn.Module):
         _check_granularity(granularity, "hardware what-if weight")
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.fmt, self.granularity, self.config = fmt, granularity, config
-        self.qmax = (
-            INT8_MAX if fmt == "int8" else FP8_MATMUL_AMAX
-        )  # the value each scale group's amax lands on
+        # the value each scale group's amax lands on
+        self.qmax = INT8_MAX if fmt == "int8" else FP8_MATMUL_AMAX
         wq, ws = quantize_symmetric(
             linear.weight.detach().float().cpu().numpy(), fmt, granularity == "channel", self.qmax
         )

@@ -143,7 +143,7 @@ def test_the_island_runs_inside_the_compiled_model():
     for layer in (0, 1):
         x = outs[f"model.layers.{layer}.post_attention_layernorm"][0].numpy()
         for proj in ("gate_proj", "up_proj"):
-            w = patched.get_submodule(f"model.layers.{layer}.mlp.{proj}").weight.float().numpy()
+            w = patched.get_submodule(f"model.layers.{layer}.mlp.{proj}").weight.detach().float().numpy()
             got = outs[f"model.layers.{layer}.mlp.{proj}"][0].numpy()
             assert np.array_equal(got, int8_reference(x, w, per_channel=True))
     assert all(type(m) is not prec.HardwareWhatIfLinear for m in patched.modules())  # Linears restored
