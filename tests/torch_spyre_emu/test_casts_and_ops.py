@@ -276,3 +276,11 @@ def test_inplace_ops_on_views():
         compiled(plane)(x3)
     eager = plane(x3.to("spyre")).cpu()  # eager mutates the view itself: no scatter, no error
     assert torch.allclose(eager.float(), plane(x3.to("spyre").cpu()).float(), rtol=2**-9)
+
+
+def test_cat_with_an_empty_piece():
+    # partial rotary over a padded head (phi3) concatenates an empty pass-through part: it adds nothing
+    a = torch.randn(2, 4, 64, dtype=torch.float16)
+    empty = torch.randn(2, 4, 0, dtype=torch.float16)
+    got = compiled(lambda a, e: torch.cat((a * 2, e), dim=-1))(a, empty)
+    assert torch.equal(got, (a.to("spyre") * 2).cpu())

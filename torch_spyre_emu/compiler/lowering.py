@@ -502,8 +502,8 @@ def lower_cat(b, node, tensors, dim=0):
     out = b.new_buffer(shape, val.dtype, "cat")
     offset = 0
     for t in tensors:
-        if t.rank == 1 and t.shape[0] == 0:
-            continue
+        if 0 in t.shape:  # an empty piece adds nothing (torch also skips the legacy 1-D empty tensor); phi3's
+            continue  # partial rotary over a padded head concatenates an empty pass-through part
         dims = dims_for(t.rank)
         off = tuple(offset if i == dim else 0 for i in range(len(shape)))
         b.kernel("copy", [b.arg(t, dims)], [Arg(out, dims, off)], dict(zip(dims, t.shape, strict=True)))
