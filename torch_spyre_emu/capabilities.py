@@ -364,6 +364,11 @@ _OPS: list[OpEntry] = [
     # --- gaps (no device lowering, no CPU island) ---------------------------------------------------------------
     _e("gather", "unsupported", (), "no eager kernel; compiled path has open bugs (#4328)", S4),
     _e("index", "unsupported", (), "index.Tensor missing (#3484); boolean indexing does not lower", S4),
+    _e("all", "unsupported", (), "'Enable torch.all' is an open op-enablement issue", "STACK §4 (op enablement)"),
+    _e("isinf", "unsupported", (), "in no June op table: emulation assumption, a gap"),
+    _e("stack", "unsupported", (), "in no June op table (cat is a decomposition, stack is not): emulation assumption"),
+    _e("new_full", "unsupported", (), "in no June op table (full/ones are custom ops): emulation assumption, a gap"),
+    _e("isfinite", "unsupported", (), "in no June op table: emulation assumption, a gap"),
     _e("index_put", "unsupported", (), "indirect writes (#1880)", S4),
     _e("scatter", "unsupported", (), "indirect writes", S4),
     _e("scatter_add", "unsupported", (), "indirect writes", S4),
