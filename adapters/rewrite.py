@@ -201,16 +201,23 @@ def _index_key(x: torch.Tensor, key) -> list[torch.Tensor] | None:
     return items
 
 
-def _list_key(x: torch.Tensor, key) -> tuple[int, list[int]] | None:
-    """(dim, indices) of a key that picks constant positions of one dim with a Python list (`x[..., [-2], :]`), the
-    other dims whole; None for any other key."""
+def _key_items(x: torch.Tensor, key) -> list | None:
+    """The key as one item per leading dim of x, one Ellipsis expanded to whole slices; None for two Ellipses or
+    more items than dims."""
     items = list(key) if isinstance(key, tuple) else [key]
     if sum(i is Ellipsis for i in items) > 1:
         return None
     if any(i is Ellipsis for i in items):
         at = next(j for j, i in enumerate(items) if i is Ellipsis)
         items[at : at + 1] = [slice(None)] * (x.dim() - (len(items) - 1))
-    if len(items) > x.dim():
+    return items if len(items) <= x.dim() else None
+
+
+def _list_key(x: torch.Tensor, key) -> tuple[int, list[int]] | None:
+    """(dim, indices) of a key that picks constant positions of one dim with a Python list (`x[..., [-2], :]`), the
+    other dims whole; None for any other key."""
+    items = _key_items(x, key)
+    if items is None:
         return None
     lists = [d for d, i in enumerate(items) if isinstance(i, list)]
     if len(lists) != 1 or any(
@@ -267,13 +274,8 @@ def getitem(args, kwargs):
 def _write_window(x: torch.Tensor, key):
     """(dim, start, stop, is_index) of a key that writes one window of one dim (an int, or a slice of step 1), the
     other dims whole (`:` / one Ellipsis); None for any other key."""
-    items = list(key) if isinstance(key, tuple) else [key]
-    if sum(i is Ellipsis for i in items) > 1:
-        return None
-    if any(i is Ellipsis for i in items):
-        at = next(j for j, i in enumerate(items) if i is Ellipsis)
-        items[at : at + 1] = [slice(None)] * (x.dim() - (len(items) - 1))
-    if len(items) > x.dim():
+    items = _key_items(x, key)
+    if items is None:
         return None
     window = None
     for d, it in enumerate(items):
