@@ -20,9 +20,9 @@ from adapters import (  # noqa: F401  (importing registers the adapters, in appl
     lm_head_pad,
     moe,
     qkv_split,
+    rewrite,
     rmsnorm,
     rope,
-    rewrite,
     sdpa,
 )
 from adapters.apply import AppliedAdapters, Report, apply
