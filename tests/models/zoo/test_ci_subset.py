@@ -25,25 +25,25 @@ EXPECTED = {
     "qwen3": "pass_device",  # as mistral (q_norm/k_norm are Llama RMSNorm copies)
     "gemma2": "pass_fallback",  # aten.embedding (scaled embedding subclass); its RMSNorm upcast is on device now
     "gemma3_text": "pass_fallback",  # as gemma2, plus its per-layer-type rotary on the device
-    "phi3": "unsupported",  # layout.head_dim_not_stick_multiple (partial-rotary attention, head_dim 96)
+    "phi3": "pass_fallback",  # aten.slice of its fused qkv; head_dim_pad now matches any attention by structure
     "gpt2": "pass_device",
-    "gpt_neox": "unsupported",  # layout.head_dim_not_stick_multiple (its attention: head_dim_pad matches Llama only)
+    "gpt_neox": "pass_fallback",  # aten.split / aten.slice of its fused qkv (head_dim padded by structure)
     "opt": "pass_fallback",  # aten.cumsum (position ids from the padding mask)
     "bloom": "pass_fallback",  # aten.cumsum (ALiBi positions from the padding mask)
     "falcon": "unsupported",  # aten.index and aten._safe_softmax in its own attention (ALiBi/rotary paths)
     "granite": "pass_device",  # as mistral
     "olmo2": "pass_device",  # its q_norm/k_norm RMSNorm (not Llama's code) upcasts to fp32: on device (dl16tofp32)
-    "stablelm": "unsupported",  # layout.head_dim_not_stick_multiple (partial rotary)
+    "stablelm": "pass_fallback",  # aten.slice (partial rotary), head_dim padded by structure
     "mixtral": "pass_device",  # moe_dense: routing on the host, experts dense
     "bert": "pass_device",
-    "roberta": "unsupported",  # aten.gather (position ids from the padding mask)
+    "roberta": "pass_device",  # host_position_ids: position ids from the padding mask on the host
     "distilbert": "pass_fallback",  # aten.slice of the position-id buffer
-    "t5": "unsupported",  # aten.isinf (the fp16 clamp check in T5 blocks)
-    "bart": "unsupported",  # aten.all (the fp16 isfinite clamp check)
-    "whisper": "unsupported",  # aten.index (learned decoder positions)
+    "t5": "pass_device",  # host_clamp_guard (the fp16 isinf check), relative position buckets on the host
+    "bart": "pass_device",  # host_clamp_guard (the fp16 isfinite check), scaled/positional embeddings on the host
+    "whisper": "pass_fallback",  # conv front end (im2col) and erf gelu on the CPU; index -> embedding (rewrite)
     "vit": "pass_fallback",  # patch-embedding conv2d: im2col is a CPU island, its matmul on the device
-    "clip": "unsupported",  # aten.index (the text tower pools the EOS position: argmax + index)
-    "mamba": "unsupported",  # aten.stack in the selective scan
+    "clip": "pass_fallback",  # im2col, slice, argmax on the CPU; the EOS pooling index -> embedding (rewrite)
+    "mamba": "pass_fallback",  # aten.split; its selective scan's stack -> cat (rewrite)
 }
 
 
