@@ -173,6 +173,33 @@ def run(
 
 
 @njit(cache=True)
+def _serve(
+    i, t, use_ptr, use_res, use_dur, use_start, free, busy,
+    dram_read, dram_write, dram_rid, dram_ns_per_byte, alpha, reads, writes,
+):  # fmt: skip
+    """Task i, ready at t, takes each of its resource uses in order (FIFO on each resource): start times into
+    use_start, busy time into busy; a DRAM use's duration comes from the running read/write mix. Returns
+    (end of its last use, reads, writes). One definition for the arrival-order run and the replay."""
+    end = t
+    for k in range(use_ptr[i], use_ptr[i + 1]):
+        r = use_res[k]
+        d = use_dur[k]
+        if r == dram_rid:
+            before = min(reads, writes)
+            reads += dram_read[i]
+            writes += dram_write[i]
+            d = (dram_read[i] + dram_write[i]) * dram_ns_per_byte + alpha * (min(reads, writes) - before)
+            use_dur[k] = d
+        s = t if t > free[r] else free[r]
+        free[r] = s + d
+        busy[r] += d
+        use_start[k] = s
+        if s + d > end:
+            end = s + d
+    return end, reads, writes
+
+
+@njit(cache=True)
 def _replay(
     n_res,
     order,
@@ -205,22 +232,10 @@ def _replay(
                 return finish, use_start, busy, False
             if finish[p] > t:
                 t = finish[p]
-        end = t
-        for k in range(use_ptr[i], use_ptr[i + 1]):
-            r = use_res[k]
-            d = use_dur[k]
-            if r == dram_rid:
-                before = min(reads, writes)
-                reads += dram_read[i]
-                writes += dram_write[i]
-                d = (dram_read[i] + dram_write[i]) * dram_ns_per_byte + alpha * (min(reads, writes) - before)
-                use_dur[k] = d
-            s = t if t > free[r] else free[r]
-            free[r] = s + d
-            busy[r] += d
-            use_start[k] = s
-            if s + d > end:
-                end = s + d
+        end, reads, writes = _serve(
+            i, t, use_ptr, use_res, use_dur, use_start, free, busy,
+            dram_read, dram_write, dram_rid, dram_ns_per_byte, alpha, reads, writes,
+        )  # fmt: skip
         finish[i] = end + latency[i]
         done[i] = True
     return finish, use_start, busy, True
@@ -325,22 +340,10 @@ def _run(
         t, i, size = _heap_pop(ht, hi, size)
         seq[done] = i
         done += 1
-        end = t
-        for k in range(use_ptr[i], use_ptr[i + 1]):
-            r = use_res[k]
-            d = use_dur[k]
-            if r == dram_rid:
-                before = min(reads, writes)
-                reads += dram_read[i]
-                writes += dram_write[i]
-                d = (dram_read[i] + dram_write[i]) * dram_ns_per_byte + alpha * (min(reads, writes) - before)
-                use_dur[k] = d
-            s = t if t > free[r] else free[r]
-            free[r] = s + d
-            busy[r] += d
-            use_start[k] = s
-            if s + d > end:
-                end = s + d
+        end, reads, writes = _serve(
+            i, t, use_ptr, use_res, use_dur, use_start, free, busy,
+            dram_read, dram_write, dram_rid, dram_ns_per_byte, alpha, reads, writes,
+        )  # fmt: skip
         end += latency[i]
         finish[i] = end
         for k in range(n_succ[i], n_succ[i + 1]):
