@@ -52,30 +52,12 @@ _RELATIVE = "relative_position"  # the first parameter of a relative-position bu
 # ------------------------------------------------------------------------------------------------ shared pieces
 
 
-def fix_wrapped(fn) -> None:
-    """structure.rebind copies a decorator level with the stock `__wrapped__` in its __dict__ while its closure holds
-    the copy; point `__wrapped__` at the copy, so that rebinding this forward again (a second adapter on the same
-    module) follows the chain to the copy, not to the stock function (and does not fail the closure check)."""
-    f = getattr(fn, "__func__", fn)
-    while isinstance(f, types.FunctionType) and "__wrapped__" in f.__dict__:
-        name = getattr(f.__wrapped__, "__qualname__", None)
-        held = [c.cell_contents for c in (f.__closure__ or ()) if structure._filled(c)]
-        inner = next((h for h in held if isinstance(h, types.FunctionType) and h.__qualname__ == name), None)
-        if inner is None:
-            return
-        f.__wrapped__ = inner
-        f = inner
-
-
 def rebind_forward(
     patch: Patch, module: nn.Module, replacements: dict, what: str, depth: int = structure.HELPER_DEPTH
 ) -> None:
     """Give `module` a per-instance copy of its current forward (stock or an earlier adapter's) whose globals named
     in `replacements` (id -> object) resolve to the replacements (in same-package helpers too, up to `depth`)."""
-    current = structure.current_function(module, "forward")
-    fix_wrapped(current)
-    new = structure.rebind(current, replacements, patch.on_undo, depth)
-    fix_wrapped(new)
+    new = structure.rebind(structure.current_function(module, "forward"), replacements, patch.on_undo, depth)
     patch.override_forward(module, new, what)
 
 

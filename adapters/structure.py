@@ -137,7 +137,11 @@ def rebind(
                 "function it wraps in a closure cell; this pattern cannot be copied per instance"
             )
         closure = tuple(types.CellType(new) if _filled(c) and c.cell_contents is old_inner else c for c in cells)
-        new = _copy(outer, outer.__globals__, closure)
+        copied = _copy(outer, outer.__globals__, closure)
+        # functools.wraps' __wrapped__ follows the copy, as the closure does: a later rebind walks the copied chain
+        if copied.__dict__.get("__wrapped__") is old_inner:
+            copied.__wrapped__ = new
+        new = copied
     return new
 
 
