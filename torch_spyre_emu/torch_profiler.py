@@ -23,7 +23,13 @@ Times: a kernel's start and duration are the simulated ones of the run's Profile
 duration_us, program start = 0), placed on the host clock at the start of the launch range, or at the end of the
 card's previous run when that is later (a card runs one program at a time). Device durations are simulated device
 time; host ranges are the emulator's real time (which is much slower than a card), so the two tracks line up at each
-launch but not in between. Eager spyreccl collectives and the allocator's memory events are not shown.
+launch but not in between. Eager spyreccl collectives are not shown.
+
+Memory (`profile_memory=True` with the PrivateUse1 activity): every device allocation and free (device.memory, with
+stick padding and 128 B rounding) is a memory record at its wall-clock time (kineto's clock is the same epoch clock).
+As torch does for CUDA, a record adds its bytes to the "SPYRE Mem" of every CPU op whose range holds it, records
+outside any op become "[memory]" events, and the exported trace gets kineto-style "[memory]" instant events plus an
+"allocated bytes" counter on the Spyre process.
 
 No profiler running: run_and_record reads one module global (`torch.autograd.profiler._is_profiler_enabled`) and
 does nothing else. install() (at device registration) wraps four methods of `torch.autograd.profiler.profile`, the
@@ -33,6 +39,7 @@ profile they change nothing.
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import functools
 import gzip
@@ -47,9 +54,12 @@ from torch.autograd import DeviceType
 from torch.autograd import profiler as _autograd_profiler
 from torch.autograd.profiler_util import FunctionEvent
 
+from torch_spyre_emu.device import memory as device_memory
+
 LAUNCH_PREFIX = "launch_kernel:"  # the real stack's launch range name (torch_spyre_api.md §7)
 TRACE_PROCESS = "Spyre (simulated)"
-_KERNEL_TID, _HOST_TID = 1, 2
+_KERNEL_TID, _HOST_TID, _MEMORY_TID = 1, 2, 3
+MEMORY_EVENT = "[memory]"  # torch's name for allocator records (torch.autograd.profiler.MEMORY_EVENT_NAME)
 _PID_BASE = 0x5350_0000  # "SP" + card index: far from host pids, stable across runs
 
 _installed = False
@@ -60,6 +70,20 @@ _CAPTURES: list[_Capture] = []  # the device captures of the torch profilers now
 def profiler_running() -> bool:
     """Whether a torch profiler is recording (the one check run_and_record makes per call)."""
     return _autograd_profiler._is_profiler_enabled
+
+
+def memory_event(card: int, nbytes: int, total: int) -> None:
+    """device.memory's profiler hook: one record per allocation/free for each capture that profiles memory."""
+    if not _CAPTURES:
+        return
+    record = None
+    with _lock:
+        for capture in _CAPTURES:
+            if capture.profile_memory:
+                record = record or MemoryRecord(
+                    time.time_ns(), card, nbytes, total, threading.get_native_id()
+                )
+                capture.memory.append(record)
 
 
 @dataclass
@@ -77,12 +101,25 @@ class _Launch:
         return self._report
 
 
+@dataclass(frozen=True)
+class MemoryRecord:
+    """One device allocation (bytes > 0) or free (bytes < 0), as the allocator reports it to the profiler."""
+
+    ns: int  # wall clock (epoch ns, kineto's clock)
+    card: int
+    bytes: int
+    total_allocated: int  # bytes allocated after this record (reserved is the same: no caching allocator)
+    thread: int
+
+
 @dataclass
 class _Capture:
     """The spyre runs of one profiling window (one start/stop of a torch.autograd.profiler.profile)."""
 
     use_device: str
+    profile_memory: bool = False
     launches: list[_Launch] = field(default_factory=list)
+    memory: list[MemoryRecord] = field(default_factory=list)
     started_ns: int = field(default_factory=time.time_ns)  # wall clock when the profiler started
     _placed: tuple | None = None  # (id of the kineto result, placements), see placements()
 
@@ -227,6 +264,94 @@ def _device_events(capture: _Capture, result, parsed: list[FunctionEvent]) -> li
     return events
 
 
+def _memory_events(capture: _Capture, result, parsed: list[FunctionEvent]) -> list[FunctionEvent]:
+    """Add each memory record's bytes to the CPU ops whose range holds it (torch's rule for CUDA records); the
+    records no op holds become top-level "[memory]" events, which are returned."""
+    trace_start = result.trace_start_ns()
+    records = sorted(capture.memory, key=lambda r: r.ns)
+    times = [(r.ns - trace_start) / 1e3 for r in records]
+    prefix = [0]
+    for r in records:
+        prefix.append(prefix[-1] + r.bytes)
+    held = [0] * (len(records) + 1)  # difference array: how many ops hold record i
+    for fe in parsed:
+        if fe.device_type != DeviceType.CPU or fe.name == MEMORY_EVENT:
+            continue
+        lo = bisect.bisect_left(times, fe.time_range.start)
+        hi = bisect.bisect_right(times, fe.time_range.end)
+        if lo < hi:
+            fe.device_memory_usage += prefix[hi] - prefix[lo]
+            held[lo] += 1
+            held[hi] -= 1
+    events, depth, next_id = [], 0, max((fe.id for fe in parsed), default=0) + 1
+    for i, (r, t) in enumerate(zip(records, times, strict=True)):
+        depth += held[i]
+        if depth:
+            continue
+        events.append(
+            FunctionEvent(
+                id=next_id,
+                name=MEMORY_EVENT,
+                overload_name="",
+                trace_name=None,
+                thread=r.thread,
+                start_us=t,
+                end_us=t,
+                input_shapes=[],
+                stack=[],
+                scope=0,
+                use_device=capture.use_device,
+                device_memory_usage=r.bytes,
+                sequence_nr=-1,
+                device_type=DeviceType.CPU,  # torch files allocator records under CPU, their bytes under the device
+                device_index=0,
+            )
+        )
+        next_id += 1
+    return events
+
+
+def memory_trace_events(capture: _Capture, base_ns: int) -> list[dict]:
+    """kineto-style "[memory]" instant events and an allocated-bytes counter, one track per card."""
+    out: list[dict] = []
+    for card in sorted({r.card for r in capture.memory}):
+        pid = _PID_BASE + card
+        out.append(
+            {"ph": "M", "name": "thread_name", "pid": pid, "tid": _MEMORY_TID, "args": {"name": "memory"}}
+        )
+    for r in capture.memory:
+        ts = round((r.ns - base_ns) / 1e3, 3)
+        pid = _PID_BASE + r.card
+        out.append(
+            {
+                "ph": "i",
+                "s": "t",
+                "cat": "cpu_instant_event",
+                "name": MEMORY_EVENT,
+                "pid": pid,
+                "tid": _MEMORY_TID,
+                "ts": ts,
+                "args": {
+                    "Total Reserved": r.total_allocated,
+                    "Total Allocated": r.total_allocated,
+                    "Bytes": r.bytes,
+                    "Device Id": r.card,
+                    "Device Type": int(DeviceType.PrivateUse1.value),
+                },
+            }
+        )
+        out.append(
+            {
+                "ph": "C",
+                "name": "allocated bytes",
+                "pid": pid,
+                "ts": ts,
+                "args": {"allocated": r.total_allocated},
+            }
+        )
+    return out
+
+
 # --- export_chrome_trace(): the merged device process --------------------------------------------------------------
 
 
@@ -236,17 +361,7 @@ def trace_events(capture: _Capture, result, base_ns: int) -> list[dict]:
     if not placed:
         return []
     offset_us = (result.trace_start_ns() - base_ns) / 1e3
-    out: list[dict] = []
-    for card in sorted({p.card for p in placed}):
-        pid = _PID_BASE + card
-        label = f"{TRACE_PROCESS} spyre:{card}"
-        out += [
-            {"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "args": {"name": label}},
-            {"ph": "M", "name": "process_labels", "pid": pid, "tid": 0, "args": {"labels": "spyre"}},
-            {"ph": "M", "name": "process_sort_index", "pid": pid, "tid": 0, "args": {"sort_index": pid}},
-            {"ph": "M", "name": "thread_name", "pid": pid, "tid": _KERNEL_TID, "args": {"name": "kernels"}},
-            {"ph": "M", "name": "thread_name", "pid": pid, "tid": _HOST_TID, "args": {"name": "host steps"}},
-        ]
+    out: list[dict] = _process_metadata(sorted({p.card for p in placed}))
     flowed: set[int] = set()
     for p in placed:
         k = p.record
@@ -277,6 +392,21 @@ def trace_events(capture: _Capture, result, base_ns: int) -> list[dict]:
         if p.kind == "kernel" and p.launch_correlation_id >= 0 and p.launch_correlation_id not in flowed:
             flowed.add(p.launch_correlation_id)
             out.append({**_flow(event, "f"), "bp": "e"})
+    return out
+
+
+def _process_metadata(cards: list[int]) -> list[dict]:
+    out: list[dict] = []
+    for card in cards:
+        pid = _PID_BASE + card
+        label = f"{TRACE_PROCESS} spyre:{card}"
+        out += [
+            {"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "args": {"name": label}},
+            {"ph": "M", "name": "process_labels", "pid": pid, "tid": 0, "args": {"labels": "spyre"}},
+            {"ph": "M", "name": "process_sort_index", "pid": pid, "tid": 0, "args": {"sort_index": pid}},
+            {"ph": "M", "name": "thread_name", "pid": pid, "tid": _KERNEL_TID, "args": {"name": "kernels"}},
+            {"ph": "M", "name": "thread_name", "pid": pid, "tid": _HOST_TID, "args": {"name": "host steps"}},
+        ]
     return out
 
 
@@ -322,8 +452,11 @@ def merge_into_trace(capture: _Capture, result, path: str) -> None:
     events = doc.get("traceEvents") if isinstance(doc, dict) else doc
     base_ns = int(doc.get("baseTimeNanoseconds", 0)) if isinstance(doc, dict) else 0
     device = trace_events(capture, result, base_ns)
-    if not device:
+    if not device and not capture.memory:
         return
+    if capture.memory and not device:  # the process has no name yet: runs had no kernels
+        device = _process_metadata(sorted({r.card for r in capture.memory}))
+    device += memory_trace_events(capture, base_ns)
     ids = {e["id"] for e in device if e.get("ph") == "f"}
     events.extend(_launch_flow_starts(events, ids))
     events.extend(device)
@@ -341,7 +474,7 @@ def _wants_device(prof) -> bool:
 def _start_trace(original):
     @functools.wraps(original)
     def _start_trace(self):
-        capture = _Capture(self.use_device) if _wants_device(self) else None
+        capture = _Capture(self.use_device, bool(self.profile_memory)) if _wants_device(self) else None
         if capture is not None:
             self._spyre_capture = capture
             with _lock:
@@ -378,8 +511,10 @@ def _parse(original):
     def _parse_kineto_results(self, result, *args, **kwargs):
         parsed = original(self, result, *args, **kwargs)
         capture = getattr(self, "_spyre_capture", None)
-        if capture is None or not capture.launches:
+        if capture is None or not (capture.launches or capture.memory):
             return parsed
+        if capture.memory:
+            parsed.extend(_memory_events(capture, result, parsed))
         parsed.extend(_device_events(capture, result, parsed))
         parsed.sort(key=lambda evt: [evt.time_range.start, -evt.time_range.end])
         return parsed
@@ -392,7 +527,7 @@ def _export(original):
     def export_chrome_trace(self, path, *args, **kwargs):
         out = original(self, path, *args, **kwargs)
         capture = getattr(self, "_spyre_capture", None)
-        if capture is not None and capture.launches and self.kineto_results is not None:
+        if capture is not None and (capture.launches or capture.memory) and self.kineto_results is not None:
             merge_into_trace(capture, self.kineto_results, path)
         return out
 
@@ -409,12 +544,16 @@ def install() -> None:
     cls.__exit__ = _exit(cls.__exit__)
     cls._parse_kineto_results = _parse(cls._parse_kineto_results)
     cls.export_chrome_trace = _export(cls.export_chrome_trace)
+    device_memory.profiler_hook = memory_event
     _installed = True
 
 
 __all__ = [
     "install",
     "launch",
+    "memory_event",
+    "memory_trace_events",
+    "MemoryRecord",
     "placements",
     "profiler_running",
     "trace_events",

@@ -224,3 +224,47 @@ def test_each_card_has_its_own_device_process(monkeypatch, tmp_path):
     names = {e["args"]["name"] for e in events if e.get("ph") == "M" and e["name"] == "process_name"}
     assert {"Spyre (simulated) spyre:0", "Spyre (simulated) spyre:2"} <= names
     assert sorted(e["args"]["device"] for e in events if e.get("cat") == "kernel") == cards
+
+
+def test_profile_memory_reports_the_allocators_bytes_on_the_ops_and_in_the_trace(tmp_path):
+    """profile_memory=True with PrivateUse1: each allocation's bytes (storage size rounded to 128 B, as
+    torch.spyre.memory_allocated counts them) land in the "SPYRE Mem" of the ops that made them, a free outside any
+    op is a "[memory]" event, and the exported trace has the records and an allocated-bytes counter."""
+    x = _x(64, 128)
+    base = torch.spyre.memory_allocated()
+    with profile(activities=DEVICE, profile_memory=True) as prof:
+        z = torch.ones(8, 100, device="spyre")  # 4,096 B: rows padded to whole 128 B sticks
+        y = x + x
+        after = torch.spyre.memory_allocated()
+        del y
+    grown = after - base
+    assert grown == z.untyped_storage().nbytes() + 64 * 128 * 2
+    ops = {e.key: e for e in prof.key_averages()}
+    assert ops["aten::ones"].device_memory_usage == z.untyped_storage().nbytes()
+    assert ops["aten::add"].device_memory_usage == 64 * 128 * 2
+    assert "SPYRE Mem" in prof.key_averages().table()
+    frees = [e for e in prof.events() if e.name == "[memory]"]
+    assert [e.device_memory_usage for e in frees] == [-64 * 128 * 2]
+    path = tmp_path / "trace.json"
+    prof.export_chrome_trace(str(path))
+    events = json.loads(path.read_text())["traceEvents"]
+    pid = torch_profiler._PID_BASE
+    records = [e for e in events if e.get("name") == "[memory]" and e.get("pid") == pid]
+    sizes = [
+        r["args"]["Bytes"] for r in records
+    ]  # the add may allocate a temporary too: check the running total
+    assert sizes[0] == z.untyped_storage().nbytes() and sizes[-1] == -64 * 128 * 2
+    totals = [r["args"]["Total Allocated"] for r in records]
+    assert totals == [base + sum(sizes[: i + 1]) for i in range(len(sizes))]
+    assert after in totals and totals[-1] == after - 64 * 128 * 2
+    assert all(r["args"]["Device Type"] == int(DeviceType.PrivateUse1.value) for r in records)
+    counter = [e["args"]["allocated"] for e in events if e.get("ph") == "C" and e.get("pid") == pid]
+    assert counter == [r["args"]["Total Allocated"] for r in records]
+
+
+def test_without_profile_memory_no_device_memory_is_recorded():
+    x = _x(64, 128)
+    with profile(activities=DEVICE) as prof:
+        x + x
+    assert not [e for e in prof.events() if e.name == "[memory]"]
+    assert all(e.device_memory_usage == 0 for e in prof.key_averages())

@@ -8,6 +8,7 @@ aggregates, whichever device is asked about, and reserved equals allocated (no c
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from aiu_sim.config import STICK_BYTES
@@ -36,6 +37,10 @@ _lock = threading.Lock()
 _bytes = _Counters()
 _count = _Counters()
 
+# Called as hook(device, signed bytes, bytes allocated after) on every allocation and free; torch_profiler sets it
+# so a running torch profiler with profile_memory sees the PrivateUse1 memory events (torch_spyre_api.md §7).
+profiler_hook: Callable[[int, int, int], None] | None = None
+
 
 def allocation_bytes(nbytes: int) -> int:
     """The bytes an allocation of `nbytes` takes: rounded up to 128 B."""
@@ -46,12 +51,18 @@ def record_alloc(device: int, nbytes: int) -> None:
     with _lock:
         _bytes.add(nbytes)
         _count.add(1)
+        total = _bytes.current
+    if profiler_hook is not None:
+        profiler_hook(device, nbytes, total)
 
 
 def record_free(device: int, nbytes: int) -> None:
     with _lock:
         _bytes.sub(nbytes)
         _count.sub(1)
+        total = _bytes.current
+    if profiler_hook is not None:
+        profiler_hook(device, -nbytes, total)
 
 
 def allocated(device: int | None = None) -> int:
