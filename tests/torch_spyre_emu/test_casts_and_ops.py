@@ -284,3 +284,15 @@ def test_cat_with_an_empty_piece():
     empty = torch.randn(2, 4, 0, dtype=torch.float16)
     got = compiled(lambda a, e: torch.cat((a * 2, e), dim=-1))(a, empty)
     assert torch.equal(got, (a.to("spyre") * 2).cpu())
+
+
+def test_repeat_of_a_4d_tensor_needs_no_layout_over_rank_6():
+    # diffllama's v.repeat(1, 2, 1, 1), sam3's pos_embed.tile([1, 1, 4, 4]): Inductor reads repeat in one pointwise
+    # at the output's rank, so no buffer has a rank torch-spyre's layouts lack (0-6)
+    v = torch.randn(1, 1, 16, 64, dtype=torch.float16)
+    pos = torch.randn(1, 128, 24, 24, dtype=torch.float16)
+    with torch_spyre_emu.strict():
+        got_v = compiled(lambda t: t.repeat(1, 2, 1, 1) * 2)(v)
+        got_pos = compiled(lambda t: t.tile([1, 1, 4, 4]) * 2)(pos)
+    assert torch.equal(got_v, (v.repeat(1, 2, 1, 1).to("spyre") * 2).cpu())
+    assert torch.equal(got_pos, (pos.tile([1, 1, 4, 4]).to("spyre") * 2).cpu())

@@ -146,13 +146,17 @@ def log_softmax(x, dim, half_to_float=False):
 
 
 def repeat(x, repeats):
-    """x.repeat(r0, r1, ...): each dim d seen as (r_d, n_d) by a broadcast view, then one copy."""
+    """x.repeat(r0, r1, ...): each dim d seen as (r_d, n_d) by a broadcast view, then one copy. Only the pairs
+    that are not 1 become dims of the copy: Inductor reads repeat in one pointwise at the output's rank, so the
+    copy must not exceed it needlessly (a 4-D repeat as 8 dims has no torch-spyre layout, ranks 0-6)."""
     lead = len(repeats) - x.dim()
     x = x.reshape((1,) * lead + tuple(x.shape))
-    wide = []
+    src, wide = [], []
     for r, n in zip(repeats, x.shape, strict=True):
-        wide += [r, n]
-    view = x.reshape([v for n in x.shape for v in (1, n)]).expand(wide)
+        pair = [(1, r), (n, n)] if r != 1 and n != 1 else [(1, r)] if r != 1 else [(n, n)]
+        src += [s for s, _ in pair]
+        wide += [w for _, w in pair]
+    view = x.reshape(src).expand(wide)
     return view.contiguous().reshape([r * n for r, n in zip(repeats, x.shape, strict=True)])
 
 
