@@ -27,7 +27,7 @@ def _runner():
 
 EXECUTE = _runner()
 EXPECTED = sorted(EXECUTE.NOTEBOOKS)
-TEXT_ONLY = {"adapters_tour.ipynb", "writing_an_adapter.ipynb"}  # about adapters: tables and printouts, no plots
+TEXT_ONLY = {"adapters_tour.ipynb"}  # tables and printouts, no plots
 
 
 def load(name: str) -> dict:
@@ -66,7 +66,9 @@ def test_notebook_is_valid_nbformat4_with_public_imports(name):
     assert kinds[0] == "markdown" and "code" in kinds and set(kinds) <= {"markdown", "code"}
     for cell in code_cells(nb):
         src = "".join(cell["source"])
-        assert not PRIVATE_IMPORT.search(src), f"{name} imports a private name: {PRIVATE_IMPORT.search(src)[0]}"
+        assert not PRIVATE_IMPORT.search(src), (
+            f"{name} imports a private name: {PRIVATE_IMPORT.search(src)[0]}"
+        )
 
 
 @pytest.mark.parametrize("name", EXPECTED)
@@ -91,7 +93,9 @@ def test_notebook_runs_in_reduced_mode(name, tmp_path):
     import nbformat
 
     committed = nbformat.read(NOTEBOOKS / name, as_version=4)
-    ran = EXECUTE.execute(NOTEBOOKS / name, reduced=True, write=False, workdir=tmp_path)  # raises on a failed cell
+    ran = EXECUTE.execute(
+        NOTEBOOKS / name, reduced=True, write=False, workdir=tmp_path
+    )  # raises on a failed cell
     before = [output_kinds(c) & {"image", "table"} for c in committed.cells if c.cell_type == "code"]
     after = [output_kinds(c) & {"image", "table"} for c in ran.cells if c.cell_type == "code"]
     assert after == before, f"{name}: plots/tables per code cell differ from the committed run"
