@@ -18,6 +18,7 @@ from adapters import (  # noqa: F401  (importing registers the adapters, in appl
     head_dim_pad,
     host_inputs,
     lm_head_pad,
+    mla,
     moe,
     qkv_split,
     rewrite,
