@@ -14,13 +14,25 @@ implementations). Bridge, with the same math:
 How it recognises its targets (by structure): experts modules are those made by transformers'
 `@use_experts_implementation` (they dispatch on `config._experts_implementation` and carry has_gate / has_bias /
 is_transposed / is_concatenated); this adapter registers one more implementation key, "spyre_dense", and gives the
-patched model's experts a config copy that selects it (no stock entry, class or function is changed). A router is a
-module that is a sibling of such an experts module and whose forward calls `topk`.
+patched model's experts a config copy that selects it (no stock entry, class or function is changed). A gated
+expert's `_apply_gate` (the default one or a family's own: GPT-OSS's clamped swiglu, Beam's fp32 product, ...) is
+handled when its first statement splits the fused projection into two halves, `gate, up = x.chunk(2, dim=-1)`
+(concatenated) or `gate, up = x[..., ::2], x[..., 1::2]` (interleaved), and the rest no longer reads x: the weights
+are split the same way once, and the rest of its body runs verbatim on the two halves (read from its source).
+A router is a sibling of an experts module that either calls topk or whose outputs reach the experts call's routing
+arguments in the parent's forward (Phi-MoE's sparsemixer, DeepSeek-V4's token-id hash router). Experts that are
+already dense but whose router scatters (Llama 4: every expert on every token, a 3-D stacked weight) get only the
+router on the host: a sibling, calling topk, of a module holding a 3-D stacked per-expert weight.
 """
 
 from __future__ import annotations
 
+import ast
 import copy
+import functools
+import inspect
+import textwrap
+import types
 
 import torch
 from torch import nn
@@ -33,6 +45,7 @@ from adapters.registry import register_adapter
 
 IMPL = "spyre_dense"
 _PROTOCOL = ("has_gate", "has_bias", "is_transposed", "is_concatenated", "num_experts", "down_proj")
+CONCATENATED, INTERLEAVED = "concatenated", "interleaved"
 
 
 def experts_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
@@ -40,29 +53,222 @@ def experts_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
     return [
         (p, m)
         for p, m in model.named_modules()
-        if all(hasattr(m, a) for a in _PROTOCOL) and hasattr(getattr(m, "config", None), "_experts_implementation")
+        if all(hasattr(m, a) for a in _PROTOCOL)
+        and hasattr(getattr(m, "config", None), "_experts_implementation")
     ]
 
 
 def supported_experts(model: nn.Module) -> list[tuple[str, nn.Module]]:
-    """The experts modules this adapter handles: ungated, or gated by the default act(gate) * up."""
-    return [(p, m) for p, m in experts_modules(model) if not m.has_gate or _gate_fn(m) is not None]
+    """The experts modules this adapter handles: ungated, or gated by an `_apply_gate` that splits first."""
+    return [(p, m) for p, m in experts_modules(model) if not m.has_gate or split_gate(type(m)._apply_gate)]
+
+
+# ---------------------------------------------------------------- the gate, on the two halves of gate_up
+
+
+def _is_const(node: ast.AST, value) -> bool:
+    if (
+        isinstance(node, ast.UnaryOp)
+        and isinstance(node.op, ast.USub)
+        and isinstance(node.operand, ast.Constant)
+    ):
+        return -node.operand.value == value
+    return isinstance(node, ast.Constant) and node.value == value and type(node.value) is type(value)
+
+
+def _split_layout(value: ast.AST, x: str) -> str | None:
+    """CONCATENATED for `x.chunk(2, dim=-1)` / `x.chunk(2, -1)`, INTERLEAVED for `x[..., ::2], x[..., 1::2]`."""
+    if isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute) and value.func.attr == "chunk":
+        on_x = isinstance(value.func.value, ast.Name) and value.func.value.id == x
+        args = [*value.args, *(k.value for k in value.keywords if k.arg == "dim")]
+        if (
+            on_x
+            and len(args) == 2
+            and len(value.keywords) <= 1
+            and _is_const(args[0], 2)
+            and _is_const(args[1], -1)
+        ):
+            return CONCATENATED
+        return None
+    if isinstance(value, ast.Tuple) and len(value.elts) == 2:
+        starts = []
+        for sub in value.elts:
+            if not (isinstance(sub, ast.Subscript) and isinstance(sub.value, ast.Name) and sub.value.id == x):
+                return None
+            idx = sub.slice
+            if not (isinstance(idx, ast.Tuple) and len(idx.elts) == 2 and _is_const(idx.elts[0], Ellipsis)):
+                return None
+            sl = idx.elts[1]
+            if not (
+                isinstance(sl, ast.Slice)
+                and sl.upper is None
+                and sl.step is not None
+                and _is_const(sl.step, 2)
+            ):
+                return None
+            starts.append(0 if sl.lower is None else (1 if _is_const(sl.lower, 1) else None))
+        return INTERLEAVED if starts == [0, 1] else None
+    return None
+
+
+@functools.cache
+def split_gate(fn) -> tuple[str, types.FunctionType] | None:
+    """(layout, gate(self, gate, up)) for an `_apply_gate(self, x)` whose first statement is `gate, up = <split of x>`
+    and whose rest does not read x: the rest of the body, verbatim, in the function's own globals. None otherwise
+    (no source, a closure, decorators, another first statement): such experts are left stock."""
+    levels = structure.chain(fn)
+    if len(levels) != 1 or levels[0].__code__.co_freevars:
+        return None
+    f = levels[0]
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(f)))
+    except (OSError, TypeError, SyntaxError):
+        return None
+    fdef = tree.body[0] if len(tree.body) == 1 else None
+    if not isinstance(fdef, ast.FunctionDef) or fdef.decorator_list:
+        return None
+    a = fdef.args
+    if a.posonlyargs or a.vararg or a.kwonlyargs or a.kwarg or a.defaults or len(a.args) != 2:
+        return None
+    self_name, x = a.args[0].arg, a.args[1].arg
+    stmts = fdef.body
+    if (
+        stmts
+        and isinstance(stmts[0], ast.Expr)
+        and isinstance(getattr(stmts[0], "value", None), ast.Constant)
+    ):
+        stmts = stmts[1:]  # the docstring
+    if len(stmts) < 2 or not isinstance(stmts[0], ast.Assign) or len(stmts[0].targets) != 1:
+        return None
+    target = stmts[0].targets[0]
+    if not (
+        isinstance(target, ast.Tuple)
+        and len(target.elts) == 2
+        and all(isinstance(t, ast.Name) for t in target.elts)
+    ):
+        return None
+    layout = _split_layout(stmts[0].value, x)
+    rest = stmts[1:]
+    if layout is None or any(isinstance(n, ast.Name) and n.id == x for s in rest for n in ast.walk(s)):
+        return None
+    gate, up = (t.id for t in target.elts)
+    if len({self_name, gate, up}) != 3:
+        return None
+    src = f"def {f.__name__}({self_name}, {gate}, {up}):\n" + textwrap.indent(
+        ast.unparse(ast.Module(rest, [])), "    "
+    )
+    namespace: dict = {}
+    exec(compile(src, f"<{f.__qualname__}, after its gate/up split>", "exec"), f.__globals__, namespace)  # noqa: S102
+    out = namespace[f.__name__]
+    out.__qualname__, out.__module__ = f"{f.__qualname__}[split]", f.__module__
+    return layout, out
+
+
+def _split_gate_up(t: torch.Tensor, out_dim: int, layout: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """The gate and up halves of a fused gate_up weight or bias along its output dim, split the way the module's
+    `_apply_gate` splits its product (concatenated [gate; up] or interleaved [g0, u0, g1, u1, ...])."""
+    if layout == CONCATENATED:
+        return t.chunk(2, dim=out_dim)
+    n = t.shape[out_dim]
+    return t.index_select(out_dim, torch.arange(0, n, 2)), t.index_select(out_dim, torch.arange(1, n, 2))
+
+
+# ---------------------------------------------------------------- routers
+
+
+_SELECTION = frozenset({"topk"})
 
 
 def _calls_topk(module: nn.Module) -> bool:
-    return any("topk" in f.__code__.co_names for f in structure.chain(type(module).forward))
+    return any(_SELECTION & set(f.__code__.co_names) for f in structure.chain(type(module).forward))
+
+
+def _is_self_call(node: ast.AST, names) -> str | None:
+    """`name` when node is a call `self.<name>(...)` with name in `names`."""
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in names:
+        if isinstance(node.func.value, ast.Name) and node.func.value.id == "self":
+            return node.func.attr
+    return None
+
+
+def _routing_sources(parent: nn.Module, experts_name: str, first_routing_arg: int) -> set[str]:
+    """Children of `parent` whose outputs reach the routing arguments (positions >= first_routing_arg) of
+    `self.<experts_name>(...)` in parent's forward: a name-level data flow over its source, statement by statement
+    in source order (an assignment replaces a name's sources, so `h = h + self.shared_experts(h)` after the experts
+    call does not count). Empty when the source is not available."""
+    fn = structure.chain(type(parent).forward)[-1:]
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(fn[0])))
+    except (IndexError, OSError, TypeError, SyntaxError):
+        return set()
+    children = set(parent._modules)
+    taint: dict[str, set[str]] = {}
+
+    def sources(node) -> set[str]:
+        out: set[str] = set()
+        for n in ast.walk(node):
+            if isinstance(n, ast.Name):
+                out |= taint.get(n.id, set())
+            elif (name := _is_self_call(n, children)) is not None:
+                out.add(name)
+        return out
+
+    simple = (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Expr, ast.Return)
+    found: set[str] = set()
+    for stmt in sorted(
+        (n for n in ast.walk(tree) if isinstance(n, simple)), key=lambda n: (n.lineno, n.col_offset)
+    ):
+        for n in ast.walk(stmt):
+            if _is_self_call(n, {experts_name}):
+                for arg in [*n.args[first_routing_arg:], *(kw.value for kw in n.keywords)]:
+                    found |= sources(arg)
+        if isinstance(stmt, (ast.Expr, ast.Return)) or stmt.value is None:
+            continue
+        src = sources(stmt.value)
+        for target in stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]:
+            for n in ast.walk(target):
+                if isinstance(n, ast.Name):
+                    taint[n.id] = src | (taint.get(n.id, set()) if isinstance(stmt, ast.AugAssign) else set())
+    return found - {experts_name}
+
+
+def _stacked_experts(module: nn.Module) -> bool:
+    """A model module (not a torch.nn built-in: a Conv1d weight is 3-D too) holding one weight matrix per expert,
+    stacked in a 3-D parameter."""
+    return not type(module).__module__.startswith("torch.") and any(
+        p.dim() == 3 for p in module.parameters(recurse=False)
+    )
+
+
+def _siblings(model: nn.Module, path: str):
+    parent_path, _, name = path.rpartition(".")
+    parent = model.get_submodule(parent_path) if parent_path else model
+    return parent_path, name, parent
 
 
 def routers(model: nn.Module) -> list[tuple[str, nn.Module]]:
-    """(path, module) of the routers: a sibling of an experts module whose forward calls topk."""
-    out = []
-    for path, experts in experts_modules(model):
-        parent_path = path.rpartition(".")[0]
-        parent = model.get_submodule(parent_path) if parent_path else model
+    """(path, module) of the routers: a sibling of an experts module (the experts interface's, or a stacked-weight
+    one) that calls topk, or, next to interface experts, whose outputs reach their routing arguments."""
+    out: dict[str, nn.Module] = {}
+    interface = {p for p, _ in experts_modules(model)}
+    for path, experts in model.named_modules():
+        if path not in interface and not _stacked_experts(experts):
+            continue
+        parent_path, experts_name, parent = _siblings(model, path)
+        feeding = _routing_sources(parent, experts_name, 1) if path in interface else set()
         for name, child in parent.named_children():
-            if child is not experts and _calls_topk(child):
-                out.append((f"{parent_path}.{name}" if parent_path else name, child))
-    return out
+            if child is not experts and (name in feeding or _calls_topk(child)):
+                out[f"{parent_path}.{name}" if parent_path else name] = child
+    return list(out.items())
+
+
+def dense_routers(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """Routers of stacked experts that are not the experts interface (already dense, Llama 4's)."""
+    interface = {p.rpartition(".")[0] for p, _ in experts_modules(model)}
+    return [(p, r) for p, r in routers(model) if p.rpartition(".")[0] not in interface]
+
+
+# ---------------------------------------------------------------- dense experts
 
 
 @host
@@ -77,7 +283,9 @@ def combine_matrix(top_k_index: torch.Tensor, top_k_weights: torch.Tensor, num_e
 def _proj(x: torch.Tensor, weight: torch.Tensor, transposed: bool) -> torch.Tensor:
     """x ([T, K] shared by all experts, or [E, T, K] per expert) through every expert's weight [E, N, K] (or
     [E, K, N] transposed) -> [E, T, N]."""
-    return torch.matmul(x if x.dim() == 3 else x.unsqueeze(0), weight if transposed else weight.transpose(1, 2))
+    return torch.matmul(
+        x if x.dim() == 3 else x.unsqueeze(0), weight if transposed else weight.transpose(1, 2)
+    )
 
 
 def dense_experts_forward(self, hidden_states, top_k_index, top_k_weights):
@@ -105,46 +313,34 @@ def dense_experts_forward(self, hidden_states, top_k_index, top_k_weights):
     return out.to(hidden_states.dtype)
 
 
-def _split_gate_up(experts: nn.Module, t: torch.Tensor, out_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The gate and up halves of a fused gate_up weight or bias, along its output dim, as stored (concatenated
-    [gate; up] or interleaved [g0, u0, g1, u1, ...])."""
-    if experts.is_concatenated:
-        return t.chunk(2, dim=out_dim)
-    n = t.shape[out_dim]
-    return t.index_select(out_dim, torch.arange(0, n, 2)), t.index_select(out_dim, torch.arange(1, n, 2))
-
-
-def _gate_fn(experts: nn.Module):
-    """act(gate) * up, through the module's own _apply_gate when it is the default (so custom gates stay)."""
-    from transformers.integrations.moe import _default_apply_gate
-
-    if structure.same_code(type(experts)._apply_gate, _default_apply_gate):
-        return lambda gate, up: experts.act_fn(gate) * up
-    return None
-
-
 @register_adapter
 class DenseExperts(Adapter):
     name = "moe_dense"
     # the routing ops of the three stock experts implementations that the capability table lists (grouped_mm and
-    # index_add are absent from it, so they read as unsupported and never retire this adapter on their own)
+    # index_add are absent from it, so they read as unsupported and never retire this adapter on their own), and
+    # the scatter/gather of the routers it moves to the host
     gap = "aten.histc"
-    also = ("aten.sort", "aten.index", "aten.index_put", "aten.gather", "aten.masked_fill")
-    applies_to = frozenset({"experts modules of transformers' @use_experts_implementation"})
+    also = ("aten.sort", "aten.index", "aten.index_put", "aten.gather", "aten.masked_fill", "aten.scatter")
+    applies_to = frozenset(
+        {"experts modules of transformers' @use_experts_implementation", "routers of stacked dense experts"}
+    )
     order = 40
     summary = "MoE routing on the host; experts dense (all experts, combine matrix) on the device"
 
     def applicable(self, model: nn.Module) -> bool:
-        return bool(supported_experts(model))
+        return bool(supported_experts(model) or dense_routers(model))
 
     def patch(self, model: nn.Module) -> Patch:
         patch = Patch(self.name)
         found = supported_experts(model)
-        if not found:
+        hosted = dense_routers(model)
+        if not found and not hosted:
             return patch
-        from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS
+        if found:
+            from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS
 
-        patch.add_registry_key(ALL_EXPERTS_FUNCTIONS._global_mapping, IMPL, dense_experts_forward)
+            patch.add_registry_key(ALL_EXPERTS_FUNCTIONS._global_mapping, IMPL, dense_experts_forward)
+            hosted = [*routers(model)]
         copies: dict[int, object] = {}
         for path, experts in found:
             old = experts.config
@@ -154,15 +350,25 @@ class DenseExperts(Adapter):
                 copies[id(old)] = new
             patch.set_attr(experts, "config", copies[id(old)], f"{path}: experts implementation -> {IMPL}")
             if experts.has_gate:
+                layout, gate_fn = split_gate(type(experts)._apply_gate)
                 out_dim = 2 if experts.is_transposed else 1  # [E, 2I, H] or [E, H, 2I]
-                gate_w, up_w = _split_gate_up(experts, experts.gate_up_proj.detach(), out_dim)
-                patch.add_buffer(experts, "_spyre_gate_w", gate_w.contiguous(), f"{path}: gate half of gate_up_proj")
-                patch.add_buffer(experts, "_spyre_up_w", up_w.contiguous(), f"{path}: up half of gate_up_proj")
+                gate_w, up_w = _split_gate_up(experts.gate_up_proj.detach(), out_dim, layout)
+                patch.add_buffer(
+                    experts, "_spyre_gate_w", gate_w.contiguous(), f"{path}: gate half of gate_up_proj"
+                )
+                patch.add_buffer(
+                    experts, "_spyre_up_w", up_w.contiguous(), f"{path}: up half of gate_up_proj"
+                )
                 if experts.has_bias:
-                    gate_b, up_b = _split_gate_up(experts, experts.gate_up_proj_bias.detach(), 1)
+                    gate_b, up_b = _split_gate_up(experts.gate_up_proj_bias.detach(), 1, layout)
                     patch.add_buffer(experts, "_spyre_gate_b", gate_b.contiguous())
                     patch.add_buffer(experts, "_spyre_up_b", up_b.contiguous())
-                patch.set_attr(experts, "_spyre_gate_fn", _gate_fn(experts), f"{path}: act(gate) * up")
-        for path, router in routers(model):
+                patch.set_attr(
+                    experts,
+                    "_spyre_gate_fn",
+                    types.MethodType(gate_fn, experts),
+                    f"{path}: gate on the halves",
+                )
+        for path, router in hosted:
             patch.override_forward(router, host(type(router).forward), f"{path}: routing on the host")
         return patch
