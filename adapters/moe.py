@@ -263,9 +263,11 @@ def routers(model: nn.Module) -> list[tuple[str, nn.Module]]:
 
 
 def dense_routers(model: nn.Module) -> list[tuple[str, nn.Module]]:
-    """Routers of stacked experts that are not the experts interface (already dense, Llama 4's)."""
-    interface = {p.rpartition(".")[0] for p, _ in experts_modules(model)}
-    return [(p, r) for p, r in routers(model) if p.rpartition(".")[0] not in interface]
+    """Routers of stacked experts that are already dense (Llama 4's): not the experts interface's, not JetMoE's."""
+    handled = {p.rpartition(".")[0] for p, _ in experts_modules(model)} | {
+        p for p, _, _ in parallel_experts_blocks(model)
+    }
+    return [(p, r) for p, r in routers(model) if p.rpartition(".")[0] not in handled]
 
 
 # ---------------------------------------------------------------- dense experts
@@ -371,4 +373,130 @@ class DenseExperts(Adapter):
                 )
         for path, router in hosted:
             patch.override_forward(router, host(type(router).forward), f"{path}: routing on the host")
+        return patch
+
+
+# ---------------------------------------------------------------- JetMoE's sorted-and-split experts (MoE and MoA)
+
+
+def _reference(name: str):
+    """JetMoE's functions, the code the parallel-experts forms are recognised against (None if not importable)."""
+    try:
+        from transformers.models.jetmoe import modeling_jetmoe as m
+    except ImportError:  # a transformers without JetMoE: nothing here can match
+        return None
+    cls, _, attr = name.partition(".")
+    return getattr(getattr(m, cls), attr)
+
+
+def parallel_experts_blocks(model: nn.Module) -> list[tuple[str, nn.Module, str]]:
+    """(path, module, "moe" | "moa") of the modules whose forward (MoE) or map and reduce (MoA, mixture of attention
+    heads) are verbatim copies of JetMoE's: a router returns the token order sorted by expert and the per-expert
+    counts, the tokens are gathered, split per expert, and index_add-ed back."""
+    moe, moa_map, moa_reduce = (
+        _reference(n) for n in ("JetMoeMoE.forward", "JetMoeMoA.map", "JetMoeMoA.reduce")
+    )
+    if moe is None:
+        return []
+    out = []
+    for path, m in model.named_modules():
+        cls = type(m)
+        if structure.same_code(cls.forward, moe):
+            out.append((path, m, "moe"))
+        elif all(hasattr(cls, a) for a in ("map", "reduce")) and (
+            structure.same_code(cls.map, moa_map) and structure.same_code(cls.reduce, moa_reduce)
+        ):
+            out.append((path, m, "moa"))
+    return out
+
+
+@host
+def slot_routing(index_sorted_experts, batch_gates, expert_size, tokens: int, top_k: int, dtype, device):
+    """From the router's sorted topology, on the host: [T, k, E] one-hot of each (token, k) slot's expert and the
+    same weighted by the slot's gate. The sorted slot j holds expert e for the expert_size[e] slots of that expert, and
+    came from slot index_sorted_experts[j] = token * k + position."""
+    num_experts = len(expert_size)
+    slots = to_host(index_sorted_experts).long()
+    experts = torch.repeat_interleave(torch.arange(num_experts), torch.tensor(expert_size, dtype=torch.long))
+    gates = to_host(batch_gates)
+    onehot = torch.zeros(tokens * top_k, num_experts, dtype=gates.dtype)
+    onehot[slots, experts] = 1
+    weighted = torch.zeros_like(onehot)
+    weighted[slots, experts] = gates
+    shape = (tokens, top_k, num_experts)
+    return (t.view(shape).to(device=device, dtype=dtype) for t in (onehot, weighted))
+
+
+def _route(self, x):
+    index_sorted, _, batch_gates, expert_size, router_logits = self.router(x)
+    onehot, weighted = slot_routing(
+        index_sorted, batch_gates, expert_size, x.shape[0], self.router.top_k, x.dtype, x.device
+    )
+    return onehot, weighted, router_logits
+
+
+def dense_parallel_moe_forward(self, layer_input):
+    """JetMoE's MoE with every expert on every token: [B, L, H] -> [B, L, H]."""
+    bsz, length, emb_size = layer_input.size()
+    x = layer_input.reshape(-1, emb_size)
+    _, weighted, _ = _route(self, x)
+    combine = weighted.sum(1)  # [T, E]: a token's gates at its experts
+    h = self.activation(_proj(x, self._spyre_gate_w, False)) * _proj(x, self._spyre_up_w, False)
+    y = _proj(h, self.output_linear.weight, False)  # [E, T, H]
+    out = (y * combine.transpose(0, 1).unsqueeze(-1)).sum(0)
+    return out.view(bsz, length, self.input_size) + self.bias
+
+
+def dense_moa_map(self, layer_input):
+    """JetMoE's MoA query projection: every expert's, each (token, k) slot picking its own by a one-hot matmul. The
+    topology handed to reduce is the gate-weighted one-hot (reduce is replaced with map)."""
+    bsz, length, emb_size = layer_input.size()
+    x = layer_input.reshape(-1, emb_size)
+    onehot, weighted, router_logits = _route(self, x)
+    q = _proj(x, self.input_linear.weight, False)  # [E, T, D]
+    out = torch.bmm(onehot, q.transpose(0, 1))  # [T, k, E] @ [T, E, D] -> [T, k, D]
+    return out.view(bsz, length, self.top_k, -1), router_logits, (weighted,)
+
+
+def dense_moa_reduce(self, layer_input, topo_info):
+    """JetMoE's MoA output projection: every expert on every slot, weighted by the slot's gate at its expert."""
+    bsz, length, k, hidden_size = layer_input.size()
+    (weighted,) = topo_info
+    y = layer_input.reshape(-1, hidden_size)  # [T * k, D]
+    o = _proj(y, self.output_linear.weight, False)  # [E, T * k, H]
+    out = (o * weighted.reshape(-1, weighted.shape[-1]).transpose(0, 1).unsqueeze(-1)).sum(0)  # [T * k, H]
+    return out.view(bsz * length, k, -1).sum(1).view(bsz, length, self.input_size) + self.bias
+
+
+@register_adapter
+class DenseParallelExperts(Adapter):
+    name = "moe_dense_parallel"
+    # index_add is absent from the capability table (reads unsupported); sort and scatter are the router's
+    gap = "aten.index_add"
+    also = ("aten.sort", "aten.scatter", "aten.index")
+    applies_to = frozenset({"JetMoE-style sorted-and-split experts (MoE and mixture of attention heads)"})
+    order = 40
+    summary = "JetMoE routing on the host; MoE and MoA experts dense (one-hot slot selection) on the device"
+
+    def applicable(self, model: nn.Module) -> bool:
+        return bool(parallel_experts_blocks(model))
+
+    def patch(self, model: nn.Module) -> Patch:
+        patch = Patch(self.name)
+        for path, block, kind in parallel_experts_blocks(model):
+            router = block.router
+            patch.override_forward(router, host(type(router).forward), f"{path}.router: routing on the host")
+            if kind == "moe":
+                w = block.input_linear.weight.detach()  # [E, 2I, H]; the forward chunks its output [gate; up]
+                gate_w, up_w = w.chunk(2, dim=1)
+                patch.add_buffer(
+                    block, "_spyre_gate_w", gate_w.contiguous(), f"{path}: gate half of input_linear"
+                )
+                patch.add_buffer(block, "_spyre_up_w", up_w.contiguous(), f"{path}: up half of input_linear")
+                patch.override_forward(block, dense_parallel_moe_forward, f"{path}: experts dense")
+            else:
+                patch.set_attr(block, "map", types.MethodType(dense_moa_map, block), f"{path}: MoA map dense")
+                patch.set_attr(
+                    block, "reduce", types.MethodType(dense_moa_reduce, block), f"{path}: MoA reduce"
+                )
         return patch

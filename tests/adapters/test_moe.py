@@ -13,7 +13,15 @@ import pytest
 import torch
 
 import adapters
-from adapters.moe import CONCATENATED, IMPL, INTERLEAVED, experts_modules, routers, split_gate
+from adapters.moe import (
+    CONCATENATED,
+    IMPL,
+    INTERLEAVED,
+    experts_modules,
+    parallel_experts_blocks,
+    routers,
+    split_gate,
+)
 from models.zoo import build
 
 ATOL = RTOL = 1e-5
@@ -170,3 +178,48 @@ def test_patched_block_has_no_routing_gap_in_strict_mode(model_type):
     # (a split, made of slices); Beam's gate evaluates silu in fp32 as its stock code does (not accepted on device)
     allowed = {"llama4_text": {"aten.split"}, "beam": {"aten.silu"}}.get(model_type, set())
     assert {op.capability for op in after} <= allowed, [op.describe() for op in after]
+
+
+# ---------------------------------------------------------------- JetMoE: sorted-and-split experts, MoE and MoA
+
+
+def test_jetmoe_blocks_are_dense_and_stock():
+    """JetMoE's MoE (gate/up experts, index_add back) and MoA (per-slot query experts, gate-weighted output experts)
+    on random inputs: the dense forms equal the stock ones, and the model equals stock."""
+    zm = _zoo("jetmoe")
+    found = parallel_experts_blocks(zm.model)
+    assert {k for _, _, k in found} == {"moe", "moa"}
+    moe = next(m for _, m, k in found if k == "moe")
+    moa = next(m for _, m, k in found if k == "moa")
+    x = torch.randn(2, 5, zm.model.config.hidden_size, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        ref = [moe(x), *moa.map(x)[:1]]
+        ref.append(moa.reduce(ref[1], moa.map(x)[2]))
+        with adapters.apply(zm.model, only=["moe_dense_parallel"]):
+            q, _, topo = moa.map(x)
+            out = [moe(x), q, moa.reduce(q, topo)]
+    for o, r in zip(out, ref, strict=True):
+        assert r.abs().max() > 0
+        torch.testing.assert_close(o, r, atol=ATOL, rtol=RTOL)
+    result = adapters.get_adapter("moe_dense_parallel").check(zm.model, zm.inputs, atol=ATOL, rtol=RTOL)
+    assert result.ok, str(result)
+
+
+def test_jetmoe_blocks_have_no_routing_gap_in_strict_mode():
+    from torch_spyre_emu.compiler import find_unsupported
+
+    zm = _zoo("jetmoe")
+    moe = next(m for _, m, k in parallel_experts_blocks(zm.model) if k == "moe")
+    x = torch.randn(1, 8, zm.model.config.hidden_size, generator=torch.Generator().manual_seed(0)).half()
+    moe.half()
+    try:
+        with torch._dynamo.config.patch(automatic_dynamic_shapes=False):
+            before = {op.capability for op in find_unsupported(moe, (x,))}
+            torch._dynamo.reset()
+            with adapters.apply(zm.model, only=["moe_dense_parallel"]):
+                after = [op.describe() for op in find_unsupported(moe, (x,))]
+            torch._dynamo.reset()
+    finally:
+        moe.float()
+    assert {"aten.index_add", "aten.sort"} <= before, before
+    assert not after, after
