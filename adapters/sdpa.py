@@ -18,9 +18,12 @@ import copy
 import torch
 from torch import nn
 
+from adapters import _stack
 from adapters.base import Adapter
+from adapters.head_dim_pad import pad_matrix
 from adapters.patch import Patch
 from adapters.registry import register_adapter
+from adapters.rewrite import _PASS, Rewrite, _wrapped, uses
 
 IMPL = "spyre_math"
 
@@ -87,4 +90,97 @@ class MathAttention(Adapter):
         for module in model.modules():
             if module.__dict__.get("config") is old:
                 patch.set_attr(module, "config", new, f"{type(module).__name__}.config -> {IMPL} copy")
+        return patch
+
+
+# -- SDPA calls torch would send to its math kernel ----------------------------------------------------------------
+_SDPA_ARGS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
+
+
+def _sdpa_args(args, kwargs):
+    bound = dict(zip(_SDPA_ARGS, args, strict=False))
+    bound.update(kwargs)
+    return bound
+
+
+def fused_form(args, kwargs):
+    """The rewrite handler: an SDPA call re-expressed for the fused kernel, or rewrite's pass marker (stock)."""
+    a = _sdpa_args(args, kwargs)
+    q, k, v = a.get("query"), a.get("key"), a.get("value")
+    if set(a) - set(_SDPA_ARGS) or not all(isinstance(t, torch.Tensor) and t.dim() == 4 for t in (q, k, v)):
+        return _PASS  # another signature or rank: stock
+    heads, kv_heads = q.shape[1], k.shape[1]
+    repeat = kv_heads != heads and not a.get("enable_gqa", False) and v.shape[1] == kv_heads
+    repeat = repeat and heads % kv_heads == 0
+    d, dv = q.shape[-1], v.shape[-1]
+    pad = dv < d and k.shape[-1] == d
+    if not (repeat or pad):
+        return _PASS
+    if repeat:
+        k, v = repeat_kv(k, heads // kv_heads), repeat_kv(v, heads // kv_heads)
+    e = None
+    if pad:
+        e = pad_matrix(dv, d).to(device=v.device, dtype=v.dtype)
+        v = torch.matmul(v, e)
+    rest = {n: a[n] for n in _SDPA_ARGS[3:] if n in a}
+    out = torch.nn.functional.scaled_dot_product_attention(q, k, v, **rest)
+    return torch.matmul(out, e.t()) if e is not None else out
+
+
+def _fused_rewrite() -> Rewrite:
+    return Rewrite(
+        "aten._safe_softmax",
+        (torch.nn.functional.scaled_dot_product_attention,),
+        frozenset({"scaled_dot_product_attention"}),
+        fused_form,
+        ("aten.expand", "aten.reshape", "aten.matmul"),
+        "K/V heads repeated to Q's, V zero-padded to Q's width (v @ [I|0], out @ [I|0]^T): the fused SDPA kernel",
+    )
+
+
+@register_adapter
+class FusedSDPA(Adapter):
+    """Gap: aten._safe_softmax. torch's fused CPU SDPA kernel needs Q, K and V with one head count and one head width;
+    a call with fewer K/V heads than Q heads (broadcast, `enable_gqa` False: Falcon's multi-query attention) or a V
+    head narrower than Q's goes to torch's math kernel, which upcasts fp16 to fp32 and normalises with `_safe_softmax`,
+    an op the stack has no lowering for (capability table). The stack decomposes the fused kernel into its own math
+    path (bmm, softmax, bmm), so the call is re-expressed into the form the fused kernel takes, with the same result:
+
+    - K/V heads repeated to Q's (`repeat_kv`: unsqueeze/expand/reshape, a copy), which is what the broadcast in the
+      math kernel's matmuls computes;
+    - V zero-padded to Q's width by `v @ E`, E = [I | 0] (head_dim_pad.pad_matrix, exact), the output sliced back by
+      `out @ E^T` (exact: the padded lanes are probs @ 0 = 0 and meet zero rows of E^T).
+    Scores, mask and softmax are untouched; a row whose keys are all masked gives 0 in the fused kernel as in
+    `_safe_softmax` (tests/adapters/test_mla.py checks both kernels on such rows).
+
+    How it recognises its targets: by what the code calls. The model's module classes' methods (and the same-package
+    helpers they reach) are scanned for the name `scaled_dot_product_attention` (rewrite.uses), and the model's forward
+    runs under the rewrite adapter's TorchFunctionMode (rewrite.Reexpress, entered outside dynamo) with this one
+    handler; a call in any other form, or one the fused kernel takes already, runs unchanged. Attentions that reach
+    SDPA through transformers' attention registry are the mla adapter's (their V width is fixed in expand_kv)."""
+
+    name = "sdpa_fused"
+    gap = "aten._safe_softmax"
+    applies_to = frozenset({"any module whose code calls scaled_dot_product_attention"})
+    order = 96  # after rewrite (95): its mode is entered outside rewrite's, on the final forward
+    summary = "SDPA calls re-expressed for the fused kernel (K/V heads repeated, V padded): no _safe_softmax"
+
+    def retired(self, caps) -> bool:
+        return not _fused_rewrite().needed(caps)
+
+    def _needed(self) -> bool:
+        caps = _stack.capabilities()
+        rw = _fused_rewrite()
+        return rw.needed(caps) and all(caps.status(n) != "unsupported" for n in rw.needs)
+
+    def applicable(self, model: nn.Module) -> bool:
+        return "aten._safe_softmax" in uses(model, (_fused_rewrite(),))
+
+    def patch(self, model: nn.Module) -> Patch:
+        patch = Patch(self.name)
+        if self._needed():
+            rw = _fused_rewrite()
+            patch.override_forward(
+                model, _wrapped(model.forward, [rw]), f"{type(model).__name__}.forward: SDPA -> {rw.how}"
+            )
         return patch
