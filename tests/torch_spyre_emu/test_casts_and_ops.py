@@ -296,3 +296,20 @@ def test_repeat_of_a_4d_tensor_needs_no_layout_over_rank_6():
         got_pos = compiled(lambda t: t.tile([1, 1, 4, 4]) * 2)(pos)
     assert torch.equal(got_v, (v.repeat(1, 2, 1, 1).to("spyre") * 2).cpu())
     assert torch.equal(got_pos, (pos.tile([1, 1, 4, 4]).to("spyre") * 2).cpu())
+
+
+def test_a_float64_constant_read_only_by_a_cpu_island_stays_on_the_host():
+    # ctrl's inputs_embeds *= np.sqrt(d_model): dynamo makes np.sqrt(64) a float64 0-d tensor. No spyre tensor can
+    # hold float64, so it is a host tensor and the mul that reads it a CPU island, not a compile error
+    import numpy as np
+
+    def scaled(t):
+        y = t * 2
+        y *= np.sqrt(64)
+        return y
+
+    x = torch.randn(4, 64, dtype=torch.float16)
+    with pytest.warns(FallbackWarning, match="aten.mul"):
+        got = compiled(scaled)(x)
+    assert got.dtype == torch.float16
+    assert torch.equal(got, scaled(x.to("spyre").cpu()))

@@ -20,6 +20,7 @@ from torch_spyre_emu.compiler.builder import Builder, HostSpec
 from torch_spyre_emu.compiler.context import CompileOptions, ProgramParts, module_path
 from torch_spyre_emu.compiler.lowering import Unavailable, find_lowering
 from torch_spyre_emu.compiler.views import TRef
+from torch_spyre_emu.device.host_dtypes import TORCH_TO_FORMAT
 from torch_spyre_emu.errors import FallbackWarning, SpyreCompileError, fallback_message
 
 
@@ -81,7 +82,13 @@ def lower_graph(gm: fx.GraphModule, options: CompileOptions) -> Lowered:
                 env[node] = val
             placeholder_i += 1
         elif node.op == "get_attr":
-            env[node] = b.constant(getattr(gm, node.target), "const")
+            value = getattr(gm, node.target)
+            if value.dtype not in TORCH_TO_FORMAT and _host_only(node):
+                env[node] = (
+                    value  # no spyre tensor holds this dtype: a host tensor, read by CPU islands alone
+                )
+            else:
+                env[node] = b.constant(value, "const")
         elif node.op == "call_function":
             env[node] = _lower_node(b, node, env, options)
         elif node.op == "output":
@@ -90,6 +97,10 @@ def lower_graph(gm: fx.GraphModule, options: CompileOptions) -> Lowered:
             )
             return Lowered(b, inputs, names, template, dtypes, bufs, shapes)
     raise SpyreCompileError(f"graph {options.name!r} has no output node")
+
+
+def _host_only(node: fx.Node) -> bool:
+    return bool(node.users) and all(u.meta.get("spyre_placement") == "host" for u in node.users)
 
 
 def _lower_node(b: Builder, node: fx.Node, env: dict, options: CompileOptions):
