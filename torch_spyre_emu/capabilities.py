@@ -364,10 +364,26 @@ _OPS: list[OpEntry] = [
     # --- gaps (no device lowering, no CPU island) ---------------------------------------------------------------
     _e("gather", "unsupported", (), "no eager kernel; compiled path has open bugs (#4328)", S4),
     _e("index", "unsupported", (), "index.Tensor missing (#3484); boolean indexing does not lower", S4),
-    _e("all", "unsupported", (), "'Enable torch.all' is an open op-enablement issue", "STACK §4 (op enablement)"),
+    _e(
+        "all",
+        "unsupported",
+        (),
+        "'Enable torch.all' is an open op-enablement issue",
+        "STACK §4 (op enablement)",
+    ),
     _e("isinf", "unsupported", (), "in no June op table: emulation assumption, a gap"),
-    _e("stack", "unsupported", (), "in no June op table (cat is a decomposition, stack is not): emulation assumption"),
-    _e("new_full", "unsupported", (), "in no June op table (full/ones are custom ops): emulation assumption, a gap"),
+    _e(
+        "stack",
+        "unsupported",
+        (),
+        "in no June op table (cat is a decomposition, stack is not): emulation assumption",
+    ),
+    _e(
+        "new_full",
+        "unsupported",
+        (),
+        "in no June op table (full/ones are custom ops): emulation assumption, a gap",
+    ),
     _e("isfinite", "unsupported", (), "in no June op table: emulation assumption, a gap"),
     _e("index_put", "unsupported", (), "indirect writes (#1880)", S4),
     _e("scatter", "unsupported", (), "indirect writes", S4),
@@ -478,6 +494,14 @@ _FEATURES: list[Feature] = [
         "checked, smaller outputs are padded in-stick as usual. Independently, work division raises when no split "
         "keeps every core under the 256 MiB span (the real EAR failure).",
         "hf_adapters.md §2 (pad_lm_head)",
+    ),
+    Feature(
+        "shape.data_dependent",
+        False,
+        "A size or shape read from a tensor's value inside a graph (aten._local_scalar_dense: F.pad amounts or an "
+        "interpolate size held in tensors): kernels are compiled for static shapes, so the value must be a Python "
+        "int on the host before the graph is traced.",
+        "STACK §4 (kernels compiled for static shapes)",
     ),
     Feature(
         "ops.gelu_erf",

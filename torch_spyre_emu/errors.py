@@ -42,7 +42,13 @@ class SpyreUnsupportedOpError(SpyreError, NotImplementedError):
 
 
 class SpyreCompileError(SpyreError, RuntimeError):
-    """The compiler could not lower a graph (names the op, shape, dtype and pass)."""
+    """The compiler could not lower a graph (names the op, shape, dtype and pass). Where the cause is a capability
+    the stack lacks, `.capability` names it (a capability-table name) and `.op` / `.where` the op that met it, so a
+    report can rank it with the unsupported ops; both are None otherwise."""
+
+    def __init__(self, message: str, capability: str | None = None, op: str | None = None, where: str = ""):
+        super().__init__(message)
+        self.capability, self.op, self.where = capability, op, where
 
 
 class SpyreDtypeMismatchError(SpyreCompileError, TypeError):

@@ -172,14 +172,15 @@ def classify_error(e: BaseException) -> tuple[str, list[dict]]:
         return "unsupported", _dedup([_op_record(op) for op in e.ops])
     if _typed(e):
         first = str(e).splitlines()[0] if str(e) else type(e).__name__
-        cap = f"{type(e).__module__.split('.')[0]}.{type(e).__name__}"
+        # a compile error that names the capability it lacks is ranked with the ops; others by their class
+        cap = getattr(e, "capability", None) or f"{type(e).__module__.split('.')[0]}.{type(e).__name__}"
         return "unsupported", [
             {
-                "op": "",
+                "op": getattr(e, "op", None) or "",
                 "dtypes": [],
                 "shapes": [],
                 "capability": cap,
-                "module_path": "",
+                "module_path": getattr(e, "where", "") or "",
                 "status": "",
                 "message": first,
             }

@@ -10,6 +10,7 @@ the decompositions it does itself in passes/decompose.py: SDPA math path, silu, 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
 
 import torch
@@ -179,11 +180,19 @@ def capture(
             "cannot be lowered. Create the tensor on the CPU and move it: torch.randint(...).to('spyre')"
         ) from e
     except DATA_DEPENDENT as e:
-        where = str(e).split("While executing", 1)[-1].strip().splitlines()[0][:300] if "While executing" in str(e) else ""
+        where = (
+            str(e).split("While executing", 1)[-1].strip().splitlines()[0][:300]
+            if "While executing" in str(e)
+            else ""
+        )
+        target = re.search(r"target=([^\]]+)\]", where)
         raise SpyreCompileError(
             f"a value read from a tensor decides a shape or a size in this graph ({type(e).__name__}: "
             f"{str(e).splitlines()[0]}{'; at ' + where if where else ''}); Spyre programs are static-shape, so "
-            "the stack cannot compile it: compute that value on the host (Python ints, or an adapter that does)"
+            "the stack cannot compile it: compute that value on the host (Python ints, or an adapter that does)",
+            capability="shape.data_dependent",
+            op="aten._local_scalar_dense",
+            where=target.group(1) if target else "",
         ) from e
     except Exception as e:
         blocking = _unsupported_higher_order_ops(fn)

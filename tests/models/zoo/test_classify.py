@@ -156,3 +156,20 @@ def test_a_type_that_does_not_build_is_not_buildable_and_never_raises():
     assert set(rec) == set(_record("x", "default")) and rec["wall_s"] >= 0
     assert rec["error"]["type"].endswith("ZooBuildError")
     json.dumps(rec)
+
+
+def test_a_size_read_from_a_tensor_is_named_as_the_gap():
+    # encodec/mimi's F.pad amounts held in 0-d int64 buffers: the graph cannot be static-shape
+    amount = torch.tensor(3)
+
+    def pads(x, n):
+        return torch.nn.functional.pad(x, (n, n)) * 2
+
+    x = torch.randn(2, 64, dtype=torch.float16)
+    e = _raised(lambda: torch.compile(pads, backend="spyre")(x, amount))
+    cls, blocking = classify_error(e)
+    assert cls == "unsupported"
+    assert [(b["op"], b["capability"]) for b in blocking] == [
+        ("aten._local_scalar_dense", "shape.data_dependent")
+    ]
+    assert "pad" in blocking[0]["module_path"]
