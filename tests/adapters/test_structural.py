@@ -26,7 +26,8 @@ FAMILIES = (
     "glm",
     "cohere",
     "glmasr",
-)  # glmasr: an audio tower beside a Llama decoder
+    "minicpm3",
+)  # glmasr: an audio tower beside a Llama decoder; minicpm3: multi-head latent attention (the mla adapter)
 
 
 @functools.cache
