@@ -111,11 +111,52 @@ def _split_layout(value: ast.AST, x: str) -> str | None:
     return None
 
 
+# Methods whose result depends on the tensor's shape or dims: the rest of a gate runs on [E, T, I] halves here,
+# on [S, I] in stock, so only shape-agnostic (elementwise) code is taken.
+_SHAPED = frozenset(
+    {
+        "view",
+        "reshape",
+        "flatten",
+        "transpose",
+        "permute",
+        "unsqueeze",
+        "squeeze",
+        "size",
+        "shape",
+        "sum",
+        "mean",
+        "softmax",
+        "cat",
+        "stack",
+        "split",
+        "chunk",
+        "narrow",
+        "select",
+        "index_select",
+        "gather",
+        "expand",
+        "repeat",
+    }
+)
+
+
+def _elementwise(node: ast.AST, x: str) -> bool:
+    """Is this node of a gate's rest free of the fused input `x`, of indexing and of shape-dependent calls?"""
+    if isinstance(node, ast.Name):
+        return node.id != x
+    if isinstance(node, ast.Attribute):
+        return node.attr not in _SHAPED
+    if isinstance(node, ast.keyword):
+        return node.arg != "dim"
+    return not isinstance(node, ast.Subscript)
+
+
 @functools.cache
 def split_gate(fn) -> tuple[str, types.FunctionType] | None:
     """(layout, gate(self, gate, up)) for an `_apply_gate(self, x)` whose first statement is `gate, up = <split of x>`
-    and whose rest does not read x: the rest of the body, verbatim, in the function's own globals. None otherwise
-    (no source, a closure, decorators, another first statement): such experts are left stock."""
+    and whose rest is elementwise and does not read x: the rest of the body, verbatim, in the function's own globals.
+    None otherwise (no source, a closure, decorators, another first statement): such experts are left stock."""
     levels = structure.chain(fn)
     if len(levels) != 1 or levels[0].__code__.co_freevars:
         return None
@@ -149,7 +190,7 @@ def split_gate(fn) -> tuple[str, types.FunctionType] | None:
         return None
     layout = _split_layout(stmts[0].value, x)
     rest = stmts[1:]
-    if layout is None or any(isinstance(n, ast.Name) and n.id == x for s in rest for n in ast.walk(s)):
+    if layout is None or not all(_elementwise(n, x) for s in rest for n in ast.walk(s)):
         return None
     gate, up = (t.id for t in target.elts)
     if len({self_name, gate, up}) != 3:

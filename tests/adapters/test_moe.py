@@ -52,7 +52,8 @@ def test_family_gates_are_split_by_structure():
 
 
 class _Gates:
-    """Gates that must be left stock: the rest reads the fused tensor, or the first statement is no split."""
+    """Gates that must be left stock: the rest reads the fused tensor or depends on dims, or the first statement is
+    no split."""
 
     def reads_fused_again(self, gate_up):
         gate, up = gate_up.chunk(2, dim=-1)
@@ -71,8 +72,14 @@ class _Gates:
         gate, up = gate_up[..., ::3], gate_up[..., 1::3]
         return gate * up
 
+    def reduces_a_dim(self, gate_up):  # stock sees [S, I], the dense form [E, T, I]: dim 1 differs
+        gate, up = gate_up.chunk(2, dim=-1)
+        return (gate * up).softmax(dim=1)
 
-@pytest.mark.parametrize("name", ["reads_fused_again", "splits_in_three", "scales_first", "odd_stride"])
+
+@pytest.mark.parametrize(
+    "name", ["reads_fused_again", "splits_in_three", "scales_first", "odd_stride", "reduces_a_dim"]
+)
 def test_gates_that_do_not_split_first_are_left_alone(name):
     assert split_gate(getattr(_Gates, name)) is None
 
