@@ -131,7 +131,8 @@ def rotary_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
     return [
         (p, m)
         for p, m in model.named_modules()
-        if structure.same_code(type(m).forward, ref) and isinstance(getattr(m, "inv_freq", None), torch.Tensor)
+        if structure.same_code(type(m).forward, ref)
+        and isinstance(getattr(m, "inv_freq", None), torch.Tensor)
     ]
 
 
@@ -164,7 +165,9 @@ class HostRope(Adapter):
     name = "rope"
     gap = "aten.sin"
     also = ("aten.cos", "aten.slice")
-    applies_to = frozenset({"LlamaRotaryEmbedding's code with attention calling Llama's apply_rotary_pos_emb"})
+    applies_to = frozenset(
+        {"LlamaRotaryEmbedding's code with attention calling Llama's apply_rotary_pos_emb"}
+    )
     order = 50  # after head_dim_pad: tables follow the padded layout
     summary = "cos/sin precomputed and gathered on the host; rotate_half as x @ R (no slice)"
 
@@ -223,7 +226,9 @@ class HostRope(Adapter):
             patch.set_attr(attn, "_spyre_rope", True, "rope marker")
             forward = structure.current_function(attn, "forward")
             patch.override_forward(
-                attn, structure.rebind(forward, calls, patch.on_undo), f"{type(attn).__name__}: rotation by matmul"
+                attn,
+                structure.rebind(forward, calls, patch.on_undo),
+                f"{type(attn).__name__}: rotation by matmul",
             )
         return patch
 
@@ -239,7 +244,9 @@ def _head_dim(attn: nn.Module) -> int:
         return pad[1]
     head_dim = getattr(attn, "head_dim", None)
     if head_dim is None:
-        raise AdapterTargetError(f"rope: {type(attn).__name__} has no head_dim attribute; cannot size the rotation")
+        raise AdapterTargetError(
+            f"rope: {type(attn).__name__} has no head_dim attribute; cannot size the rotation"
+        )
     return int(head_dim)
 
 
@@ -299,7 +306,9 @@ def rotate_by_matmul(build, max_dim: int, device, dtype):
 class RotateHalfByMatmul(Adapter):
     name = "rotate_half"
     gap = "aten.slice"  # and aten.stack for the interleaved copies (see retired())
-    applies_to = frozenset({"attention whose forward reaches a copy of Llama's, GLM's or Cohere's rotate_half"})
+    applies_to = frozenset(
+        {"attention whose forward reaches a copy of Llama's, GLM's or Cohere's rotate_half"}
+    )
     order = 55  # after rope: attention the rope adapter rewrote is left alone
     summary = "rotate_half (half-split or interleaved) as x @ R: no slice, stack or cat on the device"
 
@@ -341,8 +350,12 @@ def _stock_rotary_on_host_call(self, x, *args, **kwargs):
     forward = self.__dict__["_spyre_stock_forward"]
     on_host = [to_host(a) if isinstance(a, torch.Tensor) else a for a in args]
     kw = {k: to_host(v) if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
-    out = forward(torch.empty(x.shape, dtype=x.dtype), *on_host, **kw)  # x is read for its dtype and device only
-    if isinstance(out, torch.Tensor):  # one table, e.g. DeepSeek-V2's complex freqs_cis, not a (cos, sin) pair
+    out = forward(
+        torch.empty(x.shape, dtype=x.dtype), *on_host, **kw
+    )  # x is read for its dtype and device only
+    if isinstance(
+        out, torch.Tensor
+    ):  # one table, e.g. DeepSeek-V2's complex freqs_cis, not a (cos, sin) pair
         return out.to(x.device)
     return tuple(o.to(x.device) if isinstance(o, torch.Tensor) else o for o in out)
 
@@ -354,14 +367,25 @@ def _stock_rotary_forward(self, x, *args, **kwargs):
     return _stock_rotary_on_host(self, x, *args, **kwargs)
 
 
+def _has_inv_freq(m: nn.Module) -> bool:
+    """An `inv_freq` buffer, or one per layer type (`full_attention_inv_freq`, `sliding_attention_inv_freq`: the
+    rotary modules of Gemma 3/4, OLMo 3, ModernBERT and their copies, whose forward takes a `layer_type`)."""
+    bufs = m.__dict__.get("_buffers", {})
+    return any(
+        isinstance(t, torch.Tensor) and (k == "inv_freq" or k.endswith("_inv_freq")) for k, t in bufs.items()
+    )
+
+
 def other_rotary_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
     """Rotary modules that are not Llama's code (no table is built for them): a module with an `inv_freq` buffer
-    whose forward takes (x, position_ids, ...) and that the rope adapter left stock."""
+    (or per-layer-type `*_inv_freq` buffers) whose forward takes (x, position_ids, ...) and that the rope adapter
+    left stock. Its stock forward runs on the host as it is, so any frequency rule (default, yarn, llama3, dynamic,
+    longrope, per layer type) stays exact: nothing is precomputed."""
     import inspect
 
     out = []
     for path, m in model.named_modules():
-        if not isinstance(m.__dict__.get("_buffers", {}).get("inv_freq"), torch.Tensor):
+        if not _has_inv_freq(m):
             continue
         if "_spyre_rope_tables" in m.__dict__ or "forward" in m.__dict__:
             continue
@@ -379,7 +403,11 @@ class HostRotary(Adapter):
     name = "rotary_host"
     gap = "aten.sin"
     also = ("aten.cos",)
-    applies_to = frozenset({"a module with an inv_freq buffer and forward(x, position_ids): the rotary embedding"})
+    applies_to = frozenset(
+        {
+            "a module with an inv_freq (or *_inv_freq) buffer and forward(x, position_ids, ...): the rotary embedding"
+        }
+    )
     order = 52  # after rope, which builds tables for Llama's code
     summary = "any other rotary module's stock forward (cos/sin of positions) runs on the host"
 
@@ -392,4 +420,200 @@ class HostRotary(Adapter):
             stock = types.MethodType(type(rotary).forward, rotary)
             patch.set_attr(rotary, "_spyre_stock_forward", stock, f"{path}: stock forward kept for the host")
             patch.override_forward(rotary, _stock_rotary_forward, f"{path}: cos/sin on the host")
+        return patch
+
+
+# ------------------------------------------------------------------------------------------------ partial rotary
+
+
+def partial_rotary_tables(layout: str, rot: int, dim: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(E [rot, dim], c [dim], R [dim, dim]) that widen a rotary table of width `rot` to the full head and rotate:
+    cos_full = cos @ E + c, sin_full = sin @ E, x_embed = x * cos_full + (x @ R) * sin_full.
+
+    The first `rot` lanes of a head rotate, the rest pass through (cos 1, sin 0, R 0 there). layout "half": lane j
+    reads table column j and pairs with j +- rot/2 (Llama's rotate_half on x[..., :rot]); "interleaved": lanes 2j
+    and 2j+1 both read column j < rot/2 (GLM's cos[..., :rot/2].repeat_interleave(2)) and pair with each other."""
+    if rot % 2 or not 0 < rot <= dim:
+        raise AdapterTargetError(f"rope_partial: a rotary width of {rot} does not fit a head of {dim}")
+    e, c, r = torch.zeros(rot, dim), torch.zeros(dim), torch.zeros(dim, dim)
+    c[rot:] = 1.0
+    if layout == "half":
+        e[torch.arange(rot), torch.arange(rot)] = 1.0
+        r[:rot, :rot] = rotate_half_matrix(rot)
+    elif layout == "interleaved":
+        j = torch.arange(rot // 2)
+        e[j, 2 * j] = 1.0
+        e[j, 2 * j + 1] = 1.0
+        r[:rot, :rot] = interleaved_rotate_matrix(rot)
+    else:
+        raise ValueError(f"partial_rotary_tables: layout must be 'half' or 'interleaved', not {layout!r}")
+    return e, c, r
+
+
+def partial_rotation_by_matmul(tables: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]):
+    """apply_rotary_pos_emb(q, k, cos, sin) for tables narrower than the head, with no slice or cat: the tables
+    are widened by a 0/1 matmul (pass-through lanes cos 1, sin 0) and the rotation is x @ R over the whole head.
+    Every lane is one product plus exact zeros, so the result equals the stock split-rotate-cat in any dtype.
+    `tables`: rotary width -> partial_rotary_tables(...) for this head (built at patch time, off the graph)."""
+
+    def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
+        cos, sin = cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim)
+        width = cos.shape[-1]
+        if width not in tables:
+            raise AdapterTargetError(
+                f"rope_partial: a rotary table of width {width} reached an attention patched for widths "
+                f"{sorted(tables)}; exclude this adapter (exclude=['rope_partial'])"
+            )
+        e, c, r = (t.to(q.dtype) for t in tables[width])
+        cos, sin = torch.matmul(cos.to(q.dtype), e) + c, torch.matmul(sin.to(q.dtype), e)
+        return q * cos + torch.matmul(q, r) * sin, k * cos + torch.matmul(k, r) * sin
+
+    return apply_rotary_pos_emb
+
+
+def _partial_templates() -> list[tuple[object, str]]:
+    """(template apply_rotary_pos_emb, layout) of transformers' partial-rotary copies, which rotate the first
+    cos.shape[-1] lanes of a head and concatenate the rest back: Bamba's (copied by GPT-NeoX, GLM-4-MoE, Laguna,
+    MiMo-V2, MiniMax-M2, Qwen3-Next, Zaya, ... ), Phi-3's (same math, other code) and GLM's (interleaved)."""
+    from transformers.models.bamba import modeling_bamba
+    from transformers.models.glm import modeling_glm
+    from transformers.models.phi3 import modeling_phi3
+
+    return [
+        (modeling_bamba.apply_rotary_pos_emb, "half"),
+        (modeling_phi3.apply_rotary_pos_emb, "half"),
+        (modeling_glm.apply_rotary_pos_emb, "interleaved"),
+    ]
+
+
+def _partial_calls(module: nn.Module) -> dict[int, str]:
+    """id -> layout of the partial-rotary template copies this module's current forward calls."""
+    out: dict[int, str] = {}
+    forward = structure.current_function(module, "forward")
+    for template, layout in _partial_templates():
+        for i in structure.globals_matching(
+            forward, lambda f, t=template: callable(f) and structure.same_code(f, t)
+        ):
+            out[i] = layout
+    return out
+
+
+def _sliced_rotary_dims(module: nn.Module) -> int | None:
+    """The rotary width of an attention that slices it out of each head itself (StableLM, Phi, Persimmon:
+    q[..., :self.rotary_ndims] goes through Llama's apply_rotary_pos_emb, q[..., self.rotary_ndims:] is
+    concatenated back), else None."""
+    nd, hd = getattr(module, "rotary_ndims", None), getattr(module, "head_dim", None)
+    if not (isinstance(nd, int) and isinstance(hd, int) and 0 < nd < hd):
+        return None
+    forward = structure.current_function(module, "forward")
+    if not any("rotary_ndims" in f.__code__.co_names for f in structure.chain(forward)):
+        return None
+    _, ref = _templates()
+    calls = structure.globals_matching(forward, lambda f: callable(f) and structure.same_code(f, ref))
+    return nd if calls else None
+
+
+def _cat_without_empty(tensors, dim=0, *, out=None):
+    """torch.cat that leaves out zero-size pieces, as ATen's cat does for 1-D empties: the same values. With one
+    piece left it is that piece, so a zero-size slice made only to be concatenated is dead code, which the graph
+    drops (no aten.slice reaches the device)."""
+    if out is not None:
+        return torch.cat(tensors, dim, out=out)
+    kept = [t for t in tensors if t.numel() > 0]
+    if len(kept) == 1:
+        return kept[0]
+    return torch.cat(kept or list(tensors), dim)
+
+
+_torch_cat_skipping_empty = types.ModuleType("torch")
+_torch_cat_skipping_empty.__dict__.update(torch.__dict__)
+_torch_cat_skipping_empty.cat = _cat_without_empty
+
+
+def _rotary_widths(model: nn.Module) -> set[int]:
+    """Widths of the cos/sin tables the model's rotary modules make: twice each inv_freq buffer's length."""
+    return {
+        2 * t.numel()
+        for m in model.modules()
+        for k, t in m.__dict__.get("_buffers", {}).items()
+        if isinstance(t, torch.Tensor) and (k == "inv_freq" or k.endswith("_inv_freq"))
+    }
+
+
+@register_adapter
+class PartialRotaryByMatmul(Adapter):
+    """Partial rotary embeddings (a slice of each head rotates, the rest passes through) without slices.
+
+    Gap: aten.slice (falls back, RFC 1632-v3): the stock code splits each head into rotated and pass-through lanes
+    and concatenates them back. Bridge (hf-adapters' identity-padded rotation for Phi-3/GPT-NeoX/Gemma 4): the cos/sin
+    tables are widened to the whole head (cos 1, sin 0 on pass-through lanes) by a fixed 0/1 matmul and the rotation
+    is x @ R over the whole head (R zero outside the rotary block), for the half-split and the interleaved (GLM)
+    layouts. Exact: each lane is one product plus zeros.
+
+    How it recognises its targets (by structure): an attention module with `head_dim` whose forward calls a verbatim
+    copy of one of transformers' partial-rotary apply_rotary_pos_emb templates (see _partial_templates; the split is
+    inside it), which is rebound (structure.rebind) to the matmul form; or one whose forward slices
+    `self.rotary_ndims` lanes itself around Llama's apply_rotary_pos_emb (StableLM, Phi, Persimmon): there
+    `rotary_ndims` becomes the whole head (the first slice is then the identity and the pass-through slice is
+    empty), apply_rotary_pos_emb is rebound to the matmul form, and the forward's torch.cat leaves out zero-size
+    pieces, so the empty slice is dead code. The cos/sin themselves come from rotary_host (stock code, on the host).
+    Other partial variants (GPT-J/CodeGen's rotate_every_two, ERNIE's, Helium's, NanoChat's) are different code
+    and are not matched."""
+
+    name = "rope_partial"
+    gap = "aten.slice"
+    applies_to = frozenset(
+        {"attention calling a partial-rotary apply_rotary_pos_emb, or slicing rotary_ndims"}
+    )
+    order = 53  # after head_dim_pad (its pad sits at the attention call) and rope; before rotate_half
+    summary = "partial (and interleaved) rotary as matmuls over the whole head: no slice, no cat"
+
+    def _targets(self, model: nn.Module) -> list[tuple[str, nn.Module, dict[int, str], int | None]]:
+        out = []
+        for path, m in model.named_modules():
+            if m.__dict__.get("_spyre_rope") or not isinstance(getattr(m, "head_dim", None), int):
+                continue
+            calls = _partial_calls(m)
+            sliced = None if calls else _sliced_rotary_dims(m)
+            if calls or sliced:
+                out.append((path, m, calls, sliced))
+        return out
+
+    def applicable(self, model: nn.Module) -> bool:
+        return bool(self._targets(model))
+
+    def patch(self, model: nn.Module) -> Patch:
+        patch = Patch(self.name)
+        widths = _rotary_widths(model)
+        cache: dict[tuple, dict] = {}
+        for path, attn, calls, sliced in self._targets(model):
+            head = int(attn.head_dim)
+            weight = next(attn.parameters())
+            layouts = set(calls.values()) if calls else {"half"}
+            fns = {}
+            for layout in layouts:
+                key = (layout, head, sliced, weight.device, weight.dtype)
+                if key not in cache:
+                    ws = {w for w in widths if w <= head} | ({sliced} if sliced else set())
+                    cache[key] = {
+                        w: tuple(
+                            t.to(device=weight.device, dtype=weight.dtype)
+                            for t in partial_rotary_tables(layout, w, head)
+                        )
+                        for w in sorted(ws)
+                    }
+                fns[layout] = partial_rotation_by_matmul(cache[key])
+            if calls:
+                replace = {i: fns[layout] for i, layout in calls.items()}
+            else:
+                replace = {i: fns["half"] for i in _template_rope_calls(attn)}
+                replace[id(torch)] = _torch_cat_skipping_empty
+                patch.set_attr(
+                    attn, "rotary_ndims", head, f"{path}: rotary_ndims {sliced} -> {head} (whole head)"
+                )
+            patch.set_attr(attn, "_spyre_rope", True, "rope marker")
+            forward = structure.current_function(attn, "forward")
+            patch.override_forward(
+                attn, structure.rebind(forward, replace, patch.on_undo), f"{path}: partial rotary by matmul"
+            )
         return patch
