@@ -22,7 +22,11 @@ are split the same way once, and the rest of its body runs verbatim on the two h
 A router is a sibling of an experts module that either calls topk or whose outputs reach the experts call's routing
 arguments in the parent's forward (Phi-MoE's sparsemixer, DeepSeek-V4's token-id hash router). Experts that are
 already dense but whose router scatters (Llama 4: every expert on every token, a 3-D stacked weight) get only the
-router on the host: a sibling, calling topk, of a module holding a 3-D stacked per-expert weight.
+router on the host: a sibling, calling topk, of a module holding a 3-D stacked per-expert weight. JetMoE's MoE
+block and its mixture of attention heads (MoA: map/reduce), whose router sorts tokens by expert, splits them per
+expert and index_adds them back, are recognised as verbatim copies of JetMoE's code (structure.same_code); their
+router runs on the host, which turns its sorted topology into a [tokens, k, experts] one-hot (and gate-weighted)
+selection, and every expert runs on every token (MoE) or (token, k) slot (MoA), selected by matmuls.
 """
 
 from __future__ import annotations
@@ -356,67 +360,6 @@ def dense_experts_forward(self, hidden_states, top_k_index, top_k_weights):
     return out.to(hidden_states.dtype)
 
 
-@register_adapter
-class DenseExperts(Adapter):
-    name = "moe_dense"
-    # the routing ops of the three stock experts implementations that the capability table lists (grouped_mm and
-    # index_add are absent from it, so they read as unsupported and never retire this adapter on their own), and
-    # the scatter/gather of the routers it moves to the host
-    gap = "aten.histc"
-    also = ("aten.sort", "aten.index", "aten.index_put", "aten.gather", "aten.masked_fill", "aten.scatter")
-    applies_to = frozenset(
-        {"experts modules of transformers' @use_experts_implementation", "routers of stacked dense experts"}
-    )
-    order = 40
-    summary = "MoE routing on the host; experts dense (all experts, combine matrix) on the device"
-
-    def applicable(self, model: nn.Module) -> bool:
-        return bool(supported_experts(model) or dense_routers(model))
-
-    def patch(self, model: nn.Module) -> Patch:
-        patch = Patch(self.name)
-        found = supported_experts(model)
-        hosted = dense_routers(model)
-        if not found and not hosted:
-            return patch
-        if found:
-            from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS
-
-            patch.add_registry_key(ALL_EXPERTS_FUNCTIONS._global_mapping, IMPL, dense_experts_forward)
-            hosted = [*routers(model)]
-        copies: dict[int, object] = {}
-        for path, experts in found:
-            old = experts.config
-            if id(old) not in copies:
-                new = copy.deepcopy(old)  # never mutate a config another model may share
-                new._experts_implementation = IMPL
-                copies[id(old)] = new
-            patch.set_attr(experts, "config", copies[id(old)], f"{path}: experts implementation -> {IMPL}")
-            if experts.has_gate:
-                layout, gate_fn = split_gate(type(experts)._apply_gate)
-                out_dim = 2 if experts.is_transposed else 1  # [E, 2I, H] or [E, H, 2I]
-                gate_w, up_w = _split_gate_up(experts.gate_up_proj.detach(), out_dim, layout)
-                patch.add_buffer(
-                    experts, "_spyre_gate_w", gate_w.contiguous(), f"{path}: gate half of gate_up_proj"
-                )
-                patch.add_buffer(
-                    experts, "_spyre_up_w", up_w.contiguous(), f"{path}: up half of gate_up_proj"
-                )
-                if experts.has_bias:
-                    gate_b, up_b = _split_gate_up(experts.gate_up_proj_bias.detach(), 1, layout)
-                    patch.add_buffer(experts, "_spyre_gate_b", gate_b.contiguous())
-                    patch.add_buffer(experts, "_spyre_up_b", up_b.contiguous())
-                patch.set_attr(
-                    experts,
-                    "_spyre_gate_fn",
-                    types.MethodType(gate_fn, experts),
-                    f"{path}: gate on the halves",
-                )
-        for path, router in hosted:
-            patch.override_forward(router, host(type(router).forward), f"{path}: routing on the host")
-        return patch
-
-
 # ---------------------------------------------------------------- JetMoE's sorted-and-split experts (MoE and MoA)
 
 
@@ -510,20 +453,71 @@ def dense_moa_reduce(self, layer_input, topo_info):
 
 
 @register_adapter
-class DenseParallelExperts(Adapter):
-    name = "moe_dense_parallel"
-    # index_add is absent from the capability table (reads unsupported); sort and scatter are the router's
-    gap = "aten.index_add"
-    also = ("aten.sort", "aten.scatter", "aten.index")
-    applies_to = frozenset({"JetMoE-style sorted-and-split experts (MoE and mixture of attention heads)"})
+class DenseExperts(Adapter):
+    name = "moe_dense"
+    # the routing ops of the three stock experts implementations and of JetMoE's that the capability table lists
+    # (grouped_mm and index_add are absent from it, so they read as unsupported and never retire this adapter on
+    # their own), and the scatter/gather of the routers it moves to the host
+    gap = "aten.histc"
+    also = ("aten.sort", "aten.index", "aten.index_put", "aten.gather", "aten.masked_fill", "aten.scatter")
+    applies_to = frozenset(
+        {
+            "experts modules of transformers' @use_experts_implementation",
+            "routers of stacked dense experts",
+            "JetMoE-style sorted-and-split experts (MoE and mixture of attention heads)",
+        }
+    )
     order = 40
-    summary = "JetMoE routing on the host; MoE and MoA experts dense (one-hot slot selection) on the device"
+    summary = "MoE routing on the host; experts dense (all experts, combine matrix) on the device"
 
     def applicable(self, model: nn.Module) -> bool:
-        return bool(parallel_experts_blocks(model))
+        return bool(supported_experts(model) or dense_routers(model) or parallel_experts_blocks(model))
 
     def patch(self, model: nn.Module) -> Patch:
         patch = Patch(self.name)
+        found = supported_experts(model)
+        hosted = dense_routers(model)
+        self._patch_parallel(model, patch)
+        if found:
+            from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS
+
+            patch.add_registry_key(ALL_EXPERTS_FUNCTIONS._global_mapping, IMPL, dense_experts_forward)
+            parallel = {p for p, _, _ in parallel_experts_blocks(model)}
+            hosted = [(p, r) for p, r in routers(model) if p.rpartition(".")[0] not in parallel]
+        copies: dict[int, object] = {}
+        for path, experts in found:
+            old = experts.config
+            if id(old) not in copies:
+                new = copy.deepcopy(old)  # never mutate a config another model may share
+                new._experts_implementation = IMPL
+                copies[id(old)] = new
+            patch.set_attr(experts, "config", copies[id(old)], f"{path}: experts implementation -> {IMPL}")
+            if experts.has_gate:
+                layout, gate_fn = split_gate(type(experts)._apply_gate)
+                out_dim = 2 if experts.is_transposed else 1  # [E, 2I, H] or [E, H, 2I]
+                gate_w, up_w = _split_gate_up(experts.gate_up_proj.detach(), out_dim, layout)
+                patch.add_buffer(
+                    experts, "_spyre_gate_w", gate_w.contiguous(), f"{path}: gate half of gate_up_proj"
+                )
+                patch.add_buffer(
+                    experts, "_spyre_up_w", up_w.contiguous(), f"{path}: up half of gate_up_proj"
+                )
+                if experts.has_bias:
+                    gate_b, up_b = _split_gate_up(experts.gate_up_proj_bias.detach(), 1, layout)
+                    patch.add_buffer(experts, "_spyre_gate_b", gate_b.contiguous())
+                    patch.add_buffer(experts, "_spyre_up_b", up_b.contiguous())
+                patch.set_attr(
+                    experts,
+                    "_spyre_gate_fn",
+                    types.MethodType(gate_fn, experts),
+                    f"{path}: gate on the halves",
+                )
+        for path, router in hosted:
+            patch.override_forward(router, host(type(router).forward), f"{path}: routing on the host")
+        return patch
+
+    @staticmethod
+    def _patch_parallel(model: nn.Module, patch: Patch) -> None:
         for path, block, kind in parallel_experts_blocks(model):
             router = block.router
             patch.override_forward(router, host(type(router).forward), f"{path}.router: routing on the host")
@@ -540,4 +534,3 @@ class DenseParallelExperts(Adapter):
                 patch.set_attr(
                     block, "reduce", types.MethodType(dense_moa_reduce, block), f"{path}: MoA reduce"
                 )
-        return patch

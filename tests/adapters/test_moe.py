@@ -202,13 +202,13 @@ def test_jetmoe_blocks_are_dense_and_stock():
     with torch.no_grad():
         ref = [moe(x), *moa.map(x)[:1]]
         ref.append(moa.reduce(ref[1], moa.map(x)[2]))
-        with adapters.apply(zm.model, only=["moe_dense_parallel"]):
+        with adapters.apply(zm.model, only=["moe_dense"]):
             q, _, topo = moa.map(x)
             out = [moe(x), q, moa.reduce(q, topo)]
     for o, r in zip(out, ref, strict=True):
         assert r.abs().max() > 0
         torch.testing.assert_close(o, r, atol=ATOL, rtol=RTOL)
-    result = adapters.get_adapter("moe_dense_parallel").check(zm.model, zm.inputs, atol=ATOL, rtol=RTOL)
+    result = adapters.get_adapter("moe_dense").check(zm.model, zm.inputs, atol=ATOL, rtol=RTOL)
     assert result.ok, str(result)
 
 
@@ -223,7 +223,7 @@ def test_jetmoe_blocks_have_no_routing_gap_in_strict_mode():
         with torch._dynamo.config.patch(automatic_dynamic_shapes=False):
             before = {op.capability for op in find_unsupported(moe, (x,))}
             torch._dynamo.reset()
-            with adapters.apply(zm.model, only=["moe_dense_parallel"]):
+            with adapters.apply(zm.model, only=["moe_dense"]):
                 after = [op.describe() for op in find_unsupported(moe, (x,))]
             torch._dynamo.reset()
     finally:
