@@ -14,11 +14,11 @@ Gaps, both in how the MLA template builds its key and value heads (`expand_kv`):
 
 Bridge (exact):
 - the key is `torch.cat((k_nope, k_rot.expand(...)), -1)`: the same two windows, written out of place;
-- the value is zero-padded to the query/key width by `v @ E`, E = [I | 0] (head_dim_pad.pad_matrix, a fixed 0/1
-  buffer: every lane is x * 1 plus zeros, exact in any dtype), so SDPA runs with one head width; its padded output
-  lanes are probs @ 0 = 0;
-- the output projection gets zero input columns for the padded lanes of every head (head_dim_pad.pad_linear_in),
-  so `o_proj` sees the same products plus zeros.
+- at the attention function (transformers' registry, as the forward calls it) the value is zero-padded to the
+  query/key width by `v @ E`, E = [I | 0] (head_dim_pad.pad_matrix, a fixed 0/1 buffer: every lane is x * 1 plus
+  zeros, exact in any dtype), so SDPA runs with one head width, and its output is sliced back by `out @ E^T`
+  (exact: the padded lanes are probs @ 0 = 0). What the forward does with the output (a gate, o_proj) sees the
+  stock width.
 Scores, the mask, the softmax (including rows with every key masked: torch's fused kernel returns 0 there, as
 `_safe_softmax` does; tests/adapters/test_mla.py checks it) and the compressed KV cache (written before
 `expand_kv`) are untouched.
@@ -26,9 +26,11 @@ Scores, the mask, the softmax (including rows with every key masked: torch's fus
 How it recognises its targets: by structure. A module whose `expand_kv` method is a verbatim copy
 (`structure.same_code`) of the MLA template's (transformers' DeepseekV3Attention.expand_kv, which DeepSeek-V2,
 MiniCPM3, GLM-4-MoE-Lite, Kimi-Linear, Youtu, ... copy through transformers' modular files), with the head sizes it
-reads (`qk_nope_head_dim`, `qk_rope_head_dim`, `v_head_dim`), `kv_b_proj` and an `o_proj` Linear. A variant whose
-code differs is left alone (its gap stays, `spyre-emu plan` names it). The patch is a per-instance `expand_kv` and,
-where V is padded, a swapped `o_proj`; both undone exactly.
+reads (`qk_nope_head_dim`, `qk_rope_head_dim`, `v_head_dim`) and `kv_b_proj`. A variant whose code differs is left
+alone (its gap stays, `spyre-emu plan` names it). The patch is a per-instance `expand_kv` and, where V is padded, a
+per-instance copy of the forward (`structure.rebind`) whose `ALL_ATTENTION_FUNCTIONS` (the registry, or what an
+earlier adapter put there: head_dim_pad's padded interface) hands out its functions wrapped; both undone exactly.
+It runs after head_dim_pad (order), so a sub-stick head is padded inside this wrapper, on the one width.
 
 Retirement: per part. The key concatenation is used while the stack refuses the window write (the probe), the
 value padding while the capability table lacks `aten._safe_softmax`; with neither needed the adapter is retired.
@@ -36,6 +38,7 @@ value padding while the capability table lacks `aten._safe_softmax`; with neithe
 
 from __future__ import annotations
 
+import functools
 import types
 
 import torch
@@ -43,7 +46,8 @@ from torch import nn
 
 from adapters import _stack, structure
 from adapters.base import Adapter
-from adapters.head_dim_pad import pad_linear_in, pad_matrix
+from adapters.head_dim_pad import pad_matrix
+from adapters.host_inputs import rebind_forward
 from adapters.patch import Patch
 from adapters.registry import register_adapter
 from adapters.rewrite import _probe_view_write
@@ -73,28 +77,61 @@ def mla_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
         if not isinstance(fn, types.FunctionType) or not structure.same_code(fn, ref):
             continue
         sizes = [getattr(m, a, None) for a in ("qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")]
-        if all(type(s) is int and s > 0 for s in sizes) and isinstance(getattr(m, "o_proj", None), nn.Linear):
-            if isinstance(getattr(m, "kv_b_proj", None), nn.Module):
-                out.append((path, m))
+        if all(type(s) is int and s > 0 for s in sizes) and isinstance(
+            getattr(m, "kv_b_proj", None), nn.Module
+        ):
+            out.append((path, m))
     return out
 
 
-def _expand_kv(pad_v: bool):
-    """The template's expand_kv with the key concatenated (and, if `pad_v`, the value zero-padded to the key's
-    width by a 0/1 matmul)."""
+def expand_kv(self, kv_nope: torch.Tensor, k_rot: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The template's expand_kv with the key concatenated instead of written window by window."""
+    batch_size, _, seq_length, _ = kv_nope.shape
+    key_shape = (batch_size, seq_length, -1, self.qk_nope_head_dim + self.v_head_dim)
+    kv_nope = self.kv_b_proj(kv_nope).view(key_shape).transpose(1, 2)
+    k_nope, value_states = torch.split(kv_nope, [self.qk_nope_head_dim, self.v_head_dim], dim=-1)
+    k_rot = k_rot.expand(-1, k_nope.shape[1], -1, -1)
+    return torch.cat((k_nope, k_rot), dim=-1), value_states
 
-    def expand_kv(self, kv_nope: torch.Tensor, k_rot: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        batch_size, _, seq_length, _ = kv_nope.shape
-        key_shape = (batch_size, seq_length, -1, self.qk_nope_head_dim + self.v_head_dim)
-        kv_nope = self.kv_b_proj(kv_nope).view(key_shape).transpose(1, 2)
-        k_nope, value_states = torch.split(kv_nope, [self.qk_nope_head_dim, self.v_head_dim], dim=-1)
-        k_rot = k_rot.expand(-1, k_nope.shape[1], -1, -1)
-        key_states = torch.cat((k_nope, k_rot), dim=-1)  # the two windows stock writes in place
-        if pad_v:
-            value_states = torch.matmul(value_states, getattr(self, _E).to(value_states.dtype))
-        return key_states, value_states
 
-    return expand_kv
+def narrow_v_attention(inner, module, query, key, value, attention_mask, *args, **kwargs):
+    """The attention function `inner` with V zero-padded to Q's width, its output sliced back to V's."""
+    e = module.__dict__.get("_spyre_mla_pad") and getattr(module, _E)
+    if e is None or args or value.shape[-1] != e.shape[0] or query.shape[-1] != e.shape[1]:
+        return inner(module, query, key, value, attention_mask, *args, **kwargs)  # another form: stock
+    e = e.to(value.dtype)
+    out, weights = inner(module, query, key, torch.matmul(value, e), attention_mask, **kwargs)
+    return torch.matmul(out, e.t()), weights
+
+
+class NarrowVInterface:
+    """Stands in for `ALL_ATTENTION_FUNCTIONS` (or what an earlier adapter put in its place) in one module's rebound
+    forward: every function it hands out is the inner one's, wrapped by narrow_v_attention."""
+
+    def __init__(self, inner):
+        self._inner = inner
+
+    def get_interface(self, attn_implementation, default):
+        return functools.partial(narrow_v_attention, self._inner.get_interface(attn_implementation, default))
+
+    def __getitem__(self, key):
+        return functools.partial(narrow_v_attention, self._inner[key])
+
+    def get(self, key, default=None):
+        fn = self._inner.get(key, default)
+        return functools.partial(narrow_v_attention, fn) if callable(fn) else fn
+
+    def __contains__(self, key):
+        return key in self._inner
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
+
+
+def _interface_of(fn) -> object | None:
+    """What `ALL_ATTENTION_FUNCTIONS` names in the (possibly already rebound) forward `fn`."""
+    levels = structure.chain(fn)
+    return levels[-1].__globals__.get("ALL_ATTENTION_FUNCTIONS") if levels else None
 
 
 def _parts(caps) -> tuple[bool, bool]:
@@ -110,7 +147,7 @@ class LatentAttention(Adapter):
     applies_to = frozenset(
         {"any attention whose expand_kv is the MLA template's (DeepSeek-V2/V3 and copies)"}
     )
-    order = 35  # before head_dim_pad (40): it reads the head widths this one leaves as they are
+    order = 45  # after head_dim_pad (40): its padded interface, if any, is the one this wraps
     summary = "MLA key built by cat (no window writes), value zero-padded to the key width (fused SDPA, no _safe_softmax)"
 
     def retired(self, caps) -> bool:
@@ -127,17 +164,18 @@ class LatentAttention(Adapter):
         for path, attn in mla_modules(model):
             dqk = attn.qk_nope_head_dim + attn.qk_rope_head_dim
             dv = attn.v_head_dim
-            pad = pad_v and dv < dqk
+            current = _interface_of(structure.current_function(attn, "forward"))
+            pad = pad_v and dv < dqk and current is not None
             if pad:
-                heads = attn.o_proj.in_features // dv
-                w = attn.o_proj.weight
+                w = next(attn.parameters())
                 patch.add_buffer(attn, _E, pad_matrix(dv, dqk).to(device=w.device, dtype=w.dtype))
-                patch.swap_module(
-                    attn,
-                    "o_proj",
-                    pad_linear_in(attn.o_proj, heads, dv, dqk),
-                    f"{path}.o_proj: zero input columns for V heads padded {dv} -> {dqk}",
+                patch.set_attr(
+                    attn, "_spyre_mla_pad", True, f"{path}: V padded {dv} -> {dqk} at the attention call"
                 )
-            what = f"{path}.expand_kv: key by cat" + (f", value padded {dv} -> {dqk}" if pad else "")
-            patch.set_attr(attn, "expand_kv", types.MethodType(_expand_kv(pad), attn), what)
+                rebind_forward(
+                    patch, attn, {id(current): NarrowVInterface(current)}, f"{path}: V padded at the call"
+                )
+            patch.set_attr(
+                attn, "expand_kv", types.MethodType(expand_kv, attn), f"{path}.expand_kv: key by cat"
+            )
         return patch

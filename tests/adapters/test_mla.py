@@ -12,15 +12,20 @@ import torch
 import torch.nn.functional as F
 from conftest import assert_restored, snapshot
 from torch.nn.attention import SDPBackend, sdpa_kernel
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 import adapters
 import torch_spyre_emu
-from adapters.mla import mla_modules
+from adapters.mla import mla_modules, narrow_v_attention
 from adapters.sdpa import fused_form
 from models.zoo import build
 
 ATOL = RTOL = 1e-5
-MLA_FAMILIES = ("deepseek_v3", "minicpm3")  # a MoE and a dense MLA decoder
+MLA_FAMILIES = (
+    "deepseek_v3",
+    "minicpm3",
+    "axk2",
+)  # MoE, dense (sub-stick rope heads: head_dim_pad), gated output
 _SAFE, _SCATTER = "aten._safe_softmax", "aten.slice_scatter"
 
 
@@ -97,22 +102,39 @@ def test_mla_alone_is_equivalent_and_undone_exactly(model_type):
     assert_restored(zm.model, snap)
 
 
-def test_mla_key_is_bit_identical_and_value_padding_is_zero():
+def test_mla_key_is_bit_identical_and_v_is_padded_only_inside_the_call():
     _, attn = mla_modules(_zoo("deepseek_v3").model)[0]
     g = torch.Generator().manual_seed(3)
     kv_nope = torch.randn(2, 1, 5, attn.kv_lora_rank, generator=g)
     k_rot = torch.randn(2, 1, 5, attn.qk_rope_head_dim, generator=g)
+    dqk, dv = attn.qk_nope_head_dim + attn.qk_rope_head_dim, attn.v_head_dim
+    assert dv < dqk  # the template's shape: torch's math kernel without the adapter
+    q = torch.randn(2, attn.num_heads, 5, dqk, generator=g)
     with torch.no_grad():
         key, value = attn.expand_kv(kv_nope, k_rot)
+        ref, _ = sdpa_attention_forward(attn, q, key, value, None, scaling=attn.scaling)
         patch = adapters.get_adapter("mla").patch(_Holder(attn))
         try:
             key2, value2 = attn.expand_kv(kv_nope, k_rot)
+            seen = []
+            out, _ = narrow_v_attention(
+                _spy(seen, sdpa_attention_forward), attn, q, key2, value2, None, scaling=attn.scaling
+            )
         finally:
             patch.undo()
-    assert torch.equal(key2, key)  # the same two windows, out of place
-    dv = attn.v_head_dim
-    assert value2.shape[-1] == attn.qk_nope_head_dim + attn.qk_rope_head_dim
-    assert torch.equal(value2[..., :dv], value) and not value2[..., dv:].any()
+    assert torch.equal(key2, key) and torch.equal(value2, value)  # the same windows, out of place
+    assert seen == [dqk]  # the function ran on one head width: the fused kernel's form
+    assert out.shape == ref.shape  # what the forward gets back has the stock V width
+    torch.testing.assert_close(out, ref, atol=ATOL, rtol=RTOL)
+
+
+def _spy(seen, fn):
+    def spy(module, query, key, value, *args, **kwargs):
+        seen.append(value.shape[-1])
+        assert torch._fused_sdp_choice(query, key, value) == SDPBackend.FLASH_ATTENTION.value
+        return fn(module, query, key, value, *args, **kwargs)
+
+    return spy
 
 
 class _Holder(torch.nn.Module):
