@@ -162,7 +162,7 @@ class FusedSDPA(Adapter):
     name = "sdpa_fused"
     gap = "aten._safe_softmax"
     applies_to = frozenset({"any module whose code calls scaled_dot_product_attention"})
-    order = 96  # after rewrite (95): its mode is entered outside rewrite's, on the final forward
+    order = 90  # after the forward-replacing adapters (gelu 80), before rewrite (95), which wraps it
     summary = "SDPA calls re-expressed for the fused kernel (K/V heads repeated, V padded): no _safe_softmax"
 
     def retired(self, caps) -> bool:
