@@ -313,3 +313,15 @@ def test_a_float64_constant_read_only_by_a_cpu_island_stays_on_the_host():
         got = compiled(scaled)(x)
     assert got.dtype == torch.float16
     assert torch.equal(got, scaled(x.to("spyre").cpu()))
+
+
+def test_an_empty_tensor_made_and_filled_in_a_graph_runs_no_kernel():
+    # unlimited_ocr fills an empty tensor (empty_permuted + fill over a 0 extent): torch runs no kernel for it
+    def f(t):
+        return t * 2, torch.empty_like(t[:0]).fill_(1.0) + 1
+
+    x = torch.randn(4, 64, dtype=torch.float16)
+    with torch_spyre_emu.strict():
+        doubled, empty = compiled(f)(x)
+    assert torch.equal(doubled, (x.to("spyre") * 2).cpu())
+    assert empty.shape == (0, 64) and empty.dtype == torch.float16

@@ -73,7 +73,17 @@ class Builder:
             name, op, inputs, outputs, dict(space), fn=fn, reduce_dims=tuple(reduce_dims), attrs=attrs or {}
         )
         k.attrs.setdefault("source", self.node_name)
-        self.steps.append(k)
+        if all(space[d] for d in space if d not in reduce_dims):
+            self.steps.append(k)
+            return k
+        # an output dim of extent 0 writes no element (an empty tensor's fill or copy): no step, as torch runs no
+        # kernel for it; an empty output buffer is its own (empty) value. A 0-extent reduce dim writes its identity
+        for a in outputs:
+            buf = self.buffers[a.buffer]
+            if 0 in buf.shape:
+                self.constants.setdefault(
+                    a.buffer, host_array(torch.empty(buf.shape, dtype=self.torch_dtypes[a.buffer]))
+                )
         return k
 
     # --- values --------------------------------------------------------------------------------------------------
