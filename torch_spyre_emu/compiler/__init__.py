@@ -79,6 +79,13 @@ class GraphRunner:
         )
 
     def __call__(self, *args):
+        # The runtime's own tensor calls (shapes, dtypes, conversions) are not the model's code: a TorchFunctionMode
+        # the model runs under (adapters.rewrite's) has already acted when dynamo traced the graph, and passing each
+        # of those calls through its Python __torch_function__ cost ~4% of a forward (measured, bench_stack).
+        with torch._C.DisableTorchFunction():
+            return self._run(args)
+
+    def _run(self, args: tuple):
         from torch_spyre_emu.compiler.runtime import run_and_record
 
         args = list(args)
@@ -125,7 +132,9 @@ def unsupported_in(graphs: list[tuple[fx.GraphModule, list]]) -> list[Unsupporte
         options = CompileOptions(name=f"graph_{i}", strict=True, collect_only=True, weight_inputs=weights)
         try:
             captured = capture(gm, inputs)
-        except SpyreUnsupportedOpError as e:  # a higher-order op make_fx cannot trace: its records stand for it
+        except (
+            SpyreUnsupportedOpError
+        ) as e:  # a higher-order op make_fx cannot trace: its records stand for it
             found.extend(e.ops)
             continue
         found.extend(run_graph_passes(captured, options).meta[UNSUPPORTED_META])
@@ -201,4 +210,11 @@ def _run_upcast(gm: fx.GraphModule):
     return run
 
 
-__all__ = ["spyre_backend", "find_unsupported", "unsupported_in", "UnsupportedOp", "GraphRunner", "WalkThenRun"]
+__all__ = [
+    "spyre_backend",
+    "find_unsupported",
+    "unsupported_in",
+    "UnsupportedOp",
+    "GraphRunner",
+    "WalkThenRun",
+]
