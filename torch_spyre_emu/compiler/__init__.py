@@ -132,9 +132,7 @@ def unsupported_in(graphs: list[tuple[fx.GraphModule, list]]) -> list[Unsupporte
         options = CompileOptions(name=f"graph_{i}", strict=True, collect_only=True, weight_inputs=weights)
         try:
             captured = capture(gm, inputs)
-        except (
-            SpyreUnsupportedOpError
-        ) as e:  # a higher-order op make_fx cannot trace: its records stand for it
+        except SpyreUnsupportedOpError as e:  # a higher-order op make_fx cannot trace: its records stand for it
             found.extend(e.ops)
             continue
         found.extend(run_graph_passes(captured, options).meta[UNSUPPORTED_META])
@@ -210,11 +208,4 @@ def _run_upcast(gm: fx.GraphModule):
     return run
 
 
-__all__ = [
-    "spyre_backend",
-    "find_unsupported",
-    "unsupported_in",
-    "UnsupportedOp",
-    "GraphRunner",
-    "WalkThenRun",
-]
+__all__ = ["spyre_backend", "find_unsupported", "unsupported_in", "UnsupportedOp", "GraphRunner", "WalkThenRun"]
