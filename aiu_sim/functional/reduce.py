@@ -17,7 +17,7 @@ from collections.abc import Callable
 import numpy as np
 
 from aiu_sim.errors import ExecutionError
-from aiu_sim.ir.program import Arg, Buffer, Kernel, core_slices
+from aiu_sim.ir.program import Arg, Buffer, Kernel, core_slices, split_ranges
 from aiu_sim.numerics import fp8
 from aiu_sim.numerics.accumulate import (
     AccumulationModel,
@@ -73,17 +73,22 @@ def split_accumulate(
     kernel: Kernel,
     buffers: dict[str, Buffer],
     model: AccumulationModel,
-    partial: Callable[[tuple[int, int] | None], np.ndarray],
+    partials: Callable[[list[tuple[int, int]] | None], np.ndarray],
 ) -> np.ndarray:
-    """Accumulate a reduction piecewise as the split implies. `partial(k_range)` returns the space-aligned partial
-    over [lo, hi) of the split dim (None: the whole reduction). Returns accumulator-format values."""
+    """Accumulate a reduction piecewise as the split implies. `partials(k_ranges)` returns the space-aligned
+    partials over each [lo, hi) of the split dim, stacked along a new leading axis (None: the whole reduction, no
+    leading axis). Returns accumulator-format values."""
     kdim = split_reduce_dim(kernel)
     if kdim is None:
-        return partial(None)
+        return partials(None)
     # Every tile adds the same K pieces in the same (K) order, so the whole output combines at once.
-    ranges = sorted({region[kdim] for region in core_slices(kernel, buffers)})
-    parts = np.stack([partial(r) for r in ranges])
-    return combine(parts, reduction_tree(kernel, len(ranges)), model)
+    ranges = _k_pieces(kernel, buffers, kdim)
+    return combine(partials(ranges), reduction_tree(kernel, len(ranges)), model)
+
+
+def _k_pieces(kernel: Kernel, buffers: dict[str, Buffer], kdim: str) -> list[tuple[int, int]]:
+    """The split dim's pieces in K order: its ranges in core_slices, without building every core's slice."""
+    return sorted(set(split_ranges(kernel, buffers)[kdim]))
 
 
 def _take(x: np.ndarray, kernel: Kernel, kdim: str, k_range: tuple[int, int] | None) -> np.ndarray:
@@ -117,7 +122,7 @@ def matmul(kernel: Kernel, buffers: dict[str, Buffer], a: np.ndarray, b: np.ndar
         kdim = split_reduce_dim(kernel)
         if kdim is None:
             return int_partial(None).astype(np.float64)
-        ranges = sorted({region[kdim] for region in core_slices(kernel, buffers)})
+        ranges = _k_pieces(kernel, buffers, kdim)
         parts = np.stack([int_partial(r) for r in ranges])
         return combine_int(parts, reduction_tree(kernel, len(ranges))).astype(np.float64)
     if "accumulation" not in kernel.attrs and all(f.name in fp8.FORMAT_NAMES for f in fmts):
@@ -125,11 +130,29 @@ def matmul(kernel: Kernel, buffers: dict[str, Buffer], a: np.ndarray, b: np.ndar
     exact = all(exact_products_format(f.name) for f in fmts)
     pieces = _matmul_pieces(kernel, a, b)
 
-    def partial(k_range):
+    def partial(k_range):  # accumulator format
         a3, b3, back = pieces(k_range)
-        return back(partial_sums(_f32(a3), _f32(b3), model, 1, exact)[0])  # accumulator format
+        return back(partial_sums(_f32(a3), _f32(b3), model, 1, exact)[0])
 
-    return split_accumulate(kernel, buffers, model, partial)
+    def partials(k_ranges):
+        flat = None if k_ranges is None else _flat_ranges(kernel, list(kernel.reduce_dims), k_ranges)
+        if flat is None:
+            return partial(None) if k_ranges is None else np.stack([partial(r) for r in k_ranges])
+        a3, b3, back = pieces(None)  # the whole K laid out once, each piece a K range the kernels walk
+        return back(partial_sums(_f32(a3), _f32(b3), model, 1, exact, k_ranges=flat), lead=1)
+
+    return split_accumulate(kernel, buffers, model, partials)
+
+
+def _flat_ranges(
+    kernel: Kernel, red: list[str], k_ranges: list[tuple[int, int]]
+) -> list[tuple[int, int]] | None:
+    """The split dim's ranges as ranges of K, the reduce dims `red` flattened row-major; None where a piece is not
+    one run of K (the split dim is not the outermost reduce dim), so it is cut out instead."""
+    if red[0] != split_reduce_dim(kernel):
+        return None
+    inner = math.prod(kernel.space[d] for d in red[1:])
+    return [(lo * inner, hi * inner) for lo, hi in k_ranges]
 
 
 def _matmul_pieces(kernel: Kernel, a: np.ndarray, b: np.ndarray):
@@ -150,9 +173,11 @@ def _matmul_pieces(kernel: Kernel, a: np.ndarray, b: np.ndarray):
     nt = math.prod(ext[d] for d in n_dims)
     idx = {d: i for i, d in enumerate(space)}
 
-    def back(c: np.ndarray) -> np.ndarray:
-        c = c.reshape([ext[d] for d in batch + m_dims + n_dims] + [1] * len(red))
-        return np.transpose(c, [(batch + m_dims + n_dims + red).index(d) for d in space])
+    def back(c: np.ndarray, lead: int = 0) -> np.ndarray:
+        """`lead` leading axes (stacked partials) are kept in front."""
+        c = c.reshape(list(c.shape[:lead]) + [ext[d] for d in batch + m_dims + n_dims] + [1] * len(red))
+        order = [(batch + m_dims + n_dims + red).index(d) + lead for d in space]
+        return np.transpose(c, list(range(lead)) + order)
 
     def pieces(k_range):
         ap, bp = _take(a, kernel, kdim, k_range), _take(b, kernel, kdim, k_range)
@@ -180,7 +205,9 @@ def reduce_sum(kernel: Kernel, buffers: dict[str, Buffer], x: np.ndarray, model)
     kdim = split_reduce_dim(kernel)
     perm = [space.index(d) for d in keep + red]
 
-    def partial(k_range):
+    def partial(k_range, flat=None):
+        """The partial over the split dim's `k_range` (cut out), or, `flat` given, the partials over those runs of
+        the whole flattened K, stacked along a leading axis."""
         xp = np.transpose(_take(x, kernel, kdim, k_range), perm)
         k_shape = [kernel.space[d] if d != kdim or not k_range else k_range[1] - k_range[0] for d in red]
         xp = np.broadcast_to(xp, xp.shape[: len(keep)] + tuple(k_shape))
@@ -188,11 +215,19 @@ def reduce_sum(kernel: Kernel, buffers: dict[str, Buffer], x: np.ndarray, model)
         kt = math.prod(k_shape)
         lanes = xp.reshape(-1, kt)  # (L, K)
         ones = np.ones((1, kt), dtype=np.float32)
-        sums = partial_sums(ones, _f32(lanes.T), model, 1, exact_products=True)[0, 0]  # (L,); x * 1 is exact
-        out = sums.reshape(lanes_shape + (1,) * len(red))
-        return np.transpose(out, [(keep + red).index(d) for d in space])
+        # (pieces, 1, L); x * 1 is exact
+        sums = partial_sums(ones, _f32(lanes.T), model, 1, exact_products=True, k_ranges=flat)[:, 0]
+        lead = 0 if flat is None else 1
+        out = (sums if lead else sums[0]).reshape(sums.shape[:lead] + lanes_shape + (1,) * len(red))
+        return np.transpose(out, list(range(lead)) + [(keep + red).index(d) + lead for d in space])
 
-    return split_accumulate(kernel, buffers, model, partial)
+    def partials(k_ranges):
+        flat = None if k_ranges is None else _flat_ranges(kernel, red, k_ranges)
+        if flat is None:
+            return partial(None) if k_ranges is None else np.stack([partial(r) for r in k_ranges])
+        return partial(None, flat)  # the whole reduction laid out once, each piece a K range the kernels walk
+
+    return split_accumulate(kernel, buffers, model, partials)
 
 
 def reduce_count(kernel: Kernel) -> int:

@@ -289,6 +289,15 @@ def stick_dims(kernel: Kernel, buffers: dict[str, Buffer]) -> dict[str, int]:
 def core_slices(kernel: Kernel, buffers: dict[str, Buffer]) -> list[dict[str, tuple[int, int]]]:
     """For slice i (run by kernel.cores[i]): dim -> [start, stop) in elements. Stick dims split on whole sticks;
     the last piece is clipped to the real extent (the rest is stick padding)."""
+    per_dim = split_ranges(kernel, buffers)
+    slices: list[dict[str, tuple[int, int]]] = [{}]
+    for dim in kernel.space:  # row-major over the space's dim order
+        slices = [{**s, dim: r} for s in slices for r in per_dim[dim]]
+    return slices
+
+
+def split_ranges(kernel: Kernel, buffers: dict[str, Buffer]) -> dict[str, list[tuple[int, int]]]:
+    """dim -> the [start, stop) of each of its pieces, in order (core_slices' factors, one dim at a time)."""
     sticky = stick_dims(kernel, buffers)
     per_dim: dict[str, list[tuple[int, int]]] = {}
     for dim, extent in kernel.space.items():
@@ -300,10 +309,7 @@ def core_slices(kernel: Kernel, buffers: dict[str, Buffer]) -> list[dict[str, tu
         else:
             step = extent // pieces
         per_dim[dim] = [(min(i * step, extent), min((i + 1) * step, extent)) for i in range(pieces)]
-    slices: list[dict[str, tuple[int, int]]] = [{}]
-    for dim in kernel.space:  # row-major over the space's dim order
-        slices = [{**s, dim: r} for s in slices for r in per_dim[dim]]
-    return slices
+    return per_dim
 
 
 def arg_shape(arg: Arg, buf: Buffer) -> tuple[int, ...]:

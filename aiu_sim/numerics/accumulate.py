@@ -134,13 +134,21 @@ def reduce_mean(x, axis=None, model: AccumulationModel = DEFAULT_MODEL, k_splits
 
 
 def partial_sums(
-    a, b, model: AccumulationModel = DEFAULT_MODEL, k_splits: int = 1, exact_products: bool = False
+    a,
+    b,
+    model: AccumulationModel = DEFAULT_MODEL,
+    k_splits: int = 1,
+    exact_products: bool = False,
+    k_ranges: list[tuple[int, int]] | None = None,
 ) -> np.ndarray:
     """Per-slice partial results of a @ b: shape (k_splits, *result_shape), values in the accumulator format.
 
     exact_products: the caller guarantees every product a[i, k] * b[k, j] is a float32 value (both operands hold
     DL16 or FP8 values, at most 11 x 11 significant bits and exponents far inside fp32's range, or one of them is a
-    row of ones); the fp32 model then runs a faster kernel with the same results (fused multiply-add)."""
+    row of ones); the fp32 model then runs a faster kernel with the same results (fused multiply-add).
+    k_ranges: the slices as [k0, k1) bounds of any widths instead of k_splits equal ones (shape (len(k_ranges),
+    *result_shape)); each is accumulated exactly as the same slice cut out of the operands would be, without the
+    copies (an executor's split whose last piece is clipped)."""
     a32 = as_float32(a, "matmul", allow_float64=False)
     b32 = as_float32(b, "matmul", allow_float64=False)
     if a32.ndim == 0 or b32.ndim == 0:
@@ -160,13 +168,18 @@ def partial_sums(
             f"matmul: batch dimensions of {a32.shape} and {b32.shape} do not broadcast"
         ) from None
     n_m, n_k, n_n = a2.shape[-2], a2.shape[-1], b2.shape[-1]
-    _check_splits(k_splits, n_k)
+    if k_ranges is None:
+        _check_splits(k_splits, n_k)
+        width = n_k // k_splits
+        k_ranges = [(s * width, (s + 1) * width) for s in range(k_splits)]
+    else:
+        _check_ranges(k_ranges, n_k)
     a_b = np.broadcast_to(a2, batch + (n_m, n_k))
     b_b = np.broadcast_to(b2, batch + (n_k, n_n))
-    out = np.empty((k_splits,) + batch + (n_m, n_n), dtype=np.float32)
+    out = np.empty((len(k_ranges),) + batch + (n_m, n_n), dtype=np.float32)
     for index in np.ndindex(*batch):
         a_c, b_c = np.ascontiguousarray(a_b[index]), np.ascontiguousarray(b_b[index])
-        _accumulate_2d(a_c, b_c, model, out, index, exact_products)
+        _accumulate_2d(a_c, b_c, model, out, index, exact_products, k_ranges)
     if a32.ndim == 1:
         out = out[..., 0, :]
     if b32.ndim == 1:
@@ -209,12 +222,13 @@ def _accumulate_2d(
     out: np.ndarray,
     index: tuple,
     exact_products: bool,
+    k_ranges: list[tuple[int, int]],
 ) -> None:
-    """Fill out[s, *index] with the partial over the s-th K slice of a (M, K) and b (K, N), both C-contiguous."""
-    n_splits = out.shape[0]
-    width = a.shape[1] // n_splits
-    for s in range(n_splits):
-        k0, k1 = s * width, (s + 1) * width
+    """Fill out[s, *index] with the partial over the s-th K slice [k0, k1) of a (M, K) and b (K, N), both
+    C-contiguous. The kernels take the slice as bounds and walk k from k0 in order, so a slice of a whole operand
+    gives the same bits as the slice copied out."""
+    for s, (k0, k1) in enumerate(k_ranges):
+        width = k1 - k0
         target = out[(s,) + index]
         with serial_if_small(width * target.size, SERIAL_MACS_BELOW):
             if model.kind == "fp32":
@@ -256,6 +270,12 @@ def _normalize_axes(axis, ndim: int) -> tuple[int, ...]:
     if len(set(normalized)) != len(normalized):
         raise UnsupportedInputError(f"reduce: repeated axis in {axis!r}")
     return tuple(sorted(normalized))
+
+
+def _check_ranges(k_ranges, n_k: int) -> None:
+    for r in k_ranges:
+        if len(r) != 2 or not 0 <= r[0] <= r[1] <= n_k:
+            raise UnsupportedInputError(f"k_ranges: {r!r} is not a [k0, k1) range within K={n_k}")
 
 
 def _check_splits(k_splits, n_k: int) -> None:
