@@ -376,6 +376,18 @@ def _has_inv_freq(m: nn.Module) -> bool:
     )
 
 
+def _is_table_rotary(m: nn.Module) -> bool:
+    """GPT-J's / CodeGen's rotary module: a sin/cos table fixed at init (`embed_positions`), gathered per position and
+    split (aten.embedding and aten.split on the device). Matched by its code: it reads `x` for the dtype only."""
+    from transformers.models.codegen import modeling_codegen
+    from transformers.models.gptj import modeling_gptj
+
+    templates = (modeling_gptj.GPTJRotaryEmbedding.forward, modeling_codegen.CodeGenRotaryEmbedding.forward)
+    return isinstance(m.__dict__.get("_buffers", {}).get("embed_positions"), torch.Tensor) and any(
+        structure.same_code(type(m).forward, t) for t in templates
+    )
+
+
 def other_rotary_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
     """Rotary modules that are not Llama's code (no table is built for them): a module with an `inv_freq` buffer
     (or per-layer-type `*_inv_freq` buffers) whose forward takes (x, position_ids, ...) and that the rope adapter
@@ -385,7 +397,7 @@ def other_rotary_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
 
     out = []
     for path, m in model.named_modules():
-        if not _has_inv_freq(m):
+        if not (_has_inv_freq(m) or _is_table_rotary(m)):
             continue
         if "_spyre_rope_tables" in m.__dict__ or "forward" in m.__dict__:
             continue
@@ -471,18 +483,50 @@ def partial_rotation_by_matmul(tables: dict[int, tuple[torch.Tensor, torch.Tenso
     return apply_rotary_pos_emb
 
 
+def every_two_rotation_by_matmul(tables: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]):
+    """GPT-J's / CodeGen's apply_rotary_pos_emb(tensor, sin, cos) (tensor [B, S, H, D], sin/cos [B, S, rot/2],
+    repeat_interleave'd and rotate_every_two: strided slices and a stack) as the interleaved matmul form."""
+
+    # E's rows past the table's columns are zero in this layout: drop them here, off the graph
+    tables = {w: (e[: w // 2].clone(), c, r) for w, (e, c, r) in tables.items()}
+
+    def apply_rotary_pos_emb(tensor, sin, cos):
+        sin, cos = sin[:, :, None, :], cos[:, :, None, :]
+        width = 2 * sin.shape[-1]
+        if width not in tables:
+            raise AdapterTargetError(
+                f"rope_partial: a rotary table of width {width} reached an attention patched for widths "
+                f"{sorted(tables)}; exclude this adapter (exclude=['rope_partial'])"
+            )
+        e, c, r = (t.to(tensor.dtype) for t in tables[width])
+        cos, sin = torch.matmul(cos.to(tensor.dtype), e) + c, torch.matmul(sin.to(tensor.dtype), e)
+        return tensor * cos + torch.matmul(tensor, r) * sin
+
+    return apply_rotary_pos_emb
+
+
+_BUILDERS = {
+    "half": partial_rotation_by_matmul,
+    "interleaved": partial_rotation_by_matmul,
+    "every_two": every_two_rotation_by_matmul,
+}
+_TABLE_LAYOUT = {"half": "half", "interleaved": "interleaved", "every_two": "interleaved"}
+
+
 def _partial_templates() -> list[tuple[object, str]]:
     """(template apply_rotary_pos_emb, layout) of transformers' partial-rotary copies, which rotate the first
     cos.shape[-1] lanes of a head and concatenate the rest back: Bamba's (copied by GPT-NeoX, GLM-4-MoE, Laguna,
     MiMo-V2, MiniMax-M2, Qwen3-Next, Zaya, ... ), Phi-3's (same math, other code) and GLM's (interleaved)."""
     from transformers.models.bamba import modeling_bamba
     from transformers.models.glm import modeling_glm
+    from transformers.models.gptj import modeling_gptj
     from transformers.models.phi3 import modeling_phi3
 
     return [
         (modeling_bamba.apply_rotary_pos_emb, "half"),
         (modeling_phi3.apply_rotary_pos_emb, "half"),
         (modeling_glm.apply_rotary_pos_emb, "interleaved"),
+        (modeling_gptj.apply_rotary_pos_emb, "every_two"),  # CodeGen's is a copy
     ]
 
 
@@ -498,19 +542,28 @@ def _partial_calls(module: nn.Module) -> dict[int, str]:
     return out
 
 
-def _sliced_rotary_dims(module: nn.Module) -> int | None:
-    """The rotary width of an attention that slices it out of each head itself (StableLM, Phi, Persimmon:
-    q[..., :self.rotary_ndims] goes through Llama's apply_rotary_pos_emb, q[..., self.rotary_ndims:] is
-    concatenated back), else None."""
-    nd, hd = getattr(module, "rotary_ndims", None), getattr(module, "head_dim", None)
-    if not (isinstance(nd, int) and isinstance(hd, int) and 0 < nd < hd):
-        return None
+def _head_width(module: nn.Module) -> int | None:
+    """The real per-head width (head_dim, or GPT-NeoX's head_size); head_dim_pad pads at the attention call and
+    leaves these as they are."""
+    for attr in ("head_dim", "head_size"):
+        v = getattr(module, attr, None)
+        if isinstance(v, int) and v > 0:
+            return v
+    return None
+
+
+def _sliced_rotary_dims(module: nn.Module, calls: dict[int, str]) -> tuple[str, int] | None:
+    """(attribute, width) of an attention that slices the rotary lanes out of each head itself around its rotary
+    call, else None: StableLM, Phi, Persimmon (q[..., :self.rotary_ndims] through Llama's apply_rotary_pos_emb,
+    q[..., self.rotary_ndims:] concatenated back) and GPT-J / CodeGen (self.rotary_dim, their own apply)."""
+    hd = _head_width(module)
     forward = structure.current_function(module, "forward")
-    if not any("rotary_ndims" in f.__code__.co_names for f in structure.chain(forward)):
-        return None
-    _, ref = _templates()
-    calls = structure.globals_matching(forward, lambda f: callable(f) and structure.same_code(f, ref))
-    return nd if calls else None
+    names = set().union(*(f.__code__.co_names for f in structure.chain(forward)))
+    for attr in ("rotary_ndims", "rotary_dim"):
+        nd = getattr(module, attr, None)
+        if attr in names and isinstance(nd, int) and isinstance(hd, int) and 0 < nd < hd and calls:
+            return attr, nd
+    return None
 
 
 def _cat_without_empty(tensors, dim=0, *, out=None):
@@ -568,15 +621,18 @@ class PartialRotaryByMatmul(Adapter):
     order = 53  # after head_dim_pad (its pad sits at the attention call) and rope; before rotate_half
     summary = "partial (and interleaved) rotary as matmuls over the whole head: no slice, no cat"
 
-    def _targets(self, model: nn.Module) -> list[tuple[str, nn.Module, dict[int, str], int | None]]:
+    def _targets(self, model: nn.Module) -> list[tuple[str, nn.Module, dict[int, str], tuple | None]]:
         out = []
         for path, m in model.named_modules():
-            if m.__dict__.get("_spyre_rope") or not isinstance(getattr(m, "head_dim", None), int):
+            if m.__dict__.get("_spyre_rope") or _head_width(m) is None:
                 continue
             calls = _partial_calls(m)
-            sliced = None if calls else _sliced_rotary_dims(m)
-            if calls or sliced:
-                out.append((path, m, calls, sliced))
+            if not calls:  # Llama's apply_rotary_pos_emb on lanes the forward slices out itself
+                llama = {i: "half" for i in _template_rope_calls(m)}
+                if _sliced_rotary_dims(m, llama):
+                    calls = llama
+            if calls:
+                out.append((path, m, calls, _sliced_rotary_dims(m, calls)))
         return out
 
     def applicable(self, model: nn.Module) -> bool:
@@ -587,30 +643,30 @@ class PartialRotaryByMatmul(Adapter):
         widths = _rotary_widths(model)
         cache: dict[tuple, dict] = {}
         for path, attn, calls, sliced in self._targets(model):
-            head = int(attn.head_dim)
+            head = _head_width(attn)
             weight = next(attn.parameters())
-            layouts = set(calls.values()) if calls else {"half"}
+            ws = (
+                {w for w in widths if 0 < w <= head and w % 2 == 0}
+                | {head}
+                | ({sliced[1]} if sliced else set())
+            )
             fns = {}
-            for layout in layouts:
-                key = (layout, head, sliced, weight.device, weight.dtype)
+            for layout in set(calls.values()):
+                key = (_TABLE_LAYOUT[layout], head, frozenset(ws), weight.device, weight.dtype)
                 if key not in cache:
-                    ws = {w for w in widths if w <= head} | ({sliced} if sliced else set())
                     cache[key] = {
                         w: tuple(
                             t.to(device=weight.device, dtype=weight.dtype)
-                            for t in partial_rotary_tables(layout, w, head)
+                            for t in partial_rotary_tables(_TABLE_LAYOUT[layout], w, head)
                         )
                         for w in sorted(ws)
                     }
-                fns[layout] = partial_rotation_by_matmul(cache[key])
-            if calls:
-                replace = {i: fns[layout] for i, layout in calls.items()}
-            else:
-                replace = {i: fns["half"] for i in _template_rope_calls(attn)}
+                fns[layout] = _BUILDERS[layout](cache[key])
+            replace: dict[int, object] = {i: fns[layout] for i, layout in calls.items()}
+            if sliced is not None:
+                attr, width = sliced
                 replace[id(torch)] = _torch_cat_skipping_empty
-                patch.set_attr(
-                    attn, "rotary_ndims", head, f"{path}: rotary_ndims {sliced} -> {head} (whole head)"
-                )
+                patch.set_attr(attn, attr, head, f"{path}: {attr} {width} -> {head} (whole head)")
             patch.set_attr(attn, "_spyre_rope", True, "rope marker")
             forward = structure.current_function(attn, "forward")
             patch.override_forward(
