@@ -15,7 +15,8 @@ dynamic and longrope are refused); an attention module is one whose forward call
 apply_rotary_pos_emb (with Llama's rotate_half). LlamaAttention gets the rewritten forward below (it also handles
 head padding); any other such attention keeps its own forward, whose apply_rotary_pos_emb call is rebound
 (structure.rebind) to the same rotation by matmul. Partial-rotary and interleaved variants are different code and
-are not matched: they stay gaps the plan names.
+are not matched here: rope_partial (below) takes them, rotate_half any remaining copy of a rotate_half, and
+rotary_host runs any other rotary module's stock forward on the host.
 """
 
 from __future__ import annotations

@@ -1,0 +1,154 @@
+"""rope_partial (partial and interleaved rotary as matmuls over the whole head) and rotary_host on per-layer-type
+rotary modules: exact on CPU against the stock code, and no slice/sin/cos left for the device."""
+
+from __future__ import annotations
+
+import copy
+import functools
+
+import pytest
+import torch
+
+import adapters
+from adapters.base import primary_output
+from adapters.rope import partial_rotary_tables, partial_rotation_by_matmul
+from models.zoo import build
+
+
+@functools.cache
+def _zoo(model_type: str):
+    return build(model_type, "default", seed=0)
+
+
+def _stock_partial(layout: str):
+    if layout == "half":
+        from transformers.models.bamba.modeling_bamba import apply_rotary_pos_emb
+    else:
+        from transformers.models.glm.modeling_glm import apply_rotary_pos_emb
+    return apply_rotary_pos_emb
+
+
+def _qkcs(dim: int, rot: int, dtype=torch.float32, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(2, 4, 7, dim, generator=g).to(dtype)
+    k = torch.randn(2, 2, 7, dim, generator=g).to(dtype)
+    angles = torch.randn(2, 7, rot // 2, generator=g) * 3
+    emb = torch.cat((angles, angles), dim=-1)
+    return q, k, emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+@pytest.mark.parametrize("layout", ["half", "interleaved"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize(("dim", "rot"), [(64, 32), (80, 20), (96, 96), (128, 64)])
+def test_matmul_form_equals_the_stock_split_rotate_cat(layout, dtype, dim, rot):
+    """Bit-exact against transformers' own partial-rotary code (Bamba's half-split, GLM's interleaved), fp16 too:
+    every lane is one product plus zeros."""
+    q, k, cos, sin = _qkcs(dim, rot, dtype)
+    ref_q, ref_k = _stock_partial(layout)(q, k, cos, sin)
+    apply = partial_rotation_by_matmul({rot: partial_rotary_tables(layout, rot, dim)})
+    got_q, got_k = apply(q, k, cos, sin)
+    assert torch.equal(got_q, ref_q) and torch.equal(got_k, ref_k)
+
+
+def test_the_layout_matters():
+    """The interleaved tables on half-split code are wrong (so the exactness above is not vacuous)."""
+    q, k, cos, sin = _qkcs(64, 32)
+    ref_q, _ = _stock_partial("half")(q, k, cos, sin)
+    wrong, _ = partial_rotation_by_matmul({32: partial_rotary_tables("interleaved", 32, 64)})(q, k, cos, sin)
+    assert (wrong - ref_q).abs().max() > 0.1
+
+
+def test_a_table_of_another_width_is_a_typed_error():
+    q, k, cos, sin = _qkcs(64, 32)
+    apply = partial_rotation_by_matmul({16: partial_rotary_tables("half", 16, 64)})
+    with pytest.raises(adapters.AdapterTargetError, match="exclude=\\['rope_partial'\\]"):
+        apply(q, k, cos, sin)
+    with pytest.raises(adapters.AdapterTargetError, match="does not fit"):
+        partial_rotary_tables("half", 80, 64)
+
+
+# StableLM, Phi, Persimmon slice rotary_ndims in their forward; GLM-4-MoE and GPT-NeoX call Bamba's partial
+# apply_rotary_pos_emb, Phi-3 its own copy, GLM the interleaved one
+PARTIAL = ["stablelm", "phi", "persimmon", "glm4_moe", "gpt_neox", "phi3", "glm", "gptj", "codegen"]
+
+
+@pytest.mark.parametrize("model_type", PARTIAL)
+def test_partial_rotary_families_match_stock(model_type):
+    zm = _zoo(model_type)
+    model, keep = zm.model.eval(), zm.pad_mask
+    attns = [m for m in model.modules() if hasattr(m, "head_dim") or hasattr(m, "head_size")]
+    before = [dict(m.__dict__) for m in attns]
+    with torch.no_grad():
+        ref = primary_output(model(**zm.inputs))
+        for only in (["rotary_host", "rope_partial"], None):
+            with adapters.apply(model, only=only) as h:
+                assert "rope_partial" in h.report.applied
+                assert "rotate_half" not in h.report.applied  # every rotary attention is rope_partial's
+                out = primary_output(model(**zm.inputs))
+            torch.testing.assert_close(out[keep], ref[keep], atol=1e-5, rtol=1e-5)
+    for m, d in zip(attns, before, strict=True):
+        assert m.__dict__.keys() == d.keys() and all(m.__dict__[k] is v for k, v in d.items())
+
+
+PER_LAYER_TYPE = ["gemma3_text", "olmo3", "gemma4_text", "mellum"]
+
+
+@pytest.mark.parametrize("model_type", PER_LAYER_TYPE)
+def test_per_layer_type_rotary_runs_stock_on_the_host(model_type):
+    """Rotary modules with one inv_freq per layer type (forward(x, position_ids, layer_type)) are rotary_host's."""
+    zm = _zoo(model_type)
+    model, keep = zm.model.eval(), zm.pad_mask
+    rotary = model.model.rotary_emb
+    assert "inv_freq" not in rotary._buffers and any(k.endswith("_inv_freq") for k in rotary._buffers)
+    with torch.no_grad():
+        ref = primary_output(model(**zm.inputs))
+        with adapters.apply(model) as h:
+            assert "rotary_host" in h.report.applied and "forward" in rotary.__dict__
+            out = primary_output(model(**zm.inputs))
+    assert torch.equal(out[keep], ref[keep]) or torch.allclose(out[keep], ref[keep], atol=1e-6, rtol=1e-6)
+    assert "forward" not in rotary.__dict__
+
+
+@pytest.mark.parametrize("model_type", ["stablelm", "phi", "persimmon", "glm4_moe", "gemma3_text", "olmo3"])
+def test_no_rotary_gap_is_left_for_the_device(model_type):
+    """fp16, adapters applied: the strict-mode dry run finds no op these models still need the CPU for (their only
+    islands were the rotary slices and sin/cos)."""
+    from torch_spyre_emu.compiler import find_unsupported
+
+    zm = _zoo(model_type)
+    model = copy.deepcopy(zm.model).half().eval()
+    inputs = {
+        k: v.half() if torch.is_tensor(v) and v.is_floating_point() else v for k, v in zm.inputs.items()
+    }
+    stock = find_unsupported(model, inputs, walk_in_fp32=True)
+    torch._dynamo.reset()
+    assert {o.op for o in stock} & {"aten.slice", "aten.sin", "aten.cos"}, (
+        "the stock model should have the gap"
+    )
+    with adapters.apply(model), torch._dynamo.config.patch(automatic_dynamic_shapes=False):
+        left = find_unsupported(model, inputs, walk_in_fp32=True)
+    torch._dynamo.reset()
+    assert left == [], left
+
+
+def test_phi_runs_compiled_in_strict_mode():
+    import torch_spyre_emu
+
+    zm = _zoo("phi")
+    model = copy.deepcopy(zm.model).half().eval()
+    inputs = {
+        k: v.half() if torch.is_tensor(v) and v.is_floating_point() else v for k, v in zm.inputs.items()
+    }
+    with torch.no_grad():
+        ref = primary_output(zm.model.eval()(**zm.inputs))
+    with (
+        adapters.apply(model),
+        torch_spyre_emu.config.strict_mode(),
+        torch._dynamo.config.patch(automatic_dynamic_shapes=False),
+        torch.no_grad(),
+    ):
+        out = primary_output(torch.compile(model, backend="spyre", dynamic=False)(**inputs))
+    torch._dynamo.reset()
+    keep = zm.pad_mask
+    cos = torch.nn.functional.cosine_similarity(out[keep].float().flatten(), ref[keep].flatten(), dim=0)
+    assert cos > 0.999, float(cos)
