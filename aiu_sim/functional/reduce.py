@@ -73,17 +73,19 @@ def split_accumulate(
     kernel: Kernel,
     buffers: dict[str, Buffer],
     model: AccumulationModel,
-    partials: Callable[[list[tuple[int, int]] | None], np.ndarray],
+    partials: Callable[[list[tuple[int, int]] | None, Callable | None], np.ndarray],
 ) -> np.ndarray:
-    """Accumulate a reduction piecewise as the split implies. `partials(k_ranges)` returns the space-aligned
-    partials over each [lo, hi) of the split dim, stacked along a new leading axis (None: the whole reduction, no
-    leading axis). Returns accumulator-format values."""
+    """Accumulate a reduction piecewise as the split implies. `partials(k_ranges, add)` returns the space-aligned
+    result of `add` (the partial-sum ring) applied to the partials over each [lo, hi) of the split dim, stacked
+    along a leading axis in any layout of their own (it is elementwise); with None, None: the whole reduction.
+    Returns accumulator-format values."""
     kdim = split_reduce_dim(kernel)
     if kdim is None:
-        return partials(None)
+        return partials(None, None)
     # Every tile adds the same K pieces in the same (K) order, so the whole output combines at once.
     ranges = _k_pieces(kernel, buffers, kdim)
-    return combine(partials(ranges), reduction_tree(kernel, len(ranges)), model)
+    tree = reduction_tree(kernel, len(ranges))
+    return partials(ranges, lambda parts: combine(parts, tree, model))
 
 
 def _k_pieces(kernel: Kernel, buffers: dict[str, Buffer], kdim: str) -> list[tuple[int, int]]:
@@ -134,12 +136,12 @@ def matmul(kernel: Kernel, buffers: dict[str, Buffer], a: np.ndarray, b: np.ndar
         a3, b3, back = pieces(k_range)
         return back(partial_sums(_f32(a3), _f32(b3), model, 1, exact)[0])
 
-    def partials(k_ranges):
+    def partials(k_ranges, add):
         flat = None if k_ranges is None else _flat_ranges(kernel, list(kernel.reduce_dims), k_ranges)
         if flat is None:
-            return partial(None) if k_ranges is None else np.stack([partial(r) for r in k_ranges])
+            return partial(None) if k_ranges is None else add(np.stack([partial(r) for r in k_ranges]))
         a3, b3, back = pieces(None)  # the whole K laid out once, each piece a K range the kernels walk
-        return back(partial_sums(_f32(a3), _f32(b3), model, 1, exact, k_ranges=flat), lead=1)
+        return back(add(partial_sums(_f32(a3), _f32(b3), model, 1, exact, k_ranges=flat)))
 
     return split_accumulate(kernel, buffers, model, partials)
 
@@ -173,11 +175,9 @@ def _matmul_pieces(kernel: Kernel, a: np.ndarray, b: np.ndarray):
     nt = math.prod(ext[d] for d in n_dims)
     idx = {d: i for i, d in enumerate(space)}
 
-    def back(c: np.ndarray, lead: int = 0) -> np.ndarray:
-        """`lead` leading axes (stacked partials) are kept in front."""
-        c = c.reshape(list(c.shape[:lead]) + [ext[d] for d in batch + m_dims + n_dims] + [1] * len(red))
-        order = [(batch + m_dims + n_dims + red).index(d) + lead for d in space]
-        return np.transpose(c, list(range(lead)) + order)
+    def back(c: np.ndarray) -> np.ndarray:
+        c = c.reshape([ext[d] for d in batch + m_dims + n_dims] + [1] * len(red))
+        return np.transpose(c, [(batch + m_dims + n_dims + red).index(d) for d in space])
 
     def pieces(k_range):
         ap, bp = _take(a, kernel, kdim, k_range), _take(b, kernel, kdim, k_range)
@@ -205,9 +205,9 @@ def reduce_sum(kernel: Kernel, buffers: dict[str, Buffer], x: np.ndarray, model)
     kdim = split_reduce_dim(kernel)
     perm = [space.index(d) for d in keep + red]
 
-    def partial(k_range, flat=None):
-        """The partial over the split dim's `k_range` (cut out), or, `flat` given, the partials over those runs of
-        the whole flattened K, stacked along a leading axis."""
+    def partial(k_range, add=None, flat=None):
+        """The partial over the split dim's `k_range` (cut out), or, `flat` given, `add` of the partials over those
+        runs of the whole flattened K (stacked along a leading axis)."""
         xp = np.transpose(_take(x, kernel, kdim, k_range), perm)
         k_shape = [kernel.space[d] if d != kdim or not k_range else k_range[1] - k_range[0] for d in red]
         xp = np.broadcast_to(xp, xp.shape[: len(keep)] + tuple(k_shape))
@@ -217,15 +217,15 @@ def reduce_sum(kernel: Kernel, buffers: dict[str, Buffer], x: np.ndarray, model)
         ones = np.ones((1, kt), dtype=np.float32)
         # (pieces, 1, L); x * 1 is exact
         sums = partial_sums(ones, _f32(lanes.T), model, 1, exact_products=True, k_ranges=flat)[:, 0]
-        lead = 0 if flat is None else 1
-        out = (sums if lead else sums[0]).reshape(sums.shape[:lead] + lanes_shape + (1,) * len(red))
-        return np.transpose(out, list(range(lead)) + [(keep + red).index(d) + lead for d in space])
+        out = (sums[0] if flat is None else add(sums)).reshape(lanes_shape + (1,) * len(red))
+        return np.transpose(out, [(keep + red).index(d) for d in space])
 
-    def partials(k_ranges):
+    def partials(k_ranges, add):
         flat = None if k_ranges is None else _flat_ranges(kernel, red, k_ranges)
         if flat is None:
-            return partial(None) if k_ranges is None else np.stack([partial(r) for r in k_ranges])
-        return partial(None, flat)  # the whole reduction laid out once, each piece a K range the kernels walk
+            return partial(None) if k_ranges is None else add(np.stack([partial(r) for r in k_ranges]))
+        # the whole reduction laid out once, each piece a K range the kernels walk
+        return partial(None, add, flat)
 
     return split_accumulate(kernel, buffers, model, partials)
 
