@@ -24,7 +24,7 @@ EXPECTED = {
     "qwen2": "pass_device",  # as mistral
     "qwen3": "pass_device",  # as mistral (q_norm/k_norm are Llama RMSNorm copies)
     "gemma2": "pass_fallback",  # aten.embedding (scaled embedding subclass); its RMSNorm upcast is on device now
-    "gemma3_text": "pass_fallback",  # as gemma2, plus its per-layer-type rotary on the device
+    "gemma3_text": "pass_device",  # rotary_host: its per-layer-type rotary (*_inv_freq) runs stock on the host
     "phi3": "pass_fallback",  # aten.slice of its fused qkv; head_dim_pad now matches any attention by structure
     "gpt2": "pass_device",
     "gpt_neox": "pass_fallback",  # aten.split / aten.slice of its fused qkv (head_dim padded by structure)
