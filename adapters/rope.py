@@ -21,6 +21,7 @@ rotary_host runs any other rotary module's stock forward on the host.
 
 from __future__ import annotations
 
+import functools
 import types
 
 import torch
@@ -450,24 +451,30 @@ def partial_rotary_tables(layout: str, rot: int, dim: int) -> tuple[torch.Tensor
         raise AdapterTargetError(f"rope_partial: a rotary width of {rot} does not fit a head of {dim}")
     e, c, r = torch.zeros(rot, dim), torch.zeros(dim), torch.zeros(dim, dim)
     c[rot:] = 1.0
-    if layout == "half":
+    if layout in ("half", "half_negated"):
         e[torch.arange(rot), torch.arange(rot)] = 1.0
-        r[:rot, :rot] = rotate_half_matrix(rot)
+        # half_negated: NanoChat's rotate_half is cat((x2, -x1)), Llama's negated
+        r[:rot, :rot] = rotate_half_matrix(rot) * (-1.0 if layout == "half_negated" else 1.0)
     elif layout == "interleaved":
         j = torch.arange(rot // 2)
         e[j, 2 * j] = 1.0
         e[j, 2 * j + 1] = 1.0
         r[:rot, :rot] = interleaved_rotate_matrix(rot)
     else:
-        raise ValueError(f"partial_rotary_tables: layout must be 'half' or 'interleaved', not {layout!r}")
+        raise ValueError(
+            f"partial_rotary_tables: layout must be 'half', 'half_negated' or 'interleaved', not {layout!r}"
+        )
     return e, c, r
 
 
-def partial_rotation_by_matmul(tables: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]):
+def partial_rotation_by_matmul(
+    tables: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]], upcast=False
+):
     """apply_rotary_pos_emb(q, k, cos, sin) for tables narrower than the head, with no slice or cat: the tables
     are widened by a 0/1 matmul (pass-through lanes cos 1, sin 0) and the rotation is x @ R over the whole head.
     Every lane is one product plus exact zeros, so the result equals the stock split-rotate-cat in any dtype.
-    `tables`: rotary width -> partial_rotary_tables(...) for this head (built at patch time, off the graph)."""
+    `tables`: rotary width -> partial_rotary_tables(...) for this head (built at patch time, off the graph).
+    upcast: the products and the sum in fp32, cast back to q's dtype (ERNIE 4.5's "full precision" copy)."""
 
     def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
         cos, sin = cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim)
@@ -479,6 +486,11 @@ def partial_rotation_by_matmul(tables: dict[int, tuple[torch.Tensor, torch.Tenso
             )
         e, c, r = (t.to(q.dtype) for t in tables[width])
         cos, sin = torch.matmul(cos.to(q.dtype), e) + c, torch.matmul(sin.to(q.dtype), e)
+        if upcast:
+            cos, sin = cos.float(), sin.float()
+            q_embed = q.float() * cos + torch.matmul(q, r).float() * sin
+            k_embed = k.float() * cos + torch.matmul(k, r).float() * sin
+            return q_embed.to(q.dtype), k_embed.to(k.dtype)
         return q * cos + torch.matmul(q, r) * sin, k * cos + torch.matmul(k, r) * sin
 
     return apply_rotary_pos_emb
@@ -508,19 +520,31 @@ def every_two_rotation_by_matmul(tables: dict[int, tuple[torch.Tensor, torch.Ten
 
 _BUILDERS = {
     "half": partial_rotation_by_matmul,
+    "half_negated": partial_rotation_by_matmul,
     "interleaved": partial_rotation_by_matmul,
+    "interleaved_fp32": functools.partial(partial_rotation_by_matmul, upcast=True),
     "every_two": every_two_rotation_by_matmul,
 }
-_TABLE_LAYOUT = {"half": "half", "interleaved": "interleaved", "every_two": "interleaved"}
+_TABLE_LAYOUT = {
+    "half": "half",
+    "half_negated": "half_negated",
+    "interleaved": "interleaved",
+    "interleaved_fp32": "interleaved",
+    "every_two": "interleaved",
+}
 
 
 def _partial_templates() -> list[tuple[object, str]]:
     """(template apply_rotary_pos_emb, layout) of transformers' partial-rotary copies, which rotate the first
     cos.shape[-1] lanes of a head and concatenate the rest back: Bamba's (copied by GPT-NeoX, GLM-4-MoE, Laguna,
-    MiMo-V2, MiniMax-M2, Qwen3-Next, Zaya, ... ), Phi-3's (same math, other code) and GLM's (interleaved)."""
+    MiMo-V2, MiniMax-M2, Qwen3-Next, Zaya, ... ), Phi-3's (same math, other code), GLM's (interleaved) and GPT-J's;
+    and full-width copies that slice the table or rotate otherwise (Helium, ERNIE 4.5, NanoChat)."""
     from transformers.models.bamba import modeling_bamba
+    from transformers.models.ernie4_5 import modeling_ernie4_5
     from transformers.models.glm import modeling_glm
     from transformers.models.gptj import modeling_gptj
+    from transformers.models.helium import modeling_helium
+    from transformers.models.nanochat import modeling_nanochat
     from transformers.models.phi3 import modeling_phi3
 
     return [
@@ -528,6 +552,10 @@ def _partial_templates() -> list[tuple[object, str]]:
         (modeling_phi3.apply_rotary_pos_emb, "half"),
         (modeling_glm.apply_rotary_pos_emb, "interleaved"),
         (modeling_gptj.apply_rotary_pos_emb, "every_two"),  # CodeGen's is a copy
+        # full-width rotary whose copies rotate_half does not cover: the table itself is sliced and interleaved
+        (modeling_helium.apply_rotary_pos_emb, "interleaved"),
+        (modeling_ernie4_5.apply_rotary_pos_emb, "interleaved_fp32"),  # ERNIE-4.5-MoE's is a copy
+        (modeling_nanochat.apply_rotary_pos_emb, "half_negated"),
     ]
 
 

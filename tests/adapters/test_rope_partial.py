@@ -28,6 +28,18 @@ def _stock_partial(layout: str):
     return apply_rotary_pos_emb
 
 
+def _stock_full(layout: str):
+    from transformers.models.ernie4_5 import modeling_ernie4_5
+    from transformers.models.helium import modeling_helium
+    from transformers.models.nanochat import modeling_nanochat
+
+    return {
+        "interleaved": modeling_helium.apply_rotary_pos_emb,
+        "interleaved_fp32": modeling_ernie4_5.apply_rotary_pos_emb,
+        "half_negated": modeling_nanochat.apply_rotary_pos_emb,
+    }[layout]
+
+
 def _qkcs(dim: int, rot: int, dtype=torch.float32, seed: int = 0):
     g = torch.Generator().manual_seed(seed)
     q = torch.randn(2, 4, 7, dim, generator=g).to(dtype)
@@ -50,6 +62,19 @@ def test_matmul_form_equals_the_stock_split_rotate_cat(layout, dtype, dim, rot):
     assert torch.equal(got_q, ref_q) and torch.equal(got_k, ref_k)
 
 
+@pytest.mark.parametrize("layout", ["interleaved", "interleaved_fp32", "half_negated"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_full_width_copies_match_stock(layout, dtype):
+    """Helium's (table sliced and interleaved), ERNIE 4.5's (the same in fp32) and NanoChat's (rotate_half negated)."""
+    from adapters.rope import _BUILDERS, _TABLE_LAYOUT
+
+    q, k, cos, sin = _qkcs(128, 128, dtype)
+    ref_q, ref_k = _stock_full(layout)(q, k, cos, sin)
+    apply = _BUILDERS[layout]({128: partial_rotary_tables(_TABLE_LAYOUT[layout], 128, 128)})
+    got_q, got_k = apply(q, k, cos, sin)
+    assert got_q.dtype == ref_q.dtype and torch.equal(got_q, ref_q) and torch.equal(got_k, ref_k)
+
+
 def test_the_layout_matters():
     """The interleaved tables on half-split code are wrong (so the exactness above is not vacuous)."""
     q, k, cos, sin = _qkcs(64, 32)
@@ -67,9 +92,23 @@ def test_a_table_of_another_width_is_a_typed_error():
         partial_rotary_tables("half", 80, 64)
 
 
-# StableLM, Phi, Persimmon slice rotary_ndims in their forward; GLM-4-MoE and GPT-NeoX call Bamba's partial
-# apply_rotary_pos_emb, Phi-3 its own copy, GLM the interleaved one
-PARTIAL = ["stablelm", "phi", "persimmon", "glm4_moe", "gpt_neox", "phi3", "glm", "gptj", "codegen"]
+# StableLM, Phi, Persimmon slice rotary_ndims in their forward (GPT-J, CodeGen rotary_dim); GLM-4-MoE and GPT-NeoX
+# call Bamba's partial apply_rotary_pos_emb, Phi-3 its own copy, GLM the interleaved one; Helium, ERNIE 4.5 and
+# NanoChat are full-width copies that rotate_half does not cover
+PARTIAL = [
+    "stablelm",
+    "phi",
+    "persimmon",
+    "glm4_moe",
+    "gpt_neox",
+    "phi3",
+    "glm",
+    "gptj",
+    "codegen",
+    "helium",
+    "ernie4_5",
+    "nanochat",
+]
 
 
 @pytest.mark.parametrize("model_type", PARTIAL)
@@ -109,7 +148,9 @@ def test_per_layer_type_rotary_runs_stock_on_the_host(model_type):
     assert "forward" not in rotary.__dict__
 
 
-@pytest.mark.parametrize("model_type", ["stablelm", "phi", "persimmon", "glm4_moe", "gemma3_text", "olmo3"])
+@pytest.mark.parametrize(
+    "model_type", ["stablelm", "phi", "persimmon", "glm4_moe", "gptj", "helium", "gemma3_text", "olmo3"]
+)
 def test_no_rotary_gap_is_left_for_the_device(model_type):
     """fp16, adapters applied: the strict-mode dry run finds no op these models still need the CPU for (their only
     islands were the rotary slices and sin/cos)."""
