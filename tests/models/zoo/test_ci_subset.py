@@ -30,7 +30,7 @@ EXPECTED = {
     "gpt_neox": "pass_fallback",  # aten.split / aten.slice of its fused qkv (head_dim padded by structure)
     "opt": "pass_fallback",  # aten.cumsum (position ids from the padding mask)
     "bloom": "pass_fallback",  # aten.cumsum (ALiBi positions from the padding mask)
-    "falcon": "unsupported",  # aten.index and aten._safe_softmax in its own attention (ALiBi/rotary paths)
+    "falcon": "pass_fallback",  # aten.slice of its fused qkv; sdpa_fused: its multi-query SDPA call on the fused kernel
     "granite": "pass_device",  # as mistral
     "olmo2": "pass_device",  # its q_norm/k_norm RMSNorm (not Llama's code) upcasts to fp32: on device (dl16tofp32)
     "stablelm": "pass_fallback",  # aten.slice (partial rotary), head_dim padded by structure
