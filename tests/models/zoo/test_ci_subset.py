@@ -33,7 +33,7 @@ EXPECTED = {
     "falcon": "pass_fallback",  # aten.slice of its fused qkv; sdpa_fused: its multi-query SDPA call on the fused kernel
     "granite": "pass_device",  # as mistral
     "olmo2": "pass_device",  # its q_norm/k_norm RMSNorm (not Llama's code) upcasts to fp32: on device (dl16tofp32)
-    "stablelm": "pass_fallback",  # aten.slice (partial rotary), head_dim padded by structure
+    "stablelm": "pass_device",  # rope_partial: partial rotary as matmuls over the whole head; head_dim padded
     "mixtral": "pass_device",  # moe_dense: routing on the host, experts dense
     "bert": "pass_device",
     "roberta": "pass_device",  # host_position_ids: position ids from the padding mask on the host
