@@ -407,9 +407,33 @@ def other_rotary_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
             params = list(inspect.signature(structure.chain(type(m).forward)[-1]).parameters)
         except (TypeError, ValueError):
             continue
-        if params[:3] == ["self", "x", "position_ids"]:
+        if params[:3] == ["self", "x", "position_ids"] and not _called_in_comprehension(model, path):
             out.append((path, m))
     return out
+
+
+def _called_in_comprehension(model: nn.Module, path: str) -> bool:
+    """Does the parent's forward call this module inside a comprehension (Dory: {t: self.rotary_emb(..., t) for t in
+    ...})? In Python 3.11 that is a nested frame, where dynamo cannot resume after the host call's graph break: the
+    whole model frame would run eagerly and each decoder layer compile on its own, past the recompile limit with
+    36 layers. Such a module is left stock (its sin/cos stay a CPU island, as before)."""
+    import types as _types
+
+    parent_path, _, name = path.rpartition(".")
+    if not name:  # the model itself
+        return False
+    parent = model.get_submodule(parent_path)  # "" is the model
+
+    def nested(code: _types.CodeType) -> bool:
+        for const in code.co_consts:
+            if isinstance(const, _types.CodeType):
+                if const.co_name.startswith("<") and name in const.co_names:
+                    return True
+                if nested(const):
+                    return True
+        return False
+
+    return any(nested(f.__code__) for f in structure.chain(structure.current_function(parent, "forward")))
 
 
 @register_adapter

@@ -193,3 +193,40 @@ def test_phi_runs_compiled_in_strict_mode():
     keep = zm.pad_mask
     cos = torch.nn.functional.cosine_similarity(out[keep].float().flatten(), ref[keep].flatten(), dim=0)
     assert cos > 0.999, float(cos)
+
+
+class _PerTypeRotary(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        inv = 1.0 / 10000 ** (torch.arange(0, 8, 2).float() / 8)
+        self.register_buffer("full_inv_freq", inv, persistent=False)
+
+    def forward(self, x, position_ids, layer_type):
+        f = position_ids[..., None].float() * getattr(self, f"{layer_type}_inv_freq")
+        return f.cos(), f.sin()
+
+
+class _LoopCaller(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.rotary_emb = _PerTypeRotary()
+
+    def forward(self, x, position_ids):
+        out = {}
+        for t in ("full",):
+            out[t] = self.rotary_emb(x, position_ids, t)
+        return out
+
+
+class _ComprehensionCaller(_LoopCaller):
+    def forward(self, x, position_ids):
+        return {t: self.rotary_emb(x, position_ids, t) for t in ("full",)}
+
+
+def test_a_rotary_called_inside_a_comprehension_is_left_stock():
+    """Dory calls its rotary in a dict comprehension, a nested frame in Python 3.11 where dynamo cannot resume after
+    the host call: rotary_host leaves it stock (a CPU island, not a model that runs eagerly layer by layer)."""
+    from adapters.rope import other_rotary_modules
+
+    assert [p for p, _ in other_rotary_modules(_LoopCaller())] == ["rotary_emb"]
+    assert other_rotary_modules(_ComprehensionCaller()) == []
