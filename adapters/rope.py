@@ -433,7 +433,9 @@ def _called_in_comprehension(model: nn.Module, path: str) -> bool:
                     return True
         return False
 
-    return any(nested(f.__code__) for f in structure.chain(structure.current_function(parent, "forward")))
+    # the class's code (an earlier adapter's per-instance wrapper, e.g. attention_mask's, may not chain to it)
+    forwards = (type(parent).forward, structure.current_function(parent, "forward"))
+    return any(nested(f.__code__) for fn in forwards for f in structure.chain(fn))
 
 
 @register_adapter

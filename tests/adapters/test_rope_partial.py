@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import types
 
 import pytest
 import torch
@@ -230,3 +231,8 @@ def test_a_rotary_called_inside_a_comprehension_is_left_stock():
 
     assert [p for p, _ in other_rotary_modules(_LoopCaller())] == ["rotary_emb"]
     assert other_rotary_modules(_ComprehensionCaller()) == []
+    wrapped = (
+        _ComprehensionCaller()
+    )  # behind a per-instance wrapper that does not chain to the class's forward
+    wrapped.forward = types.MethodType(lambda self, x, p: type(self).forward(self, x, p), wrapped)
+    assert other_rotary_modules(wrapped) == []
