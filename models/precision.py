@@ -625,8 +625,13 @@ def device_run(model_fp32: torch.nn.Module, st: Setting, ids: torch.Tensor, stri
                         if not issubclass(w.category, FallbackWarning):
                             warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
 
+        # Graph breaks (a what-if Linear island in every layer) make each layer a resumed frame that dynamo
+        # compiles once per module; past its recompile limit (8) it would run the rest eagerly and the study would
+        # no longer compare compiled device numbers. So: a limit for every module, and an error if even that is hit.
+        limit = max(torch._dynamo.config.recompile_limit, 2 * sum(1 for _ in model.modules()))
         try:
-            rep, outs = capture(model, run)
+            with torch._dynamo.config.patch(recompile_limit=limit, fail_on_recompile_limit_hit=True):
+                rep, outs = capture(model, run)
         except Exception as e:  # the model's own failure on the stack: name it and keep the cause
             first = " ".join(str(e).splitlines()[:2])  # the error's headline and its first item
             raise PrecisionError(

@@ -174,3 +174,24 @@ def test_command_prints_and_writes_the_label(tmp_path):
     md = (out / "summary.md").read_text()
     assert "| int8_tensor |" in md and "yes: hardware what-if |" in md and "HARDWARE WHAT-IFS" in md
     assert {p.name for p in out.iterdir()} >= {"error_by_layer.png", "logit_diffs.png", "agreement.png"}
+
+
+def test_every_layer_runs_compiled_past_dynamos_recompile_limit():
+    """A what-if Linear island in every layer makes each layer a resumed frame, compiled once per module; with more
+    layers than dynamo's recompile limit (8) the run must still compile every one (a hit raises here, instead of the
+    rest running eagerly), and the last layer's islands still see the device's inputs."""
+    config = tiny.tiny_llama_config()
+    config.num_hidden_layers, config.hidden_size, config.intermediate_size = 10, 64, 128
+    config.num_attention_heads, config.num_key_value_heads = 1, 1
+    from transformers import LlamaForCausalLM
+
+    model = tiny._build(LlamaForCausalLM, config, 0)
+    ids = torch.randint(0, config.vocab_size, (1, 8), generator=torch.Generator().manual_seed(2))
+    with torch._dynamo.config.patch(fail_on_recompile_limit_hit=True):
+        _, outs, patched, _ = prec.device_run(model, prec.setting("int8_channel"), ids)
+    assert len(patched.hw_whatif) == 10 * 7
+    x = outs["model.layers.9.post_attention_layernorm"][0].numpy()
+    w = patched.get_submodule("model.layers.9.mlp.up_proj").weight.detach().float().numpy()
+    assert np.array_equal(
+        outs["model.layers.9.mlp.up_proj"][0].numpy(), int8_reference(x, w, per_channel=True)
+    )
