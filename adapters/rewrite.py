@@ -14,23 +14,33 @@ exact expression in ops it lowers or runs:
 | `x[i]`, `x[i, j, ...]` (integer tensors on the leading dims) | `F.embedding(flat, x.reshape(rows, -1))` | embedding (a CPU fallback in the June table) |
 | `x[..., [p, q], :]` (a constant list of positions of one dim) | `torch.cat([x.select(d, p).unsqueeze(d), ...], d)` | select (a view), cat |
 | `x[:, i] = y`, `x[..., a:b] = y` on a base of rank >= 3 (select_scatter / slice_scatter, #4441) | `x.copy_(where(window, y in the window, x))` | where, copy, constant_pad_nd |
+| `torch.logsumexp(x, dim)` | `log(sum(exp(x - m), dim)) + m`, `m = where(abs(amax) == inf, 0, amax)` | amax, abs, eq, where, sub, exp, sum, log, add |
+| `x.scatter(d, index, v)` (a number v; index as wide as x off `d`: the DSA indexer's mask) | `where((index[..., :, None] == 0..T-1).amax over K, v, x)` | eq, the bool->fp16 cast, amax, ne, where |
 
 `torch.where(m, v, x)` is `masked_fill` by definition (elementwise select, both broadcast the mask and x); ATen
 implements `stack` as exactly that `cat`; an embedding lookup is the row gather `x[i]` (negative indices made
 positive first: `where(i < 0, i + n, i)`); for several index tensors the row is the flattened position
 `((i0 * s1 + i1) * s2 + i2)...` of the leading dims; a window write selects, per element, the written value inside a
 constant bool mask of the window and the old value outside it (y reaches the window by a zero pad or an unsqueeze,
-never by arithmetic). So fp32, fp16 and integer results are bit-identical to stock.
+never by arithmetic); logsumexp is ATen's own sequence of steps (its CPU kernel and its decomposition, whose
+`masked_fill` of an infinite max becomes a where: an all -inf row stays -inf, an inf row is inf, not nan); a scatter
+of one number marks each position that some index names (duplicates mark it once, so no write order matters; the
+bools reduced as amax in float16, since `any` is a CPU fallback the device does not implement). So fp32, fp16 and
+integer results are bit-identical to stock.
 What is not rewritten (runs as stock, so the stack still reports it): out=, a non-bool mask, a fill value that
 stock refuses (overflow), an index key with a bool mask, None, a step or partial slice, or an Ellipsis before an
-index tensor, an `all` over an empty reduction (amin of nothing is an error, `all` of nothing is True).
-One difference in error behaviour, documented rather than hidden: with several index tensors, an out-of-range index
+index tensor, an `all` over an empty reduction (amin of nothing is an error, `all` of nothing is True), a
+logsumexp of an empty tensor, a scatter of a src tensor, with reduce=, of an index narrower than x off its dim, or
+an empty index. The scatter form costs K * T compares per row where stock writes K elements.
+Differences in error behaviour, documented rather than hidden: with several index tensors, an out-of-range index
 of a later dim that still lands inside the flattened table is checked only in eager runs (a data-dependent check
-cannot be traced); a compiled graph reads that row, where stock raises IndexError.
+cannot be traced); a compiled graph reads that row, where stock raises IndexError. Likewise a scatter index out of
+range is stock's error in eager runs; a compiled graph ignores it.
 
 How it recognises its target: by what the code calls. The methods of every module class of the model (its own code,
 transformers' or a user's, not torch.nn's) and the same-package helpers they call (`structure.reachable`) are
-scanned for the names these ops are called by (`masked_fill`, `masked_fill_`, `stack`, `new_full`, `all`) and for
+scanned for the names these ops are called by (`masked_fill`, `masked_fill_`, `stack`, `new_full`, `all`,
+`logsumexp`, `scatter`) and for
 subscripts (`x[...]`: an aten.index when the key holds an integer tensor or a list; `x[...] = y`: a scatter into a
 view). The model's top-level forward then runs under a `torch.overrides.TorchFunctionMode` that re-expresses each
 call of those ops whose capability the stack lacks and passes every other call through unchanged. Dynamo traces
@@ -184,6 +194,67 @@ def all_(args, kwargs):
     if any(b.shape[d] == 0 for d in dims):
         return _PASS
     return b.to(torch.float16).amin(dim=dims if len(dims) > 1 else dims[0], keepdim=keepdim) != 0
+
+
+def logsumexp(args, kwargs):
+    """ATen's own logsumexp (its CPU kernel and its reference decomposition), op for op: the max taken out, an
+    infinite max replaced by 0 (so an all -inf row stays -inf and an inf row gives inf, not nan), then
+    log(sum(exp(x - max))) + max. The replacement is a where, not the decomposition's masked_fill (unsupported)."""
+    x = _arg(args, kwargs, 0, "input", "self")
+    if not isinstance(x, torch.Tensor) or "out" in kwargs or len(args) + len(kwargs) > 3:
+        return _PASS
+    dim = _arg(args, kwargs, 1, "dim")
+    keepdim = _arg(args, kwargs, 2, "keepdim", default=False)
+    if x.is_complex() or x.layout != torch.strided or x.numel() == 0 or not isinstance(keepdim, bool):
+        return _PASS
+    dims = (dim,) if isinstance(dim, int) else tuple(dim) if isinstance(dim, list | tuple) else None
+    if not dims or not all(isinstance(d, int) and not isinstance(d, bool) for d in dims):
+        return _PASS
+    n = max(x.dim(), 1)
+    if any(not -n <= d < n for d in dims) or len({d % n for d in dims}) != len(dims):
+        return _PASS  # stock raises its own error
+    if not x.is_floating_point():
+        x = x.to(torch.get_default_dtype())  # stock: integer and bool inputs are taken as the default float
+    maxes = torch.amax(x, dims, keepdim=True)
+    maxes = torch.where(maxes.abs() == math.inf, torch.full((), 0, dtype=x.dtype, device=x.device), maxes)
+    squeezed = maxes if keepdim or x.dim() == 0 else maxes.squeeze(dims)
+    return torch.sum(torch.exp(x - maxes), dims, keepdim).log().add(squeezed)
+
+
+def scatter(args, kwargs):
+    """`x.scatter(dim, index, value)` with a number value and an index as wide as x in every other dim (the DSA
+    indexer's `ones(B, S, T).scatter(-1, topk, False)`): where(hit, value, x), hit[..., t] = some index[..., k] == t.
+    The compares are one (..., K, T) tensor against a constant 0..T-1 (an arange made at trace time, as the window
+    write's mask), reduced over K as amax of the bools in float16 (exact for 0/1; `any` is a CPU fallback the device
+    does not implement, STACK §1.6). Duplicate indices write the same value, so no write order matters: exact.
+    Cost: K*T compares per row, where stock writes K elements."""
+    if kwargs.keys() - {"dim", "index", "value"} or len(args) + len(kwargs) != 4:
+        return _PASS  # src tensors (order-dependent with duplicates), reduce=, out= stay stock
+    x = _arg(args, kwargs, 0, "input", "self")
+    dim = _arg(args, kwargs, 1, "dim")
+    index = _arg(args, kwargs, 2, "index")
+    value = _arg(args, kwargs, 3, "value")
+    if not isinstance(x, torch.Tensor) or not isinstance(index, torch.Tensor) or not isinstance(dim, int):
+        return _PASS
+    if x.is_complex() or x.layout != torch.strided or index.dtype != torch.int64 or x.dim() == 0:
+        return _PASS
+    if isinstance(value, torch.Tensor) or not -x.dim() <= dim < x.dim() or index.dim() != x.dim():
+        return _PASS
+    dim %= x.dim()
+    if any(index.shape[d] != x.shape[d] for d in range(x.dim()) if d != dim):
+        return _PASS  # a partial index writes a sub-block only: not this form
+    v = _fill_value(value, x.dtype)
+    if v is _PASS:
+        return _PASS
+    n, k = x.shape[dim], index.shape[dim]
+    if k == 0 or n == 0:
+        return _PASS
+    if not torch.compiler.is_compiling() and (int(index.max()) >= n or int(index.min()) < 0):
+        return _PASS  # stock's out-of-bounds error, in eager runs (as for getitem, see the module docstring)
+    positions = torch.tensor(list(range(n)), dtype=torch.int64, device=x.device)
+    hits = index.movedim(dim, -1).unsqueeze(-1) == positions  # (..., K, T)
+    hit = (hits.to(torch.float16).amax(-2) != 0).movedim(-1, dim)
+    return torch.where(hit, torch.full((), v, dtype=x.dtype, device=x.device), x)
 
 
 _INDEX_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8)
@@ -424,6 +495,42 @@ REWRITES: tuple[Rewrite, ...] = (
         "amin of the bools as float16 != 0",
     ),
     Rewrite(
+        "aten.logsumexp",
+        (torch.logsumexp, torch.Tensor.logsumexp, torch.special.logsumexp),
+        frozenset({"logsumexp"}),
+        logsumexp,
+        (
+            "aten.amax",
+            "aten.abs",
+            "aten.eq",
+            "aten.where",
+            "aten.full",
+            "aten.sub",
+            "aten.exp",
+            "aten.sum",
+            "aten.log",
+            "aten.add",
+        ),
+        "log(sum(exp(x - m))) + m, m = amax with an infinite max taken as 0 (ATen's own steps, where for masked_fill)",
+    ),
+    Rewrite(
+        "aten.scatter",
+        (torch.Tensor.scatter, torch.scatter),
+        frozenset({"scatter"}),
+        scatter,
+        (
+            "aten.eq",
+            "cast.bool->float16",
+            "aten.amax",
+            "aten.ne",
+            "aten.where",
+            "aten.full",
+            "aten.lift_fresh_copy",
+            "aten.permute",
+        ),
+        "where(any index == position, value, x) for a number scattered along a whole-width index",
+    ),
+    Rewrite(
         "aten.index",
         (torch.Tensor.__getitem__,),
         frozenset(),  # a subscript, found by opcode (_SUBSCRIPT)
@@ -568,12 +675,17 @@ class ExactRewrite(Adapter):
     gap = GAPS[0]
     also = GAPS[1:]
     applies_to = frozenset(
-        {"any module whose code calls masked_fill, stack, new_full, all or indexes a tensor"}
+        {
+            "any module whose code calls masked_fill, stack, new_full, all, logsumexp, scatter or indexes a tensor"
+        }
     )
     order = (
         95  # after every adapter that replaces a forward (gelu 80, rmsnorm 70, ...): it wraps the final one
     )
-    summary = "exact re-expressions: masked_fill -> where, stack -> cat, new_full -> full, all -> amin, index -> embedding"
+    summary = (
+        "exact re-expressions: masked_fill -> where, stack -> cat, new_full -> full, all -> amin, index -> embedding,"
+        " logsumexp -> amax/exp/sum/log, scatter of a number -> where of index == position"
+    )
 
     def retired(self, caps) -> bool:
         """Every rewrite's gap is covered by the stack now (for the window write: its own support check says so)."""
