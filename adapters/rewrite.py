@@ -15,7 +15,7 @@ exact expression in ops it lowers or runs:
 | `x[..., [p, q], :]` (a constant list of positions of one dim) | `torch.cat([x.select(d, p).unsqueeze(d), ...], d)` | select (a view), cat |
 | `x[:, i] = y`, `x[..., a:b] = y` on a base of rank >= 3 (select_scatter / slice_scatter, #4441) | `x.copy_(where(window, y in the window, x))` | where, copy, constant_pad_nd |
 | `torch.logsumexp(x, dim)` | `log(sum(exp(x - m), dim)) + m`, `m = where(abs(amax) == inf, 0, amax)` | amax, abs, eq, where, sub, exp, sum, log, add |
-| `x.scatter(d, index, v)` (a number v; index as wide as x off `d`: the DSA indexer's mask) | `where((index[..., :, None] == 0..T-1).amax over K, v, x)` | eq, the bool->fp16 cast, amax, ne, where |
+| `x.scatter(d, index, v)`, `scatter_` (a number v; index as wide as x off `d`: the DSA indexer's mask) | `where((index[..., :, None] == 0..T-1).amax over K, v, x)` | eq, the bool->fp16 cast, amax, ne, where |
 
 `torch.where(m, v, x)` is `masked_fill` by definition (elementwise select, both broadcast the mask and x); ATen
 implements `stack` as exactly that `cat`; an embedding lookup is the row gather `x[i]` (negative indices made
@@ -40,7 +40,7 @@ range is stock's error in eager runs; a compiled graph ignores it.
 How it recognises its target: by what the code calls. The methods of every module class of the model (its own code,
 transformers' or a user's, not torch.nn's) and the same-package helpers they call (`structure.reachable`) are
 scanned for the names these ops are called by (`masked_fill`, `masked_fill_`, `stack`, `new_full`, `all`,
-`logsumexp`, `scatter`) and for
+`logsumexp`, `scatter`, `scatter_`) and for
 subscripts (`x[...]`: an aten.index when the key holds an integer tensor or a list; `x[...] = y`: a scatter into a
 view). The model's top-level forward then runs under a `torch.overrides.TorchFunctionMode` that re-expresses each
 call of those ops whose capability the stack lacks and passes every other call through unchanged. Dynamo traces
@@ -255,6 +255,14 @@ def scatter(args, kwargs):
     hits = index.movedim(dim, -1).unsqueeze(-1) == positions  # (..., K, T)
     hit = (hits.to(torch.float16).amax(-2) != 0).movedim(-1, dim)
     return torch.where(hit, torch.full((), v, dtype=x.dtype, device=x.device), x)
+
+
+def scatter_(args, kwargs):
+    """In place (GroupViT's hard one-hot, MoE group masks): x.copy_(the same where)."""
+    out = scatter(args, kwargs)
+    if out is _PASS:
+        return _PASS
+    return _arg(args, kwargs, 0, "input", "self").copy_(out)
 
 
 _INDEX_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8)
@@ -529,6 +537,24 @@ REWRITES: tuple[Rewrite, ...] = (
             "aten.permute",
         ),
         "where(any index == position, value, x) for a number scattered along a whole-width index",
+    ),
+    Rewrite(
+        "aten.scatter",
+        (torch.Tensor.scatter_,),
+        frozenset({"scatter_"}),
+        scatter_,
+        (
+            "aten.eq",
+            "cast.bool->float16",
+            "aten.amax",
+            "aten.ne",
+            "aten.where",
+            "aten.full",
+            "aten.lift_fresh_copy",
+            "aten.permute",
+            "aten.copy",
+        ),
+        "x.copy_(where(any index == position, value, x)) for a number scattered in place along a whole-width index",
     ),
     Rewrite(
         "aten.index",

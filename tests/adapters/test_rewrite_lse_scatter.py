@@ -300,3 +300,19 @@ def test_retires_when_the_stack_has_the_ops():
     with torch_spyre_emu.capabilities.override({"aten.amax": "unsupported"}) as c:
         gaps = {r.gap for r in rewrite.active_rewrites(c)}
         assert not gaps & {"aten.logsumexp", "aten.scatter"}  # never routed through an op the stack lacks too
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.int64])
+def test_number_scatter_in_place_is_bit_identical(dtype):
+    """GroupViT's hard one-hot (zeros_like(logits).scatter_(dim, argmax, 1.0)) and the MoE group masks."""
+    logits = _rand(2, 5, 7, seed=5)
+    for dim in (-1, 1):
+        idx = logits.argmax(dim, keepdim=True)
+        ref = torch.zeros_like(logits).to(dtype)
+        ref_ret = ref.scatter_(dim, idx, 1)
+        out = torch.zeros_like(logits).to(dtype)
+        seen = _Seen()
+        with seen, Reexpress(list(REWRITES)):
+            ret = out.scatter_(dim, idx, 1)
+        _same(out, ref)
+        assert ret is out and ref_ret is ref and "scatter_" not in seen.names
