@@ -664,9 +664,9 @@ class PartialRotaryByMatmul(Adapter):
     `self.rotary_ndims` lanes itself around Llama's apply_rotary_pos_emb (StableLM, Phi, Persimmon): there
     `rotary_ndims` becomes the whole head (the first slice is then the identity and the pass-through slice is
     empty), apply_rotary_pos_emb is rebound to the matmul form, and the forward's torch.cat leaves out zero-size
-    pieces, so the empty slice is dead code. The cos/sin themselves come from rotary_host (stock code, on the host).
-    Other partial variants (GPT-J/CodeGen's rotate_every_two, ERNIE's, Helium's, NanoChat's) are different code
-    and are not matched."""
+    pieces, so the empty slice is dead code (GPT-J / CodeGen's `rotary_dim` the same way, with their own apply). The
+    cos/sin themselves come from rotary_host (stock code, on the host). Full-width copies that slice the table or
+    rotate otherwise (Helium, ERNIE 4.5, NanoChat) are templates too (_partial_templates)."""
 
     name = "rope_partial"
     gap = "aten.slice"
