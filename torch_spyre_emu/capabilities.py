@@ -385,6 +385,7 @@ _OPS: list[OpEntry] = [
         "in no June op table (full/ones are custom ops): emulation assumption, a gap",
     ),
     _e("isfinite", "unsupported", (), "in no June op table: emulation assumption, a gap"),
+    _e("logsumexp", "unsupported", (), "in no June op table: emulation assumption, a gap"),
     _e("index_put", "unsupported", (), "indirect writes (#1880)", S4),
     _e("scatter", "unsupported", (), "indirect writes", S4),
     _e("scatter_add", "unsupported", (), "indirect writes", S4),
