@@ -500,7 +500,13 @@ def partial_rotation_by_matmul(
     are widened by a 0/1 matmul (pass-through lanes cos 1, sin 0) and the rotation is x @ R over the whole head.
     Every lane is one product plus exact zeros, so the result equals the stock split-rotate-cat in any dtype.
     `tables`: rotary width -> partial_rotary_tables(...) for this head (built at patch time, off the graph).
-    upcast: the products and the sum in fp32, cast back to q's dtype (ERNIE 4.5's "full precision" copy)."""
+    upcast: the products and the sum in fp32, cast back to q's dtype (ERNIE 4.5's "full precision" copy).
+    A q already cut to the table's width by its caller (HY-V4's indexer slices its rotary lanes itself) rotates
+    whole: the rotary lanes come first in every layout, so the first `width` lanes of E, c and R are its tables."""
+    narrow = {
+        w: (e[:, :w].contiguous(), c[:w].contiguous(), r[:w, :w].contiguous())
+        for w, (e, c, r) in tables.items()
+    }
 
     def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
         cos, sin = cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim)
@@ -510,7 +516,10 @@ def partial_rotation_by_matmul(
                 f"rope_partial: a rotary table of width {width} reached an attention patched for widths "
                 f"{sorted(tables)}; exclude this adapter (exclude=['rope_partial'])"
             )
-        e, c, r = (t.to(q.dtype) for t in tables[width])
+        e, c, r = tables[width]
+        if q.shape[-1] == width != r.shape[0]:
+            e, c, r = narrow[width]
+        e, c, r = (t.to(q.dtype) for t in (e, c, r))
         cos, sin = torch.matmul(cos.to(q.dtype), e) + c, torch.matmul(sin.to(q.dtype), e)
         if upcast:
             cos, sin = cos.float(), sin.float()

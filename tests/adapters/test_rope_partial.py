@@ -63,6 +63,18 @@ def test_matmul_form_equals_the_stock_split_rotate_cat(layout, dtype, dim, rot):
     assert torch.equal(got_q, ref_q) and torch.equal(got_k, ref_k)
 
 
+@pytest.mark.parametrize("layout", ["half", "interleaved"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_a_q_its_caller_cut_to_the_rotary_width_rotates_whole(layout, dtype):
+    """HY-V4's indexer slices its rotary lanes out itself and calls the template on them: tables built for the
+    whole head (128) still rotate a 64-wide q exactly (they broadcast-failed before)."""
+    q, k, cos, sin = _qkcs(64, 64, dtype)
+    ref_q, ref_k = _stock_partial(layout)(q, k, cos, sin)
+    apply = partial_rotation_by_matmul({64: partial_rotary_tables(layout, 64, 128)})
+    got_q, got_k = apply(q, k, cos, sin)
+    assert torch.equal(got_q, ref_q) and torch.equal(got_k, ref_k)
+
+
 @pytest.mark.parametrize("layout", ["interleaved", "interleaved_fp32", "half_negated"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_full_width_copies_match_stock(layout, dtype):
