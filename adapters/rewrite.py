@@ -461,6 +461,19 @@ def _probe_view_write(caps) -> bool:
     return _PROBED[key]
 
 
+# what the scatter re-expression needs on the device (the in-place form adds a copy)
+_SCATTER_NEEDS = (
+    "aten.eq",
+    "cast.bool->float16",
+    "aten.amax",
+    "aten.ne",
+    "aten.where",
+    "aten.full",
+    "aten.lift_fresh_copy",
+    "aten.permute",
+)
+
+
 REWRITES: tuple[Rewrite, ...] = (
     Rewrite(
         "aten.masked_fill",
@@ -526,16 +539,7 @@ REWRITES: tuple[Rewrite, ...] = (
         (torch.Tensor.scatter, torch.scatter),
         frozenset({"scatter"}),
         scatter,
-        (
-            "aten.eq",
-            "cast.bool->float16",
-            "aten.amax",
-            "aten.ne",
-            "aten.where",
-            "aten.full",
-            "aten.lift_fresh_copy",
-            "aten.permute",
-        ),
+        _SCATTER_NEEDS,
         "where(any index == position, value, x) for a number scattered along a whole-width index",
     ),
     Rewrite(
@@ -543,17 +547,7 @@ REWRITES: tuple[Rewrite, ...] = (
         (torch.Tensor.scatter_,),
         frozenset({"scatter_"}),
         scatter_,
-        (
-            "aten.eq",
-            "cast.bool->float16",
-            "aten.amax",
-            "aten.ne",
-            "aten.where",
-            "aten.full",
-            "aten.lift_fresh_copy",
-            "aten.permute",
-            "aten.copy",
-        ),
+        (*_SCATTER_NEEDS, "aten.copy"),
         "x.copy_(where(any index == position, value, x)) for a number scattered in place along a whole-width index",
     ),
     Rewrite(

@@ -65,3 +65,13 @@ def applied_names(model) -> list[str]:
 
 
 __all__ = ["TINY", "adapters", "applied_names", "assert_restored", "example_inputs", "run", "snapshot"]
+
+
+def assert_bit_identical(a, b) -> None:
+    """Bit-identical: same dtype, shape and values (NaN where NaN)."""
+    assert a.dtype == b.dtype and a.shape == b.shape, (a.dtype, b.dtype, a.shape, b.shape)
+    assert torch.equal(a, b) or (
+        a.is_floating_point()
+        and torch.equal(a.isnan(), b.isnan())
+        and torch.equal(a.nan_to_num(), b.nan_to_num())
+    ), (a, b)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import assert_bit_identical as _same
 
 import adapters
 import torch_spyre_emu
@@ -17,16 +18,6 @@ DTYPES = [torch.float32, torch.float16]
 
 def _mode():
     return Reexpress(list(REWRITES))
-
-
-def _same(a, b) -> None:
-    """Bit-identical: same dtype, shape and values (NaN where NaN)."""
-    assert a.dtype == b.dtype and a.shape == b.shape, (a.dtype, b.dtype, a.shape, b.shape)
-    assert torch.equal(a, b) or (
-        a.is_floating_point()
-        and torch.equal(a.isnan(), b.isnan())
-        and torch.equal(a.nan_to_num(), b.nan_to_num())
-    ), (a, b)
 
 
 def _both(fn):

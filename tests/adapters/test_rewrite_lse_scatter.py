@@ -11,6 +11,7 @@ import functools
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import assert_bit_identical as _same
 from conftest import assert_restored, snapshot
 from torch.overrides import TorchFunctionMode
 
@@ -23,16 +24,6 @@ from models.zoo import build
 INF = float("inf")
 LSE_FAMILIES = ("granite_swa", "granitemoe_swa")
 DSA_FAMILIES = ("axk2", "deepseek_v32", "dots3_note_text", "glm_moe_dsa")
-
-
-def _same(a, b) -> None:
-    """Bit-identical: same dtype, shape and values (NaN where NaN)."""
-    assert a.dtype == b.dtype and a.shape == b.shape, (a.dtype, b.dtype, a.shape, b.shape)
-    assert torch.equal(a, b) or (
-        a.is_floating_point()
-        and torch.equal(a.isnan(), b.isnan())
-        and torch.equal(a.nan_to_num(), b.nan_to_num())
-    ), (a, b)
 
 
 class _Seen(TorchFunctionMode):
