@@ -161,8 +161,23 @@ def test_per_layer_type_rotary_runs_stock_on_the_host(model_type):
     assert "forward" not in rotary.__dict__
 
 
+# ~20-40 s each (a strict dry run of a zoo model): two in the default suite (rotary_ndims slicing, GPT-J's
+# interleaved apply), the rest slow; the zoo sweep measures every family.
+_SLOW = pytest.mark.slow
+
+
 @pytest.mark.parametrize(
-    "model_type", ["stablelm", "phi", "persimmon", "glm4_moe", "gptj", "helium", "gemma3_text", "olmo3"]
+    "model_type",
+    [
+        "stablelm",
+        "gptj",
+        pytest.param("phi", marks=_SLOW),
+        pytest.param("persimmon", marks=_SLOW),
+        pytest.param("glm4_moe", marks=_SLOW),
+        pytest.param("helium", marks=_SLOW),
+        pytest.param("gemma3_text", marks=_SLOW),
+        pytest.param("olmo3", marks=_SLOW),
+    ],
 )
 def test_no_rotary_gap_is_left_for_the_device(model_type):
     """fp16, adapters applied: the strict-mode dry run finds no op these models still need the CPU for (their only
