@@ -27,7 +27,6 @@ gap stays, the plan names it).
 
 from __future__ import annotations
 
-import functools
 import math
 import types
 
@@ -180,29 +179,10 @@ def padded_attention(inner, module, query, key, value, attention_mask, *args, **
     return out, weights
 
 
-class PaddedInterface:
-    """Stands in for `ALL_ATTENTION_FUNCTIONS` in one module's rebound forward: every function it hands out is the
-    registry's own, wrapped by padded_attention. Reads go to the real registry, so a key added later (the sdpa
-    adapter's) is seen."""
+class PaddedInterface(structure.WrappedInterface):
+    """ALL_ATTENTION_FUNCTIONS in one module's rebound forward, every function wrapped by padded_attention."""
 
-    def __init__(self, registry):
-        self._registry = registry
-
-    def get_interface(self, attn_implementation, default):
-        return functools.partial(padded_attention, self._registry.get_interface(attn_implementation, default))
-
-    def __getitem__(self, key):
-        return functools.partial(padded_attention, self._registry[key])
-
-    def get(self, key, default=None):
-        fn = self._registry.get(key, default)
-        return functools.partial(padded_attention, fn) if callable(fn) else fn
-
-    def __contains__(self, key):
-        return key in self._registry
-
-    def __getattr__(self, name):
-        return getattr(self._registry, name)
+    wrap = staticmethod(padded_attention)
 
 
 def registry_attentions(model: nn.Module) -> list[tuple[str, nn.Module, list[int]]]:

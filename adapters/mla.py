@@ -38,7 +38,6 @@ value padding while the capability table lacks `aten._safe_softmax`; with neithe
 
 from __future__ import annotations
 
-import functools
 import types
 
 import torch
@@ -104,28 +103,10 @@ def narrow_v_attention(inner, module, query, key, value, attention_mask, *args, 
     return torch.matmul(out, e.t()), weights
 
 
-class NarrowVInterface:
-    """Stands in for `ALL_ATTENTION_FUNCTIONS` (or what an earlier adapter put in its place) in one module's rebound
-    forward: every function it hands out is the inner one's, wrapped by narrow_v_attention."""
+class NarrowVInterface(structure.WrappedInterface):
+    """ALL_ATTENTION_FUNCTIONS in one module's rebound forward, every function wrapped by narrow_v_attention."""
 
-    def __init__(self, inner):
-        self._inner = inner
-
-    def get_interface(self, attn_implementation, default):
-        return functools.partial(narrow_v_attention, self._inner.get_interface(attn_implementation, default))
-
-    def __getitem__(self, key):
-        return functools.partial(narrow_v_attention, self._inner[key])
-
-    def get(self, key, default=None):
-        fn = self._inner.get(key, default)
-        return functools.partial(narrow_v_attention, fn) if callable(fn) else fn
-
-    def __contains__(self, key):
-        return key in self._inner
-
-    def __getattr__(self, name):
-        return getattr(self._inner, name)
+    wrap = staticmethod(narrow_v_attention)
 
 
 def _interface_of(fn) -> object | None:

@@ -14,6 +14,7 @@ cover most patterns:
 
 from __future__ import annotations
 
+import functools
 import itertools
 import sys
 import types
@@ -203,3 +204,32 @@ def reachable(fn: Callable, predicate: Callable[[object], bool], depth: int = HE
                 if _same_package(f, obj) and obj is not f and id(obj) not in out:
                     out.update(reachable(obj, predicate, depth - 1))
     return out
+
+class WrappedInterface:
+    """Stands in for `ALL_ATTENTION_FUNCTIONS` (or what an earlier adapter put in its place) in one module's rebound
+    forward: every function it hands out is the inner registry's, wrapped as `wrap(fn, *args, **kwargs)`. Reads go
+    to the inner registry, so a key added later (the sdpa adapter's) is seen."""
+
+    wrap: Callable  # set by each subclass: the attention wrapper
+
+    def __init__(self, inner):
+        self._inner = inner
+
+    def _wrapped(self, fn):
+        return functools.partial(type(self).wrap, fn)
+
+    def get_interface(self, attn_implementation, default):
+        return self._wrapped(self._inner.get_interface(attn_implementation, default))
+
+    def __getitem__(self, key):
+        return self._wrapped(self._inner[key])
+
+    def get(self, key, default=None):
+        fn = self._inner.get(key, default)
+        return self._wrapped(fn) if callable(fn) else fn
+
+    def __contains__(self, key):
+        return key in self._inner
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
