@@ -1,0 +1,276 @@
+"""fp32 "upcast islands" in attention: a softmax or a matmul that stock code runs in fp32 on fp16/bf16 activations,
+run in the activation dtype on the device and cast to fp32 afterwards.
+
+Gap: the device's softmax and matmuls do not take float32 (capability table: `aten._softmax` and `aten.bmm` list
+float16/bfloat16 only, "float32 is not accepted ... on device"), so each upcast softmax or matmul of HF's stock code
+becomes a CPU island. The forms, with the models they come from:
+
+| stock code                                                      | run as                                 |
+|-----------------------------------------------------------------|----------------------------------------|
+| `softmax(x, dim, dtype=torch.float32)`, x fp16/bf16 (Gemma2, VaultGemma, Bloom, Cohere, GraniteSWA, GIT, ...) | `softmax(x, dim).to(float32)` |
+| `softmax(x.float(), dim)` (MPT)                                 | `softmax(x, dim).to(float32)`          |
+| `matmul(a.float(), b.float())`, also through views of the upcasts (GPT-Neo's `query.to(float32)`, `key.to(float32).transpose(-1, -2)`; Cohere's `q.float()` rotated by rope.py's `x @ R.to(x.dtype)`) | `matmul(a, b).to(float32)` |
+
+This is a precision remedy, like hf-adapters' RMSNorm ("variance stays in input dtype", hf_adapters.md §2.4), not
+an exact re-expression: on fp16/bf16 activations the softmax is normalised in the activation dtype and the matmul's
+result is rounded to it before the on-device cast to fp32 (cast.float16->float32 / cast.bfloat16->float32, the
+stack's dl16tofp32), so results differ from stock by that rounding; the device accumulates matmuls in fp32
+either way (torch_spyre_api.md). Cohere's rotation matmul is a signed permutation, so it is exact in any dtype.
+On fp32 activations nothing is an upcast and every call runs unchanged: a CPU fp32 model is bit-identical to stock.
+What is left alone: a softmax or matmul of fp32 tensors that are not upcasts of fp16/bf16 tensors (fp32 weights or
+tables, fp32 results of arithmetic: GPT-Neo's `where(causal, scores, finfo(float32).min)` before its softmax),
+mixed operands (one upcast, one genuine fp32), out=, and a softmax without an explicit dim.
+
+How it recognises its targets: by what the code calls. The model's module classes' methods and the same-package
+helpers they reach are scanned (rewrite.uses) for an upcast (`float`, `float32`) together with `softmax` or a matmul
+(`matmul`, `bmm`, `mm`); the model's forward then runs under a TorchFunctionMode (a rewrite.Reexpress, entered
+outside dynamo as the rewrite adapter's) that tracks upcasts: a `.float()` / `.to(float32)` of an fp16/bf16 tensor
+tags its fp32 result with its source (a tensor attribute, so dynamo traces it without keeping the upcast alive),
+shape and view ops of a tagged tensor (transpose, permute, reshape, view, ...) tag their result with the same op
+applied to the source, and the rewritten softmax/matmul results are tagged too (they are upcasts). An in-place op on
+a tagged tensor, or on the source of one, drops the tag (a mutation through another view of either is not seen:
+documented, not handled). Every other call passes through unchanged.
+
+Retirement: per op. The softmax forms are rewritten only while the stack refuses a float32 `aten._softmax`, the
+matmul forms only while it refuses a float32 `aten.bmm`, and only where the fp16->fp32 / bf16->fp32 casts run on the
+device; the adapter retires when the stack accepts both in float32.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from adapters import _stack
+from adapters.base import Adapter
+from adapters.patch import Patch
+from adapters.registry import register_adapter
+from adapters.rewrite import _PASS, Reexpress, Rewrite, _skip_eager_frames, uses
+
+_HALF = (torch.float16, torch.bfloat16)
+_TAG = "_spyre_upcast_of"  # on an fp32 upcast: (its fp16/bf16 source, the source's generation when taken)
+_GEN = "_spyre_gen"  # on a source: bumped by every in-place op on it through the mode
+
+_SOFTMAX = {
+    F.softmax: ("input", "dim", "_stacklevel", "dtype"),
+    torch.softmax: ("input", "dim", "dtype"),
+    torch.Tensor.softmax: ("input", "dim", "dtype"),
+}
+_MATMUL = {
+    torch.matmul: torch.matmul,
+    torch.Tensor.matmul: torch.matmul,
+    torch.Tensor.__matmul__: torch.matmul,
+    torch.bmm: torch.bmm,
+    torch.Tensor.bmm: torch.bmm,
+    torch.mm: torch.mm,
+    torch.Tensor.mm: torch.mm,
+}
+_UPCASTS = {torch.Tensor.float, torch.Tensor.to}
+# ops that move or reshape elements without changing them: applied to the source, they give the source of the result
+_VIEWS = {
+    torch.Tensor.transpose,
+    torch.transpose,
+    torch.Tensor.permute,
+    torch.permute,
+    torch.Tensor.reshape,
+    torch.reshape,
+    torch.Tensor.view,
+    torch.Tensor.unsqueeze,
+    torch.unsqueeze,
+    torch.Tensor.squeeze,
+    torch.squeeze,
+    torch.Tensor.expand,
+    torch.Tensor.contiguous,
+    torch.Tensor.flatten,
+    torch.flatten,
+    torch.Tensor.t,
+    torch.t,
+}
+_INPLACE_DUNDERS = {"__setitem__", "__iadd__", "__isub__", "__imul__", "__itruediv__"}
+
+
+def source_of(t) -> torch.Tensor | None:
+    """The fp16/bf16 tensor whose exact fp32 upcast `t` is, if the mode saw it made and nothing wrote either since."""
+    tag = getattr(t, _TAG, None) if isinstance(t, torch.Tensor) else None
+    if tag is None:
+        return None
+    src, gen = tag
+    return src if getattr(src, _GEN, 0) == gen else None
+
+
+def _tag(out: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
+    gen = getattr(src, _GEN, None)
+    if gen is None:
+        gen = 0
+        setattr(src, _GEN, gen)
+    setattr(out, _TAG, (src, gen))
+    return out
+
+
+def _upcast(h: torch.Tensor) -> torch.Tensor:
+    """h in fp32 by the on-device cast, tagged: it is an upcast, so what consumes it in fp32 may be rewritten too."""
+    return _tag(h.to(torch.float32), h)
+
+
+def _is_inplace(func, kwargs) -> bool:
+    name = getattr(func, "__name__", "")
+    return "out" in kwargs or name in _INPLACE_DUNDERS or (name.endswith("_") and not name.startswith("__"))
+
+
+def _bind(names, args, kwargs):
+    bound = dict(zip(names, args, strict=False))
+    if len(args) > len(names) or set(bound) & set(kwargs) or set(kwargs) - set(names):
+        return None
+    bound.update(kwargs)
+    return bound
+
+
+class TrackUpcasts(Reexpress):
+    """Tags fp32 upcasts of fp16/bf16 tensors and runs softmax / matmul of them in the source dtype (see the module
+    docstring); every other call runs as rewrite.Reexpress runs it (its rewrites, else unchanged)."""
+
+    def __init__(self, softmax: bool, matmul: bool):
+        super().__init__([])
+        self.softmax, self.matmul = softmax, matmul
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if self.softmax and func in _SOFTMAX:
+            out = self._softmax(func, args, kwargs)
+            if out is not _PASS:
+                return out
+        elif self.matmul and func in _MATMUL and len(args) == 2 and not kwargs:
+            a, b = source_of(args[0]), source_of(args[1])
+            if a is not None and b is not None and a.dtype == b.dtype:
+                return _upcast(_MATMUL[func](a, b))
+        out = super().__torch_function__(func, types, args, kwargs)
+        if func in _UPCASTS:
+            x = args[0] if args else None
+            if (
+                isinstance(x, torch.Tensor)
+                and isinstance(out, torch.Tensor)
+                and x.dtype in _HALF
+                and out.dtype == torch.float32
+                and out.device == x.device
+                and out.shape == x.shape
+            ):
+                _tag(out, x)
+        elif func in _VIEWS:
+            src = source_of(args[0]) if args else None
+            if src is not None and isinstance(out, torch.Tensor) and out.dtype == torch.float32:
+                if not any(isinstance(a, torch.Tensor | torch.dtype) for a in (*args[1:], *kwargs.values())):
+                    moved = super().__torch_function__(func, types, (src, *args[1:]), kwargs)
+                    if (
+                        isinstance(moved, torch.Tensor)
+                        and moved.shape == out.shape
+                        and moved.dtype == src.dtype
+                    ):
+                        _tag(out, moved)
+        elif args and _is_inplace(func, kwargs):
+            for t in (args[0], kwargs.get("out")):
+                if isinstance(t, torch.Tensor):
+                    if getattr(t, _TAG, None) is not None:
+                        setattr(t, _TAG, None)
+                    gen = getattr(t, _GEN, None)
+                    if gen is not None:
+                        setattr(t, _GEN, gen + 1)
+        return out
+
+    def _softmax(self, func, args, kwargs):
+        a = _bind(_SOFTMAX[func], args, kwargs)
+        if a is None or not isinstance(a.get("input"), torch.Tensor) or not isinstance(a.get("dim"), int):
+            return _PASS
+        x, dtype = a["input"], a.get("dtype")
+        if x.dtype in _HALF and dtype == torch.float32:
+            src = x
+        elif x.dtype == torch.float32 and dtype in (None, torch.float32):
+            src = source_of(x)
+            if src is None:
+                return _PASS  # a genuine fp32 softmax: stock
+        else:
+            return _PASS
+        return _upcast(torch.softmax(src, a["dim"]))
+
+
+_skip_eager_frames(TrackUpcasts.__torch_function__.__code__)
+
+
+# -- the adapter -----------------------------------------------------------------------------------------------------
+def _scan(gap: str, names: frozenset[str]) -> Rewrite:
+    """A Rewrite record used for rewrite.uses' structural scan only (names -> capability)."""
+    return Rewrite(gap, (), names, lambda args, kwargs: _PASS, (), "")
+
+
+_UPCAST_SCAN = "upcast"
+_SCANS = (
+    _scan(_UPCAST_SCAN, frozenset({"float", "float32"})),
+    _scan("aten._softmax", frozenset({"softmax"})),
+    _scan("aten.bmm", frozenset({"matmul", "bmm", "mm"})),
+)
+
+
+def _casts_on_device(caps) -> bool:
+    return all(caps.supports(f"cast.{d}->float32") for d in ("float16", "bfloat16"))
+
+
+def active(caps) -> tuple[bool, bool]:
+    """(softmax forms needed, matmul forms needed) for the stack `caps`."""
+    casts = _casts_on_device(caps)
+    softmax = (
+        casts and not caps.supports("aten._softmax", "float32") and caps.supports("aten._softmax", "float16")
+    )
+    matmul = casts and not caps.supports("aten.bmm", "float32") and caps.supports("aten.bmm", "float16")
+    return softmax, matmul
+
+
+def _under_mode(prev, softmax: bool, matmul: bool):
+    """`prev` run under a fresh TrackUpcasts per call, entered outside dynamo (as rewrite._wrapped enters its mode:
+    a host island inside the model resumes under it)."""
+
+    def forward(self, *args, **kwargs):
+        with TrackUpcasts(softmax, matmul):
+            return prev(*args, **kwargs)
+
+    return torch.compiler.disable(forward, recursive=False)
+
+
+@register_adapter
+class UpcastInHalf(Adapter):
+    name = "upcast"
+    gap = "aten._softmax"  # in float32; see retired()
+    also = ("aten.bmm",)
+    applies_to = frozenset({"any module whose code upcasts (float, float32) and calls softmax or a matmul"})
+    order = (
+        92  # after the forward-replacing adapters and sdpa_fused (90); before rewrite (95), which wraps it
+    )
+    summary = (
+        "fp32 softmax / matmul of fp16/bf16 upcasts run in the activation dtype, then cast to fp32 on device"
+    )
+
+    def retired(self, caps) -> bool:
+        """The stack accepts float32 softmax and bmm (the base class's check would ask for any dtype)."""
+        return caps.supports("aten._softmax", "float32") and caps.supports("aten.bmm", "float32")
+
+    def _found(self, model: nn.Module) -> tuple[bool, bool]:
+        found = uses(model, _SCANS)
+        if _UPCAST_SCAN not in found:
+            return False, False
+        return "aten._softmax" in found, "aten.bmm" in found
+
+    def applicable(self, model: nn.Module) -> bool:
+        return any(self._found(model))
+
+    def patch(self, model: nn.Module) -> Patch:
+        patch = Patch(self.name)
+        need_softmax, need_matmul = active(_stack.capabilities())
+        has_softmax, has_matmul = self._found(model)
+        softmax, matmul = need_softmax and has_softmax, need_matmul and has_matmul
+        if softmax or matmul:
+            what = " and ".join(n for n, on in (("softmax", softmax), ("matmul", matmul)) if on)
+            patch.override_forward(
+                model,
+                _under_mode(model.forward, softmax, matmul),
+                f"{type(model).__name__}.forward: fp32 {what} of fp16/bf16 upcasts in the activation dtype, then cast",
+            )
+        return patch
