@@ -25,6 +25,7 @@ from adapters import (  # noqa: F401  (importing registers the adapters, in appl
     rmsnorm,
     rope,
     sdpa,
+    upcast,
 )
 from adapters.apply import AppliedAdapters, Report, apply
 from adapters.base import Adapter, CheckResult
