@@ -593,12 +593,17 @@ class Reexpress(TorchFunctionMode):
             out = handler(args, kwargs)
             if out is not _PASS:
                 return out
-        if args and isinstance(args[0], torch.Tensor) and _python_wrapped_method(func):
-            # A Tensor method the stack wraps in Python (torch_spyre_emu's Tensor.to, ...): called as the method, as
-            # the model's code called it, so dynamo inlines the wrapper as it does without the mode (handed over as
-            # `func`, a functools.wraps of a C method, it is a function dynamo skips: a graph break at every call).
-            return getattr(args[0], func.__name__)(*args[1:], **kwargs)
-        return func(*args, **kwargs)
+        return run_stock(func, args, kwargs)
+
+
+def run_stock(func, args, kwargs):
+    """A mode's pass-through: the call as the model made it. A Tensor method the stack wraps in Python
+    (torch_spyre_emu's Tensor.to, ...) is called as the method, as the model's code called it, so dynamo inlines the
+    wrapper as it does without a mode (handed over as `func`, a functools.wraps of a C method, it is a function
+    dynamo skips: a graph break at every call)."""
+    if args and isinstance(args[0], torch.Tensor) and _python_wrapped_method(func):
+        return getattr(args[0], func.__name__)(*args[1:], **kwargs)
+    return func(*args, **kwargs)
 
 
 def _python_wrapped_method(func) -> bool:
