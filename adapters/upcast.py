@@ -66,7 +66,7 @@ _MATMUL = {
     torch.mm: torch.mm,
     torch.Tensor.mm: torch.mm,
 }
-_UPCASTS = {torch.Tensor.float, torch.Tensor.to}
+_CONVERSION_ARGS = (torch.dtype, torch.device, torch.memory_format, bool, str, type(None))
 # ops that move or reshape elements without changing them: applied to the source, they give the source of the result
 _VIEWS = {
     torch.Tensor.transpose,
@@ -108,14 +108,61 @@ def _tag(out: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
     return out
 
 
+def _is_upcast(out, args, kwargs) -> bool:
+    """Is `out` an exact fp32 upcast of the half-precision tensor args[0]: a conversion call (`.float()`, `.to(float32)`,
+    `.to(device, float32)`, `.type(torch.float32)`, ...) with the same shape and device? Recognised by what it did,
+    not by the function: under dynamo a lookup of the stack's Python wrapper of Tensor.to in the mode's table misses
+    (its guard then fails on the same frame), so the function's identity cannot tell. Other arguments only dtypes, devices, flags: an op with a dtype= and a dim or a
+    tensor argument (cumsum, log_softmax, ...) is not a conversion."""
+    x = args[0] if args else None
+    return (
+        isinstance(x, torch.Tensor)
+        and isinstance(out, torch.Tensor)
+        and x.dtype in _HALF
+        and out.dtype == torch.float32
+        and out.shape == x.shape
+        and out.device == x.device
+        and all(isinstance(a, _CONVERSION_ARGS) for a in args[1:])
+        and all(isinstance(a, _CONVERSION_ARGS) for a in kwargs.values())
+    )
+
+
 def _upcast(h: torch.Tensor) -> torch.Tensor:
     """h in fp32 by the on-device cast, tagged: it is an upcast, so what consumes it in fp32 may be rewritten too."""
     return _tag(h.to(torch.float32), h)
 
 
+def _aliases(f) -> list:
+    """f, the method it wraps, and the stack's Python wrapper of it installed since (Tensor.to): the mode sees
+    whichever torch.Tensor holds now."""
+    out = [f]
+    inner = getattr(f, "__wrapped__", None)
+    if inner is not None:
+        out.append(inner)
+    now = getattr(torch.Tensor, getattr(f, "__name__", None) or "", None)
+    if now is not None and getattr(now, "__wrapped__", None) is f:
+        out.append(now)
+    return out
+
+
+def _inplace_ops() -> dict:
+    """Every in-place Tensor method and torch function (a trailing underscore, the augmented-assignment and subscript
+    stores), as a dict looked up by the mode: dynamo traces a dict lookup, not string tests on a function's name."""
+    out = {}
+    for owner in (torch.Tensor, torch):
+        for n in dir(owner):
+            if (n.endswith("_") and not n.startswith("_")) or n in _INPLACE_DUNDERS:
+                f = getattr(owner, n, None)
+                if callable(f):
+                    out[f] = True
+    return out
+
+
+_INPLACE = _inplace_ops()
+
+
 def _is_inplace(func, kwargs) -> bool:
-    name = getattr(func, "__name__", "")
-    return "out" in kwargs or name in _INPLACE_DUNDERS or (name.endswith("_") and not name.startswith("__"))
+    return "out" in kwargs or _INPLACE.get(func, False)
 
 
 def _bind(names, args, kwargs):
@@ -133,30 +180,34 @@ class TrackUpcasts(Reexpress):
     def __init__(self, softmax: bool, matmul: bool):
         super().__init__([])
         self.softmax, self.matmul = softmax, matmul
+        # func -> kind, built now (outside dynamo) with the methods as they are now: the stack wraps some Tensor
+        # methods in Python (Tensor.to), so a table made at import could hold the method it replaced
+        self.kinds, self.canonical = {}, {}
+        for kind, funcs in (
+            ("view", _VIEWS),
+            ("softmax", _SOFTMAX),
+            ("matmul", _MATMUL),
+        ):
+            for f in funcs:
+                for alias in _aliases(f):
+                    self.kinds[alias] = kind
+                    self.canonical[alias] = f
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if self.softmax and func in _SOFTMAX:
+        kind = self.kinds.get(func)
+        if kind == "softmax" and self.softmax:
             out = self._softmax(func, args, kwargs)
             if out is not _PASS:
                 return out
-        elif self.matmul and func in _MATMUL and len(args) == 2 and not kwargs:
+        elif kind == "matmul" and self.matmul and len(args) == 2 and not kwargs:
             a, b = source_of(args[0]), source_of(args[1])
             if a is not None and b is not None and a.dtype == b.dtype:
-                return _upcast(_MATMUL[func](a, b))
+                return _upcast(_MATMUL[self.canonical[func]](a, b))
         out = super().__torch_function__(func, types, args, kwargs)
-        if func in _UPCASTS:
-            x = args[0] if args else None
-            if (
-                isinstance(x, torch.Tensor)
-                and isinstance(out, torch.Tensor)
-                and x.dtype in _HALF
-                and out.dtype == torch.float32
-                and out.device == x.device
-                and out.shape == x.shape
-            ):
-                _tag(out, x)
-        elif func in _VIEWS:
+        if kind is None and _is_upcast(out, args, kwargs):
+            _tag(out, args[0])
+        elif kind == "view":
             src = source_of(args[0]) if args else None
             if src is not None and isinstance(out, torch.Tensor) and out.dtype == torch.float32:
                 if not any(isinstance(a, torch.Tensor | torch.dtype) for a in (*args[1:], *kwargs.values())):
@@ -178,7 +229,7 @@ class TrackUpcasts(Reexpress):
         return out
 
     def _softmax(self, func, args, kwargs):
-        a = _bind(_SOFTMAX[func], args, kwargs)
+        a = _bind(_SOFTMAX[self.canonical[func]], args, kwargs)
         if a is None or not isinstance(a.get("input"), torch.Tensor) or not isinstance(a.get("dim"), int):
             return _PASS
         x, dtype = a["input"], a.get("dtype")
