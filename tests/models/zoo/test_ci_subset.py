@@ -23,13 +23,13 @@ EXPECTED = {
     "mistral": "pass_device",  # issue 11: host masks (masking_utils), Llama-copy RMSNorm and RoPE matched by structure
     "qwen2": "pass_device",  # as mistral
     "qwen3": "pass_device",  # as mistral (q_norm/k_norm are Llama RMSNorm copies)
-    "gemma2": "pass_fallback",  # aten.embedding (scaled embedding subclass); its RMSNorm upcast is on device now
+    "gemma2": "pass_device",  # upcast: its softmax(dtype=float32) in fp16 on the device, then cast (dl16tofp32)
     "gemma3_text": "pass_device",  # rotary_host: its per-layer-type rotary (*_inv_freq) runs stock on the host
     "phi3": "pass_fallback",  # aten.slice of its fused qkv; head_dim_pad now matches any attention by structure
     "gpt2": "pass_device",
     "gpt_neox": "pass_fallback",  # aten.split / aten.slice of its fused qkv (head_dim padded by structure)
     "opt": "pass_fallback",  # aten.cumsum (position ids from the padding mask)
-    "bloom": "pass_fallback",  # aten.cumsum (ALiBi positions from the padding mask)
+    "bloom": "pass_device",  # upcast: its softmax(dtype=float32) as gemma2's; ALiBi positions on the host
     "falcon": "pass_fallback",  # aten.slice of its fused qkv; sdpa_fused: its multi-query SDPA call on the fused kernel
     "granite": "pass_device",  # as mistral
     "olmo2": "pass_device",  # its q_norm/k_norm RMSNorm (not Llama's code) upcasts to fp32: on device (dl16tofp32)
