@@ -14,6 +14,7 @@ the adapter retires itself. See the adapter modules for what each one bridges an
 from adapters import (  # noqa: F401  (importing registers the adapters, in application order)
     attention_mask,
     embedding,
+    fused_split,
     gelu,
     head_dim_pad,
     host_inputs,

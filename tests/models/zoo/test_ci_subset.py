@@ -25,9 +25,9 @@ EXPECTED = {
     "qwen3": "pass_device",  # as mistral (q_norm/k_norm are Llama RMSNorm copies)
     "gemma2": "pass_device",  # upcast: its softmax(dtype=float32) in fp16 on the device, then cast (dl16tofp32)
     "gemma3_text": "pass_device",  # rotary_host: its per-layer-type rotary (*_inv_freq) runs stock on the host
-    "phi3": "pass_fallback",  # aten.slice of its fused qkv; head_dim_pad now matches any attention by structure
+    "phi3": "pass_device",  # fused_split: its fused qkv and gate_up as one matmul per piece; head_dim padded
     "gpt2": "pass_device",
-    "gpt_neox": "pass_fallback",  # aten.split / aten.slice of its fused qkv (head_dim padded by structure)
+    "gpt_neox": "pass_device",  # fused_split: its per-head interleaved qkv, rows picked per piece; head_dim padded
     "opt": "pass_fallback",  # aten.cumsum (position ids from the padding mask)
     "bloom": "pass_device",  # upcast: its softmax(dtype=float32) as gemma2's; ALiBi positions on the host
     "falcon": "pass_fallback",  # aten.slice of its fused qkv; sdpa_fused: its multi-query SDPA call on the fused kernel

@@ -1,0 +1,522 @@
+"""Fused projections (QKV, gate_up, MLA's compressed KV) split into one matmul per piece the model uses.
+
+Gap: a fused projection computes one Linear and then cuts its output apart: `qkv.split(E, -1)`, `.chunk(3, -1)`,
+`qkv[..., :q_size]`, often after a view into heads and a transpose. Each cut is an in-graph `aten.slice` (or
+split / split_with_sizes), which falls back to the CPU (RFC 1632-v3, `torch_spyre_stack.md` §5). hf-adapters
+bridges it per family ("Fused QKV or gate_up: non-zero-offset assert -> split into separate Linears at prepare
+time", `hf_adapters.md` §2.4). This adapter does the same for any model: each piece the code cuts out is computed
+as its own matmul, `F.linear(x, W[rows], b[rows])`, with the rows of the fused weight that make up that piece,
+then viewed and permuted as the code's cut would have left it. The product of x with those rows is the same dot
+products as the fused matmul's, so fp32, fp16 and DL16 results are bit-identical to stock; the fused matmul itself
+is then unused and dead code, unless the model also reads the whole output.
+
+How it recognises its targets: by data flow, on the model as it is (after the adapters before it). A probe runs
+the model once on the CPU-side `dummy_inputs` of transformers' PreTrainedModel under a TorchFunctionMode that
+follows every nn.Linear output through views, reshapes and transposes that keep its leading (token) dims, and
+records each cut on a dim that comes from the Linear's output features: split, split_with_sizes, chunk, unbind,
+narrow, select, and subscripts with slices, ints or one list of ints. For each cut it computes which weight rows
+each piece holds (by cutting a map of row numbers the same way), so interleaved layouts (GPT-NeoX's per-head
+[q|k|v], Falcon's grouped KV) come out right. A cut of a piece is followed too (GPT-BigCode's key_value). The
+pieces' weights and biases become buffers of the Linear (moved by `.to()` with the model).
+
+At run time the model's top-level forward runs under the same mode with the recorded plan: the fused Linear's
+output is tracked (only its latest view), and a cut that the probe recorded returns the pieces' matmuls. Anything
+else runs as stock, so a cut the probe did not see still falls back, and the stack reports it.
+
+Limits (stock kept): cuts across the leading dims, views that merge token dims with feature dims, Conv1D
+(GPT-2's; `qkv_split` covers GPT-2), models without `dummy_inputs` or whose forward fails on them. The pieces'
+buffers hold a second copy of the fused weight's rows (the fused weight stays, for undo and for other readers).
+
+Retirement: when the stack lowers slices (`aten.slice`, `aten.split`, `aten.split_with_sizes`).
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+import weakref
+from dataclasses import dataclass, replace
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.overrides import TorchFunctionMode
+
+from adapters.base import Adapter
+from adapters.patch import Patch
+from adapters.registry import register_adapter
+from adapters.rewrite import _skip_eager_frames, run_stock
+
+_PASS = object()
+
+# -- the ops, by what they do to a tracked tensor ------------------------------------------------------------------
+_VIEWS = {
+    torch.Tensor.view,
+    torch.Tensor.reshape,
+    torch.reshape,
+    torch.Tensor.unflatten,
+    torch.unflatten,
+    torch.Tensor.contiguous,
+}
+_UNSQUEEZE = {torch.Tensor.unsqueeze, torch.unsqueeze}  # a size-1 token dim (GPT-BigCode's MQA)
+_MOVES = {torch.Tensor.transpose, torch.transpose, torch.Tensor.swapaxes, torch.Tensor.permute, torch.permute}
+_CUTS = {
+    torch.Tensor.split: "split",
+    torch.split: "split",
+    torch.Tensor.split_with_sizes: "split",
+    torch.Tensor.chunk: "chunk",
+    torch.chunk: "chunk",
+    torch.Tensor.unbind: "unbind",
+    torch.unbind: "unbind",
+    torch.Tensor.narrow: "narrow",
+    torch.narrow: "narrow",
+    torch.Tensor.select: "select",
+    torch.select: "select",
+    torch.Tensor.__getitem__: "getitem",
+}
+
+
+@dataclass(frozen=True)
+class Piece:
+    """One output of a recorded cut: the part (weight rows) it is the matmul of, and how to shape it."""
+
+    part: str  # key of the part's weight and bias buffers
+    trail: tuple[int, ...]  # the feature dims, before `perm`
+    perm: tuple[int, ...]  # the permutation applied to (token dims + trail)
+    tracked: bool  # the probe saw this piece cut again
+
+
+_TAG = "_spyre_fused_split"  # a tracked tensor's attribute: its _Entry
+
+
+@dataclass
+class _Entry:
+    """What a tracked tensor is: F.linear(x, part) viewed as token dims `lead` + `trail`, then permuted by `perm`.
+    Kept on the tensor itself (an attribute), so it lives and dies with the tensor: state kept on the mode would be
+    replayed by dynamo at the end of a compiled frame, handing every tracked tensor back from the graph."""
+
+    x: torch.Tensor
+    part: str
+    lead: tuple[int, ...]  # the token dims: x's leading dims, with size-1 dims a view inserted or removed
+    trail: tuple[int, ...]
+    perm: tuple[int, ...]
+    rows: torch.Tensor | None = None  # probe only: the root weight's row of each position of trail
+
+    @property
+    def n_lead(self) -> int:
+        return len(self.lead)
+
+
+def _track(t: torch.Tensor, entry: _Entry | None) -> None:
+    if entry is not None:
+        setattr(t, _TAG, entry)
+
+
+def _dim(d, ndim):
+    return d + ndim if isinstance(d, int) and d < 0 else d
+
+
+def _cut_signature(kind: str, args, kwargs, ndim: int):
+    """A hashable description of the cut (plain ints and tuples), or None when this form is not handled."""
+    a = list(args[1:])
+    if kind == "split":
+        size = (
+            a[0]
+            if a
+            else kwargs.get("split_size_or_sections", kwargs.get("split_size", kwargs.get("split_sizes")))
+        )
+        dim = a[1] if len(a) > 1 else kwargs.get("dim", 0)
+        if isinstance(size, list | tuple):
+            size = tuple(size)
+        if not (isinstance(size, int) or (isinstance(size, tuple) and all(isinstance(s, int) for s in size))):
+            return None
+        return ("split", size), (_dim(dim, ndim),)
+    if kind == "chunk":
+        n = a[0] if a else kwargs.get("chunks")
+        dim = a[1] if len(a) > 1 else kwargs.get("dim", 0)
+        return ("chunk", n), (_dim(dim, ndim),)
+    if kind == "unbind":
+        dim = a[0] if a else kwargs.get("dim", 0)
+        return ("unbind",), (_dim(dim, ndim),)
+    if kind == "narrow":
+        dim, start, length = (a + [kwargs.get(k) for k in ("dim", "start", "length")][len(a) :])[:3]
+        if not isinstance(start, int):
+            return None
+        return ("narrow", start, length), (_dim(dim, ndim),)
+    if kind == "select":
+        dim, index = (a + [kwargs.get(k) for k in ("dim", "index")][len(a) :])[:2]
+        return ("select", index), (_dim(dim, ndim),)
+    # getitem: slices, ints, Ellipsis and at most one list of ints
+    key = a[0] if a else None
+    key = key if isinstance(key, tuple) else (key,)
+    items, touched, lists = [], [], 0
+    n_real = sum(1 for k in key if k is not Ellipsis)
+    d = 0
+    for k in key:
+        if k is Ellipsis:
+            items.append(("e",))
+            d += ndim - n_real
+            continue
+        if isinstance(k, slice):
+            parts = (k.start, k.stop, k.step)
+            if not all(p is None or isinstance(p, int) for p in parts):
+                return None
+            items.append(("s", *parts))
+            if parts != (None, None, None):
+                touched.append(d)
+        elif isinstance(k, bool) or k is None:
+            return None
+        elif isinstance(k, int):
+            items.append(("i", k))
+            touched.append(d)
+        elif isinstance(k, list) and k and all(isinstance(i, int) and not isinstance(i, bool) for i in k):
+            items.append(("l", tuple(k)))
+            touched.append(d)
+            lists += 1
+        else:
+            return None
+        d += 1
+    if lists > 1 or d > ndim or not touched:
+        return None
+    return ("getitem", tuple(items)), tuple(touched)
+
+
+def _dropped(kind: str, sig, ndim: int, touched) -> set[int]:
+    """The tensor dims a cut removes (select, unbind and int subscripts)."""
+    if kind in ("select", "unbind"):
+        return set(touched)
+    if kind == "getitem":
+        out, d = set(), 0
+        for item in sig[1]:
+            if item[0] == "e":
+                d += ndim - sum(1 for i in sig[1] if i[0] != "e")
+                continue
+            if item[0] == "i":
+                out.add(d)
+            d += 1
+        return out
+    return set()
+
+
+def _piece_perm(perm: tuple[int, ...], dropped_tensor_dims: set[int]) -> tuple[int, ...]:
+    """perm with the dropped tensor dims removed, renumbered over the remaining unpermuted dims."""
+    gone = sorted(perm[d] for d in dropped_tensor_dims)
+    kept = [p for d, p in enumerate(perm) if d not in dropped_tensor_dims]
+    return tuple(p - sum(g < p for g in gone) for p in kept)
+
+
+def _permutation(func, args, kwargs, ndim: int) -> list[int] | None:
+    """For transpose/swapaxes/permute: which input dim each output dim is."""
+    a = list(args[1:])
+    if func in (torch.Tensor.permute, torch.permute):
+        dims = a[0] if len(a) == 1 and isinstance(a[0], list | tuple) else a or kwargs.get("dims")
+        if not isinstance(dims, list | tuple) or len(dims) != ndim:
+            return None
+        order = [_dim(d, ndim) for d in dims]
+        return order if sorted(order) == list(range(ndim)) else None
+    d0 = a[0] if a else kwargs.get("dim0", kwargs.get("axis0"))
+    d1 = a[1] if len(a) > 1 else kwargs.get("dim1", kwargs.get("axis1"))
+    if not isinstance(d0, int) or not isinstance(d1, int):
+        return None
+    d0, d1 = _dim(d0, ndim), _dim(d1, ndim)
+    order = list(range(ndim))
+    order[d0], order[d1] = order[d1], order[d0]
+    return order
+
+
+def _lead_split(lead, trail, shape) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+    """`shape` as (token dims, feature dims): the token dims are `lead` in order with size-1 dims inserted, the
+    feature dims hold as many elements as `trail`. The shortest such token part (size-1 dims go to the features)."""
+    for k in range(len(lead), len(shape) + 1):
+        if math.prod(shape[k:]) == math.prod(trail) and _with_ones(lead, shape[:k]):
+            return tuple(shape[:k]), tuple(shape[k:])
+    return None
+
+
+def _with_ones(lead, head) -> bool:
+    """Is `head` the dims of `lead`, in order, with size-1 dims inserted?"""
+    i = 0
+    for n in head:
+        if i < len(lead) and n == lead[i]:
+            i += 1
+        elif n != 1:
+            return False
+    return i == len(lead)
+
+
+_INPLACE_DUNDERS = frozenset(
+    f"__i{op}__"
+    for op in (
+        "add",
+        "sub",
+        "mul",
+        "truediv",
+        "floordiv",
+        "mod",
+        "pow",
+        "and",
+        "or",
+        "xor",
+        "lshift",
+        "rshift",
+    )
+) | {"__setitem__"}
+
+
+@torch.compiler.assume_constant_result  # a fact about the function, not the data: no guard on its attributes
+def _mutates(func) -> bool:
+    """An in-place op (add_, copy_, x += y, x[i] = y): it writes into its first argument."""
+    name = getattr(func, "__name__", "")
+    return name in _INPLACE_DUNDERS or (name.endswith("_") and not name.endswith("__"))
+
+
+def _inverse(perm):
+    inv = [0] * len(perm)
+    for i, p in enumerate(perm):
+        inv[p] = i
+    return tuple(inv)
+
+
+class FusedSplit(TorchFunctionMode):
+    """Probe (`plans is None`: record every cut of every Linear output) or run (replace the recorded cuts)."""
+
+    def __init__(self, roots: dict[str, nn.Linear], plans: dict | None = None, parts: dict | None = None):
+        super().__init__()
+        # the Linears whose outputs are followed (by path): every one in the probe, the fused ones at run time
+        self.roots = list(roots.items())
+        self.plans = plans  # (part, n_lead, trail, perm, signature) -> [Piece, ...]
+        self.parts = parts  # piece part -> (its root Linear, weight buffer name, bias buffer name or None)
+        if plans is None:
+            self.recorded: dict = {}
+            self.unsafe: set[str] = set()  # roots whose output (or a view of it) was written in place
+            self.part_rows: dict[str, tuple[str, torch.Tensor]] = {}  # part -> (root, rows)
+
+    def _root_linear(self, args, kwargs):
+        """The key of a root Linear whose weight this F.linear call reads, with its input, or None. By identity with
+        the module's current weight (a tag on the Parameter would not survive `.to("spyre")`, which swaps it)."""
+        x = args[0] if args else kwargs.get("input")
+        w = args[1] if len(args) > 1 else kwargs.get("weight")
+        if not isinstance(x, torch.Tensor) or not isinstance(w, torch.Tensor) or x.dim() < 1:
+            return None
+        for key, lin in self.roots:
+            if lin.weight.shape == w.shape and lin.weight is w:
+                return key, x
+        return None
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is F.linear:
+            found = self._root_linear(args, kwargs)
+            out = run_stock(func, args, kwargs)
+            if found is not None:
+                key, x = found
+                n = out.shape[-1]
+                rows = torch.arange(n) if self.plans is None else None
+                if self.plans is None:
+                    self.part_rows.setdefault(key, (key, torch.arange(n)))
+                _track(out, _Entry(x, key, tuple(x.shape[:-1]), (n,), tuple(range(x.dim())), rows))
+            return out
+        entry = getattr(args[0], _TAG, None) if args and isinstance(args[0], torch.Tensor) else None
+        if entry is None:
+            return run_stock(func, args, kwargs)
+        if (
+            func not in _VIEWS
+            and func not in _MOVES
+            and func not in _UNSQUEEZE
+            and func not in _CUTS
+            and _mutates(func)
+        ):
+            # pieces are computed from x, so they would miss a write into the output: the probe drops the Linear,
+            # and at run time (a path the probe did not take) the written tensor stops being tracked
+            if self.plans is None:
+                self.unsafe.add(self.part_rows[entry.part][0])
+            else:
+                setattr(args[0], _TAG, None)
+            return run_stock(func, args, kwargs)
+        if func in _VIEWS or func in _MOVES or func in _UNSQUEEZE:
+            out = run_stock(func, args, kwargs)
+            _track(out, self._derive(entry, func, args, kwargs, out))
+            return out
+        kind = _CUTS.get(func)
+        if kind is None:
+            return run_stock(func, args, kwargs)
+        found = _cut_signature(kind, args, kwargs, args[0].dim())
+        if found is None:
+            return run_stock(func, args, kwargs)
+        sig, touched = found
+        if any(not isinstance(d, int) or entry.perm[d] < entry.n_lead for d in touched):
+            return run_stock(func, args, kwargs)  # a cut across the token dims: not a weight split
+        if self.plans is None:
+            return self._record(entry, func, args, kwargs, kind, sig, touched)
+        pieces = self.plans.get((entry.part, entry.n_lead, entry.trail, entry.perm, sig))
+        if pieces is None:
+            return run_stock(func, args, kwargs)
+        outs = [self._piece(entry, p) for p in pieces]
+        return outs[0] if kind in ("narrow", "select", "getitem") else tuple(outs)
+
+    def _derive(self, entry: _Entry, func, args, kwargs, out) -> _Entry | None:
+        """The entry for a view or transpose of a tracked tensor, or None where it leaves the handled forms."""
+        if func is torch.Tensor.contiguous:
+            return entry
+        if func in _VIEWS or func in _UNSQUEEZE:
+            if entry.perm != tuple(range(len(entry.perm))):
+                return None
+            split = _lead_split(entry.lead, entry.trail, tuple(out.shape))
+            if split is None:
+                return None
+            lead, trail = split
+            rows = entry.rows.reshape(trail) if entry.rows is not None else None
+            return _Entry(entry.x, entry.part, lead, trail, tuple(range(len(lead) + len(trail))), rows)
+        # a permutation of the tensor's dims: compose it with the entry's
+        order = _permutation(func, args, kwargs, len(entry.perm))
+        if order is None:
+            return None
+        perm = tuple(entry.perm[d] for d in order)
+        return _Entry(entry.x, entry.part, entry.lead, entry.trail, perm, entry.rows)
+
+    def _piece(self, entry: _Entry, piece: Piece):
+        x = entry.x
+        lin, w_name, b_name = self.parts[piece.part]
+        y = F.linear(x, getattr(lin, w_name), getattr(lin, b_name) if b_name else None)
+        if len(piece.trail) > 1 or entry.lead != tuple(x.shape[:-1]):
+            y = y.view(*entry.lead, *piece.trail)
+        if piece.perm != tuple(range(len(piece.perm))):
+            y = y.permute(*piece.perm)
+        if piece.tracked:
+            _track(y, _Entry(x, piece.part, entry.lead, piece.trail, piece.perm))
+        return y
+
+    def _record(self, entry: _Entry, func, args, kwargs, kind, sig, touched):
+        out = run_stock(func, args, kwargs)
+        key = (entry.part, entry.n_lead, entry.trail, entry.perm, sig)
+        if key in self.recorded:  # the same cut again (a shared module): its pieces are known
+            return out
+        for k, pieces in self.recorded.items():  # a cut of a piece: that piece stays tracked at run time
+            self.recorded[k] = [replace(p, tracked=True) if p.part == entry.part else p for p in pieces]
+        n_lead, ndim = entry.n_lead, args[0].dim()
+        lead = entry.lead
+        # the row map shaped and permuted as the tensor, cut the same way
+        rmap = entry.rows.reshape((1,) * n_lead + entry.trail).expand(lead + entry.trail).permute(*entry.perm)
+        rout = func(rmap, *args[1:], **kwargs)
+        outs, routs = (out, rout) if isinstance(out, tuple | list) else ((out,), (rout,))
+        perm = _piece_perm(entry.perm, _dropped(kind, sig, ndim, touched))
+        pieces = []
+        root = self.part_rows[entry.part][0]
+        for i, (o, r) in enumerate(zip(outs, routs, strict=True)):
+            r = r.permute(*_inverse(perm))
+            rows = r[(0,) * n_lead]
+            part = f"{entry.part}/{len(self.recorded)}.{i}"
+            self.part_rows[part] = (root, rows.reshape(-1))
+            piece = Piece(part, tuple(rows.shape), perm, tracked=False)
+            pieces.append(piece)
+            _track(o, _Entry(entry.x, part, lead, piece.trail, perm, rows))
+        self.recorded[key] = pieces
+        return out
+
+
+_skip_eager_frames(FusedSplit.__torch_function__.__code__)
+
+
+# -- the probe and the adapter ---------------------------------------------------------------------------------------
+@dataclass
+class SplitPlan:
+    """What the probe found: the cuts to replace, and each piece's rows of its root Linear's weight."""
+
+    cuts: dict  # (part, n_lead, trail, perm, signature) -> [Piece, ...]
+    rows: dict[str, tuple[str, torch.Tensor]]  # piece part -> (root Linear path, rows)
+
+
+def probe(model: nn.Module) -> SplitPlan | None:
+    """Run the model once on its `dummy_inputs` and record every cut of a Linear output by features (None when the
+    model has no dummy inputs or does not run on them: nothing is patched)."""
+    dummy = getattr(model, "dummy_inputs", None)
+    if not isinstance(dummy, dict) or not dummy:
+        return None
+    try:
+        params = inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        return None
+    if not all(k in params for k in dummy) and not any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        return None
+    linears = {
+        path: m for path, m in model.named_modules() if type(m) is nn.Linear or isinstance(m, nn.Linear)
+    }
+    if not linears:
+        return None
+    param = next(iter(model.parameters()))
+    inputs = {
+        k: v.to(param.device, param.dtype if v.is_floating_point() else v.dtype)
+        if isinstance(v, torch.Tensor)
+        else v
+        for k, v in dummy.items()
+    }
+    mode = FusedSplit(linears)
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad(), mode:
+            model(**inputs)
+    except Exception:  # noqa: BLE001  (a model that does not run on dummy inputs is left stock)
+        return None
+    finally:
+        model.train(was_training)
+    roots = {k: mode.part_rows[k[0]][0] for k in mode.recorded}
+    cuts = {k: v for k, v in mode.recorded.items() if roots[k] not in mode.unsafe}
+    if not cuts:
+        return None
+    used = {p.part for pieces in cuts.values() for p in pieces}
+    return SplitPlan(cuts, {part: mode.part_rows[part] for part in used})
+
+
+_PROBES: weakref.WeakKeyDictionary = (
+    weakref.WeakKeyDictionary()
+)  # model -> its plan, from applicable() to patch()
+
+
+def _wrapped(prev, roots, cuts, parts):
+    """`prev` under the mode, entered outside dynamo (as the rewrite adapter's; see rewrite._wrapped)."""
+
+    def forward(self, *args, **kwargs):
+        with FusedSplit(roots, cuts, parts):
+            return prev(*args, **kwargs)
+
+    return torch.compiler.disable(forward, recursive=False)
+
+
+@register_adapter
+class FusedLinearSplit(Adapter):
+    name = "fused_split"
+    gap = "aten.slice"
+    also = ("aten.split", "aten.split_with_sizes")
+    applies_to = frozenset({"any model whose code cuts a Linear's output by features (fused QKV, gate_up)"})
+    order = (
+        92  # after the adapters that replace forwards (the probe sees the final code), before rewrite (95)
+    )
+    summary = "a fused projection's pieces as one matmul each (rows of the fused weight), no in-graph slice"
+
+    def applicable(self, model: nn.Module) -> bool:
+        plan = probe(model)
+        if plan is not None:
+            _PROBES[model] = plan
+        return plan is not None
+
+    def patch(self, model: nn.Module) -> Patch:
+        patch = Patch(self.name)
+        plan = _PROBES.pop(model, None) or probe(model)
+        if plan is None:
+            return patch
+        modules = dict(model.named_modules())
+        parts = {}
+        for i, (part, (root, rows)) in enumerate(sorted(plan.rows.items())):
+            lin = modules[root]
+            w_name, b_name = f"_fused_split_w{i}", f"_fused_split_b{i}" if lin.bias is not None else None
+            with torch.no_grad():
+                patch.add_buffer(lin, w_name, lin.weight[rows].clone(), f"{root}: rows of piece {part}")
+                if b_name:
+                    patch.add_buffer(lin, b_name, lin.bias[rows].clone())
+            parts[part] = (lin, w_name, b_name)
+        roots = {k[0]: modules[k[0]] for k in plan.cuts if k[0] not in plan.rows}
+        prev = model.forward
+        what = f"{type(model).__name__}.forward: {len(parts)} pieces of {len(roots)} fused Linears as their own matmuls"
+        patch.override_forward(model, _wrapped(prev, roots, plan.cuts, parts), what)
+        return patch
