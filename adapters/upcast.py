@@ -17,19 +17,21 @@ result is rounded to it before the on-device cast to fp32 (cast.float16->float32
 stack's dl16tofp32), so results differ from stock by that rounding; the device accumulates matmuls in fp32
 either way (torch_spyre_api.md). Cohere's rotation matmul is a signed permutation, so it is exact in any dtype.
 On fp32 activations nothing is an upcast and every call runs unchanged: a CPU fp32 model is bit-identical to stock.
-What is left alone: a softmax or matmul of fp32 tensors that are not upcasts of fp16/bf16 tensors (fp32 weights or
-tables, fp32 results of arithmetic: GPT-Neo's `where(causal, scores, finfo(float32).min)` before its softmax),
-mixed operands (one upcast, one genuine fp32), out=, and a softmax without an explicit dim.
+What is left alone: a softmax or matmul of fp32 tensors that are not upcasts of fp16/bf16 tensors: fp32 weights or
+tables, and fp32 results of arithmetic, e.g. GPT-Neo's `where(causal, scores, finfo(float32).min)`, MPT's fp16 scores
+plus its fp32 ALiBi bias (type promotion), Flint's scores concatenated with its fp32 sink logits; mixed operands (one
+upcast, one genuine fp32), out=, and a softmax without an explicit dim. Those stay CPU islands (the sweep shows them).
 
 How it recognises its targets: by what the code calls. The model's module classes' methods and the same-package
 helpers they reach are scanned (rewrite.uses) for an upcast (`float`, `float32`) together with `softmax` or a matmul
 (`matmul`, `bmm`, `mm`); the model's forward then runs under a TorchFunctionMode (a rewrite.Reexpress, entered
-outside dynamo as the rewrite adapter's) that tracks upcasts: a `.float()` / `.to(float32)` of an fp16/bf16 tensor
-tags its fp32 result with its source (a tensor attribute, so dynamo traces it without keeping the upcast alive),
-shape and view ops of a tagged tensor (transpose, permute, reshape, view, ...) tag their result with the same op
+outside dynamo as the rewrite adapter's) that tracks upcasts: a conversion (`.float()`, `.to(float32)`, ...:
+_is_upcast) of an fp16/bf16 tensor tags its fp32 result with its source (a tensor attribute, so dynamo traces it
+without keeping the upcast alive), shape and view ops of a tagged tensor (transpose, permute, reshape, view, ...) tag their result with the same op
 applied to the source, and the rewritten softmax/matmul results are tagged too (they are upcasts). An in-place op on
-a tagged tensor, or on the source of one, drops the tag (a mutation through another view of either is not seen:
-documented, not handled). Every other call passes through unchanged.
+a tagged tensor, or on the source of one, drops the tag. Not seen (documented, not handled): a mutation through
+another view of either, or one made outside the mode (between forwards) of a tagged tensor kept across calls.
+Every other call passes through unchanged.
 
 Retirement: per op. The softmax forms are rewritten only while the stack refuses a float32 `aten._softmax`, the
 matmul forms only while it refuses a float32 `aten.bmm`, and only where the fp16->fp32 / bf16->fp32 casts run on the
@@ -65,6 +67,16 @@ _MATMUL = {
     torch.Tensor.bmm: torch.bmm,
     torch.mm: torch.mm,
     torch.Tensor.mm: torch.mm,
+}
+# factories shaped like their argument: `zeros_like(x, dtype=torch.float32)` has a conversion's signature, not its values
+_LIKE = {
+    torch.zeros_like,
+    torch.ones_like,
+    torch.empty_like,
+    torch.rand_like,
+    torch.randn_like,
+    torch.full_like,
+    torch.randint_like,
 }
 _CONVERSION_ARGS = (torch.dtype, torch.device, torch.memory_format, bool, str, type(None))
 # ops that move or reshape elements without changing them: applied to the source, they give the source of the result
@@ -184,6 +196,7 @@ class TrackUpcasts(Reexpress):
         # methods in Python (Tensor.to), so a table made at import could hold the method it replaced
         self.kinds, self.canonical = {}, {}
         for kind, funcs in (
+            ("like", _LIKE),
             ("view", _VIEWS),
             ("softmax", _SOFTMAX),
             ("matmul", _MATMUL),

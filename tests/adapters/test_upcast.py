@@ -102,6 +102,10 @@ def test_a_genuine_fp32_softmax_or_matmul_runs_as_stock():
     h = _rand(2, 3, 5, 5, dtype=torch.float16, seed=7)
     with _mode():
         assert source_of(x.float()) is None  # fp32 -> fp32 is no upcast
+        assert (
+            source_of(torch.zeros_like(h, dtype=torch.float32)) is None
+        )  # a conversion's signature, not its values
+        assert source_of(torch.empty_like(h, dtype=torch.float32)) is None
         p = F.softmax(x, dim=-1, dtype=torch.float32)
         m = torch.matmul(x, w)
         mixed = torch.matmul(h.float(), w)  # one upcast, one genuine fp32 operand
