@@ -21,6 +21,7 @@ from adapters import (  # noqa: F401  (importing registers the adapters, in appl
     lm_head_pad,
     mla,
     moe,
+    numeric_forms,
     qkv_split,
     rewrite,
     rmsnorm,
