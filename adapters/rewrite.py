@@ -15,6 +15,7 @@ exact expression in ops it lowers or runs:
 | `x[..., [p, q], :]` (a constant list of positions of one dim) | `torch.cat([x.select(d, p).unsqueeze(d), ...], d)` | select (a view), cat |
 | `x[:, i] = y`, `x[..., a:b] = y` on a base of rank >= 3 (select_scatter / slice_scatter, #4441) | `x.copy_(where(window, y in the window, x))` | where, copy, constant_pad_nd |
 | `torch.logsumexp(x, dim)` | `log(sum(exp(x - m), dim)) + m`, `m = where(abs(amax) == inf, 0, amax)` | amax, abs, eq, where, sub, exp, sum, log, add |
+| `x.index_select(d, i)` | `F.embedding(i, x.movedim(d, 0).reshape(n, -1))`, reshaped and moved back | embedding (a CPU fallback), permute, reshape |
 | `x.scatter(d, index, v)`, `scatter_` (a number v; index as wide as x off `d`: the DSA indexer's mask) | `where((index[..., :, None] == 0..T-1).amax over K, v, x)` | eq, the bool->fp16 cast, amax, ne, where |
 
 `torch.where(m, v, x)` is `masked_fill` by definition (elementwise select, both broadcast the mask and x); ATen
@@ -25,13 +26,15 @@ constant bool mask of the window and the old value outside it (y reaches the win
 never by arithmetic); logsumexp is ATen's own sequence of steps (its CPU kernel and its decomposition, whose
 `masked_fill` of an infinite max becomes a where: an all -inf row stays -inf, an inf row is inf, not nan); a scatter
 of one number marks each position that some index names (duplicates mark it once, so no write order matters; the
-bools reduced as amax in float16, since `any` is a CPU fallback the device does not implement). So fp32, fp16 and
+bools reduced as amax in float16, since `any` is a CPU fallback the device does not implement); index_select is the
+same row gather along its dim (index_select, like the other ops here, has no Spyre lowering and no CPU island in the
+capability table). So fp32, fp16 and
 integer results are bit-identical to stock.
 What is not rewritten (runs as stock, so the stack still reports it): out=, a non-bool mask, a fill value that
 stock refuses (overflow), an index key with a bool mask, None, a step or partial slice, or an Ellipsis before an
 index tensor, an `all` over an empty reduction (amin of nothing is an error, `all` of nothing is True), a
 logsumexp of an empty tensor, a scatter of a src tensor, with reduce=, of an index narrower than x off its dim, or
-an empty index. The scatter form costs K * T compares per row where stock writes K elements.
+an empty index, an index_select with a multi-dim or empty index. The scatter form costs K * T compares per row where stock writes K elements.
 Differences in error behaviour, documented rather than hidden: with several index tensors, an out-of-range index
 of a later dim that still lands inside the flattened table is checked only in eager runs (a data-dependent check
 cannot be traced); a compiled graph reads that row, where stock raises IndexError. Likewise a scatter index out of
@@ -40,7 +43,7 @@ range is stock's error in eager runs; a compiled graph ignores it.
 How it recognises its target: by what the code calls. The methods of every module class of the model (its own code,
 transformers' or a user's, not torch.nn's) and the same-package helpers they call (`structure.reachable`) are
 scanned for the names these ops are called by (`masked_fill`, `masked_fill_`, `stack`, `new_full`, `all`,
-`logsumexp`, `scatter`, `scatter_`) and for
+`logsumexp`, `scatter`, `scatter_`, `index_select`) and for
 subscripts (`x[...]`: an aten.index when the key holds an integer tensor or a list; `x[...] = y`: a scatter into a
 view). The model's top-level forward then runs under a `torch.overrides.TorchFunctionMode` that re-expresses each
 call of those ops whose capability the stack lacks and passes every other call through unchanged. Dynamo traces
@@ -350,6 +353,33 @@ def getitem(args, kwargs):
     return F.embedding(flat, table).reshape(*flat.shape, *rest)
 
 
+def index_select(args, kwargs):
+    """`x.index_select(dim, index)` (XGLM's position table, XLNet's rel_shift) as the row gather it is: dim moved to the
+    front, the other dims flattened into one row per position, `F.embedding(index, rows)`, moved back. A gather copies
+    values, so the result is bit-identical; a 0-d index picks one position, as stock (a dim of size 1)."""
+    if "out" in kwargs or len(args) + len(kwargs) != 3:
+        return _PASS
+    x = _arg(args, kwargs, 0, "input", "self")
+    dim = _arg(args, kwargs, 1, "dim")
+    index = _arg(args, kwargs, 2, "index")
+    if not isinstance(x, torch.Tensor) or not isinstance(index, torch.Tensor) or not isinstance(dim, int):
+        return _PASS
+    if x.is_complex() or x.layout != torch.strided or x.dim() == 0 or index.dim() > 1:
+        return _PASS
+    if index.dtype not in (torch.int64, torch.int32) or not -x.dim() <= dim < x.dim():
+        return _PASS  # stock raises its own error
+    dim %= x.dim()
+    n = x.shape[dim]
+    if n == 0 or index.numel() == 0:
+        return _PASS
+    if not torch.compiler.is_compiling() and (int(index.max()) >= n or int(index.min()) < 0):
+        return _PASS  # stock's out-of-range error, in eager runs (as for getitem, see the module docstring)
+    moved = x.movedim(dim, 0)
+    rest = tuple(moved.shape[1:])
+    rows = F.embedding(index.reshape(-1).to(torch.int64), moved.reshape(n, math.prod(rest) if rest else 1))
+    return rows.reshape(-1, *rest).movedim(0, dim)
+
+
 def _write_window(x: torch.Tensor, key):
     """(dim, start, stop, is_index) of a key that writes one window of one dim (an int, or a slice of step 1), the
     other dims whole (`:` / one Ellipsis); None for any other key."""
@@ -559,6 +589,14 @@ REWRITES: tuple[Rewrite, ...] = (
         "embedding lookup of the flattened leading dims; a constant list of positions: cat of selects",
     ),
     Rewrite(
+        "aten.index_select",
+        (torch.index_select, torch.Tensor.index_select),
+        frozenset({"index_select"}),
+        index_select,
+        ("aten.embedding", "aten.permute", "aten.reshape"),
+        "embedding lookup of the index on the other dims flattened (the dim moved to the front and back)",
+    ),
+    Rewrite(
         "aten.select_scatter",
         (torch.Tensor.__setitem__,),
         frozenset(),  # a subscript store, found by opcode (_STORE_SUBSCRIPT)
@@ -649,7 +687,8 @@ def _helpers(fn) -> list[types.FunctionType]:
     out = structure.chain(fn)
     for f in list(out):
         helpers = structure.reachable(f, lambda o, f=f: isinstance(o, types.FunctionType) and o is not f)
-        out += [h for h in helpers.values() if structure._same_package(f, h)]
+        # a decorated helper (functools.wraps: transformers' hub-kernel fallbacks) is scanned with what it wraps
+        out += [g for h in helpers.values() if structure._same_package(f, h) for g in structure.chain(h)]
     return out
 
 
@@ -669,6 +708,8 @@ def uses(model: nn.Module, rewrites=REWRITES) -> dict[str, list[str]]:
             if cls.__module__.split(".")[0] in ("torch", "builtins"):
                 continue  # torch.nn's own modules: their ops are the stack's business, not a model's code
             for value in vars(cls).values():
+                if isinstance(value, staticmethod | classmethod):
+                    value = value.__func__  # XLNet's rel_shift is a staticmethod
                 if not isinstance(value, types.FunctionType):
                     continue
                 for f in _helpers(value):
@@ -701,7 +742,8 @@ class ExactRewrite(Adapter):
     also = GAPS[1:]
     applies_to = frozenset(
         {
-            "any module whose code calls masked_fill, stack, new_full, all, logsumexp, scatter or indexes a tensor"
+            "any module whose code calls masked_fill, stack, new_full, all, logsumexp, scatter, index_select or indexes"
+            " a tensor"
         }
     )
     order = (
@@ -709,7 +751,7 @@ class ExactRewrite(Adapter):
     )
     summary = (
         "exact re-expressions: masked_fill -> where, stack -> cat, new_full -> full, all -> amin, index -> embedding,"
-        " logsumexp -> amax/exp/sum/log, scatter of a number -> where of index == position"
+        " logsumexp -> amax/exp/sum/log, scatter of a number -> where of index == position, index_select -> embedding"
     )
 
     def retired(self, caps) -> bool:
