@@ -23,6 +23,11 @@ At run time the model's top-level forward runs under the same mode with the reco
 output is tracked (only its latest view), and a cut that the probe recorded returns the pieces' matmuls. Anything
 else runs as stock, so a cut the probe did not see still falls back, and the stack reports it.
 
+An nn.Linear subclass whose own forward computes what F.linear does (Falcon's `input @ weight.T + bias`, checked
+on a random input; a subclass that computes something else is left alone) is probed, and if it is fused, run, as
+nn.Linear's forward. On the CPU in fp16 that rounds once where `x @ W.T + b` rounds twice (not bit-identical there;
+the stack lowers both to a matmul and an add).
+
 Limits (stock kept): cuts across the leading dims, views that merge token dims with feature dims, Conv1D
 (GPT-2's; `qkv_split` covers GPT-2), models without `dummy_inputs` or whose forward fails on them. The pieces'
 buffers hold a second copy of the fused weight's rows (the fused weight stays, for undo and for other readers).
@@ -34,8 +39,9 @@ from __future__ import annotations
 
 import inspect
 import math
+import types
 import weakref
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import torch
 import torch.nn.functional as F
@@ -424,6 +430,9 @@ class SplitPlan:
 
     cuts: dict  # (part, n_lead, trail, perm, signature) -> [Piece, ...]
     rows: dict[str, tuple[str, torch.Tensor]]  # piece part -> (root Linear path, rows)
+    as_linear: set[str] = field(
+        default_factory=set
+    )  # roots whose own forward is run as nn.Linear's (Falcon's)
 
 
 def probe(model: nn.Module) -> SplitPlan | None:
@@ -453,6 +462,9 @@ def probe(model: nn.Module) -> SplitPlan | None:
     mode = FusedSplit(linears)
     was_training = model.training
     model.eval()
+    as_linear = [m for m in linears.values() if _computes_linear(m)]
+    for m in as_linear:  # their own forward does not call F.linear: probed as nn.Linear's
+        m.__dict__["forward"] = types.MethodType(nn.Linear.forward, m)
     try:
         with torch.no_grad(), mode:
             model(**inputs)
@@ -460,12 +472,38 @@ def probe(model: nn.Module) -> SplitPlan | None:
         return None
     finally:
         model.train(was_training)
+        for m in as_linear:
+            del m.__dict__["forward"]
     roots = {k: mode.part_rows[k[0]][0] for k in mode.recorded}
     cuts = {k: v for k, v in mode.recorded.items() if roots[k] not in mode.unsafe}
     if not cuts:
         return None
     used = {p.part for pieces in cuts.values() for p in pieces}
-    return SplitPlan(cuts, {part: mode.part_rows[part] for part in used})
+    as_linear_paths = {path for path, m in linears.items() if any(m is a for a in as_linear)}
+    return SplitPlan(
+        cuts, {part: mode.part_rows[part] for part in used}, set(roots.values()) & as_linear_paths
+    )
+
+
+def _computes_linear(m: nn.Linear) -> bool:
+    """An nn.Linear subclass with a forward of its own that computes what F.linear does (Falcon's
+    `input @ weight.T + bias`), checked on a random input: such a forward can be nn.Linear's. A subclass that computes
+    something else (a LoRA or quantized layer) fails the check and is left alone."""
+    if type(m) is nn.Linear or type(m).forward is nn.Linear.forward or "forward" in m.__dict__:
+        return False
+    w = m.weight
+    x = torch.randn(2, w.shape[1], generator=torch.Generator().manual_seed(0)).to(w.device, w.dtype)
+    try:
+        with torch.no_grad():
+            got, want = m(x), F.linear(x, w, m.bias)
+    except Exception:  # noqa: BLE001  (a forward that does not take one tensor: not a plain projection)
+        return False
+    tol = 1e-5 if w.dtype == torch.float32 else 1e-2
+    return (
+        isinstance(got, torch.Tensor)
+        and got.shape == want.shape
+        and torch.allclose(got, want, rtol=tol, atol=tol)
+    )
 
 
 _PROBES: weakref.WeakKeyDictionary = (
@@ -516,6 +554,10 @@ class FusedLinearSplit(Adapter):
                     patch.add_buffer(lin, b_name, lin.bias[rows].clone())
             parts[part] = (lin, w_name, b_name)
         roots = {k[0]: modules[k[0]] for k in plan.cuts if k[0] not in plan.rows}
+        for path in sorted(plan.as_linear):
+            patch.override_forward(
+                modules[path], nn.Linear.forward, f"{path}: its forward as nn.Linear's (F.linear)"
+            )
         prev = model.forward
         what = f"{type(model).__name__}.forward: {len(parts)} pieces of {len(roots)} fused Linears as their own matmuls"
         patch.override_forward(model, _wrapped(prev, roots, plan.cuts, parts), what)
