@@ -230,24 +230,16 @@ def _permutation(func, args, kwargs, ndim: int) -> list[int] | None:
     return order
 
 
-def _lead_split(lead, trail, shape) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
-    """`shape` as (token dims, feature dims): the token dims are `lead` in order with size-1 dims inserted, the
-    feature dims hold as many elements as `trail`. The shortest such token part (size-1 dims go to the features)."""
-    for k in range(len(lead), len(shape) + 1):
-        if math.prod(shape[k:]) == math.prod(trail) and _with_ones(lead, shape[:k]):
-            return tuple(shape[:k]), tuple(shape[k:])
-    return None
-
-
-def _with_ones(lead, head) -> bool:
-    """Is `head` the dims of `lead`, in order, with size-1 dims inserted?"""
-    i = 0
-    for n in head:
-        if i < len(lead) and n == lead[i]:
-            i += 1
-        elif n != 1:
-            return False
-    return i == len(lead)
+def _lead_splits(lead, trail, shape) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
+    """The ways to read `shape` as (token dims, feature dims): token dims that are `lead`'s with size-1 dims inserted
+    or removed, feature dims holding as many elements as `trail`. Shortest token part first. With size-1 token dims
+    (a batch of one, one decode step) several readings exist; the run picks the one the probe saw."""
+    want = [n for n in lead if n != 1]
+    return [
+        (tuple(shape[:k]), tuple(shape[k:]))
+        for k in range(len(shape) + 1)
+        if math.prod(shape[k:]) == math.prod(trail) and [n for n in shape[:k] if n != 1] == want
+    ]
 
 
 _INPLACE_DUNDERS = frozenset(
@@ -286,16 +278,29 @@ def _inverse(perm):
 class FusedSplit(TorchFunctionMode):
     """Probe (`plans is None`: record every cut of every Linear output) or run (replace the recorded cuts)."""
 
-    def __init__(self, roots: dict[str, nn.Linear], plans: dict | None = None, parts: dict | None = None):
+    def __init__(
+        self,
+        roots: dict[str, nn.Linear],
+        plans: dict | None = None,
+        parts: dict | None = None,
+        states=frozenset(),
+    ):
         super().__init__()
         # the Linears whose outputs are followed (by path): every one in the probe, the fused ones at run time
         self.roots = list(roots.items())
         self.plans = plans  # (part, n_lead, trail, perm, signature) -> [Piece, ...]
         self.parts = parts  # piece part -> (its root Linear, weight buffer name, bias buffer name or None)
+        # every (part, n_lead, trail, perm) the probe tracked; a dict, whose `in` dynamo traces (a set's it guards badly)
+        self.states = dict.fromkeys(states)
         if plans is None:
             self.recorded: dict = {}
             self.unsafe: set[str] = set()  # roots whose output (or a view of it) was written in place
             self.part_rows: dict[str, tuple[str, torch.Tensor]] = {}  # part -> (root, rows)
+
+    def _seen(self, entry: _Entry) -> _Entry:
+        if self.plans is None:
+            self.states[(entry.part, len(entry.lead), entry.trail, entry.perm)] = None
+        return entry
 
     def _root_linear(self, args, kwargs):
         """The key of a root Linear whose weight this F.linear call reads, with its input, or None. By identity with
@@ -320,7 +325,9 @@ class FusedSplit(TorchFunctionMode):
                 rows = torch.arange(n) if self.plans is None else None
                 if self.plans is None:
                     self.part_rows.setdefault(key, (key, torch.arange(n)))
-                _track(out, _Entry(x, key, tuple(x.shape[:-1]), (n,), tuple(range(x.dim())), rows))
+                _track(
+                    out, self._seen(_Entry(x, key, tuple(x.shape[:-1]), (n,), tuple(range(x.dim())), rows))
+                )
             return out
         entry = getattr(args[0], _TAG, None) if args and isinstance(args[0], torch.Tensor) else None
         if entry is None:
@@ -367,18 +374,18 @@ class FusedSplit(TorchFunctionMode):
         if func in _VIEWS or func in _UNSQUEEZE:
             if entry.perm != tuple(range(len(entry.perm))):
                 return None
-            split = _lead_split(entry.lead, entry.trail, tuple(out.shape))
-            if split is None:
-                return None
-            lead, trail = split
-            rows = entry.rows.reshape(trail) if entry.rows is not None else None
-            return _Entry(entry.x, entry.part, lead, trail, tuple(range(len(lead) + len(trail))), rows)
+            for lead, trail in _lead_splits(entry.lead, entry.trail, tuple(out.shape)):
+                perm = tuple(range(len(lead) + len(trail)))
+                if self.plans is None or (entry.part, len(lead), trail, perm) in self.states:
+                    rows = entry.rows.reshape(trail) if entry.rows is not None else None
+                    return self._seen(_Entry(entry.x, entry.part, lead, trail, perm, rows))
+            return None
         # a permutation of the tensor's dims: compose it with the entry's
         order = _permutation(func, args, kwargs, len(entry.perm))
         if order is None:
             return None
         perm = tuple(entry.perm[d] for d in order)
-        return _Entry(entry.x, entry.part, entry.lead, entry.trail, perm, entry.rows)
+        return self._seen(_Entry(entry.x, entry.part, entry.lead, entry.trail, perm, entry.rows))
 
     def _piece(self, entry: _Entry, piece: Piece):
         x = entry.x
@@ -415,7 +422,7 @@ class FusedSplit(TorchFunctionMode):
             self.part_rows[part] = (root, rows.reshape(-1))
             piece = Piece(part, tuple(rows.shape), perm, tracked=False)
             pieces.append(piece)
-            _track(o, _Entry(entry.x, part, lead, piece.trail, perm, rows))
+            _track(o, self._seen(_Entry(entry.x, part, lead, piece.trail, perm, rows)))
         self.recorded[key] = pieces
         return out
 
@@ -430,6 +437,7 @@ class SplitPlan:
 
     cuts: dict  # (part, n_lead, trail, perm, signature) -> [Piece, ...]
     rows: dict[str, tuple[str, torch.Tensor]]  # piece part -> (root Linear path, rows)
+    states: frozenset = frozenset()  # every (part, n_lead, trail, perm) a tracked tensor had in the probe
     as_linear: set[str] = field(
         default_factory=set
     )  # roots whose own forward is run as nn.Linear's (Falcon's)
@@ -480,9 +488,8 @@ def probe(model: nn.Module) -> SplitPlan | None:
         return None
     used = {p.part for pieces in cuts.values() for p in pieces}
     as_linear_paths = {path for path, m in linears.items() if any(m is a for a in as_linear)}
-    return SplitPlan(
-        cuts, {part: mode.part_rows[part] for part in used}, set(roots.values()) & as_linear_paths
-    )
+    rows = {part: mode.part_rows[part] for part in used}
+    return SplitPlan(cuts, rows, frozenset(mode.states), set(roots.values()) & as_linear_paths)
 
 
 def _computes_linear(m: nn.Linear) -> bool:
@@ -511,11 +518,11 @@ _PROBES: weakref.WeakKeyDictionary = (
 )  # model -> its plan, from applicable() to patch()
 
 
-def _wrapped(prev, roots, cuts, parts):
+def _wrapped(prev, roots, cuts, parts, states):
     """`prev` under the mode, entered outside dynamo (as the rewrite adapter's; see rewrite._wrapped)."""
 
     def forward(self, *args, **kwargs):
-        with FusedSplit(roots, cuts, parts):
+        with FusedSplit(roots, cuts, parts, states):
             return prev(*args, **kwargs)
 
     return torch.compiler.disable(forward, recursive=False)
@@ -560,5 +567,5 @@ class FusedLinearSplit(Adapter):
             )
         prev = model.forward
         what = f"{type(model).__name__}.forward: {len(parts)} pieces of {len(roots)} fused Linears as their own matmuls"
-        patch.override_forward(model, _wrapped(prev, roots, plan.cuts, parts), what)
+        patch.override_forward(model, _wrapped(prev, roots, plan.cuts, parts, plan.states), what)
         return patch

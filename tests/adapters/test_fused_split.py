@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 from conftest import assert_bit_identical, assert_restored, snapshot
 from torch import nn
+from torch.overrides import TorchFunctionMode
 
 import adapters
 import torch_spyre_emu
@@ -92,6 +93,16 @@ class Fused(nn.Module):
         return torch.cat(flat, -1)
 
 
+class CountLinear(TorchFunctionMode):
+    def __init__(self):
+        super().__init__()
+        self.calls = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        self.calls += func is F.linear
+        return func(*args, **(kwargs or {}))
+
+
 FORMS = [
     "split",
     "chunk",
@@ -119,7 +130,10 @@ def test_each_cut_form_is_split_exactly(form, dtype):
         ref = model(x)
         with adapters.apply(model, only=["fused_split"]) as handle:
             assert handle.report.applied == ["fused_split"]
-            out = model(x)
+            with CountLinear() as count:
+                out = model(x)
+    # the fused matmul (dead code once compiled) and one per piece; GPT-BigCode's key_value piece is cut again
+    assert count.calls == (5 if form == "bigcode" else 4), count.calls
     if form == "matmul_linear" and dtype == torch.float16:
         # Falcon's `x @ W.T + b` rounds twice on the CPU, F.linear (addmm) once: equal up to fp16 rounding
         torch.testing.assert_close(out, ref, rtol=2e-3, atol=2e-3)
