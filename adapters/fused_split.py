@@ -37,6 +37,7 @@ Retirement: when the stack lowers slices (`aten.slice`, `aten.split`, `aten.spli
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import math
 import types
@@ -46,8 +47,10 @@ from dataclasses import dataclass, field, replace
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
 from torch.overrides import TorchFunctionMode
 
+from adapters import structure
 from adapters.base import Adapter
 from adapters.patch import Patch
 from adapters.registry import register_adapter
@@ -322,9 +325,11 @@ class FusedSplit(TorchFunctionMode):
             if found is not None:
                 key, x = found
                 n = out.shape[-1]
-                rows = torch.arange(n) if self.plans is None else None
+                rows = None
                 if self.plans is None:
-                    self.part_rows.setdefault(key, (key, torch.arange(n)))
+                    with unset_fake_temporarily():  # row maps are real tensors, also in a fake-tensor probe
+                        rows = torch.arange(n)
+                    self.part_rows.setdefault(key, (key, rows))
                 _track(
                     out, self._seen(_Entry(x, key, tuple(x.shape[:-1]), (n,), tuple(range(x.dim())), rows))
                 )
@@ -377,7 +382,10 @@ class FusedSplit(TorchFunctionMode):
             for lead, trail in _lead_splits(entry.lead, entry.trail, tuple(out.shape)):
                 perm = tuple(range(len(lead) + len(trail)))
                 if self.plans is None or (entry.part, len(lead), trail, perm) in self.states:
-                    rows = entry.rows.reshape(trail) if entry.rows is not None else None
+                    rows = None
+                    if entry.rows is not None:
+                        with unset_fake_temporarily():
+                            rows = entry.rows.reshape(trail)
                     return self._seen(_Entry(entry.x, entry.part, lead, trail, perm, rows))
             return None
         # a permutation of the tensor's dims: compose it with the entry's
@@ -408,21 +416,26 @@ class FusedSplit(TorchFunctionMode):
             self.recorded[k] = [replace(p, tracked=True) if p.part == entry.part else p for p in pieces]
         n_lead, ndim = entry.n_lead, args[0].dim()
         lead = entry.lead
-        # the row map shaped and permuted as the tensor, cut the same way
-        rmap = entry.rows.reshape((1,) * n_lead + entry.trail).expand(lead + entry.trail).permute(*entry.perm)
-        rout = func(rmap, *args[1:], **kwargs)
-        outs, routs = (out, rout) if isinstance(out, tuple | list) else ((out,), (rout,))
-        perm = _piece_perm(entry.perm, _dropped(kind, sig, ndim, touched))
-        pieces = []
-        root = self.part_rows[entry.part][0]
-        for i, (o, r) in enumerate(zip(outs, routs, strict=True)):
-            r = r.permute(*_inverse(perm))
-            rows = r[(0,) * n_lead]
-            part = f"{entry.part}/{len(self.recorded)}.{i}"
-            self.part_rows[part] = (root, rows.reshape(-1))
-            piece = Piece(part, tuple(rows.shape), perm, tracked=False)
-            pieces.append(piece)
-            _track(o, self._seen(_Entry(entry.x, part, lead, piece.trail, perm, rows)))
+        with unset_fake_temporarily():  # the row maps are real tensors, also in a fake-tensor probe
+            # the row map shaped and permuted as the tensor, cut the same way
+            rmap = (
+                entry.rows.reshape((1,) * n_lead + entry.trail)
+                .expand(lead + entry.trail)
+                .permute(*entry.perm)
+            )
+            rout = func(rmap, *args[1:], **kwargs)
+            outs, routs = (out, rout) if isinstance(out, tuple | list) else ((out,), (rout,))
+            perm = _piece_perm(entry.perm, _dropped(kind, sig, ndim, touched))
+            pieces = []
+            root = self.part_rows[entry.part][0]
+            for i, (o, r) in enumerate(zip(outs, routs, strict=True)):
+                r = r.permute(*_inverse(perm))
+                rows = r[(0,) * n_lead]
+                part = f"{entry.part}/{len(self.recorded)}.{i}"
+                self.part_rows[part] = (root, rows.reshape(-1))
+                piece = Piece(part, tuple(rows.shape), perm, tracked=False)
+                pieces.append(piece)
+                _track(o, self._seen(_Entry(entry.x, part, lead, piece.trail, perm, rows)))
         self.recorded[key] = pieces
         return out
 
@@ -467,21 +480,19 @@ def probe(model: nn.Module) -> SplitPlan | None:
         else v
         for k, v in dummy.items()
     }
-    mode = FusedSplit(linears)
     was_training = model.training
     model.eval()
     as_linear = [m for m in linears.values() if _computes_linear(m)]
     for m in as_linear:  # their own forward does not call F.linear: probed as nn.Linear's
         m.__dict__["forward"] = types.MethodType(nn.Linear.forward, m)
     try:
-        with torch.no_grad(), mode:
-            model(**inputs)
-    except Exception:  # noqa: BLE001  (a model that does not run on dummy inputs is left stock)
-        return None
+        mode = _run_probe(model, inputs, linears)
     finally:
         model.train(was_training)
         for m in as_linear:
             del m.__dict__["forward"]
+    if mode is None:
+        return None
     roots = {k: mode.part_rows[k[0]][0] for k in mode.recorded}
     cuts = {k: v for k, v in mode.recorded.items() if roots[k] not in mode.unsafe}
     if not cuts:
@@ -489,7 +500,101 @@ def probe(model: nn.Module) -> SplitPlan | None:
     used = {p.part for pieces in cuts.values() for p in pieces}
     as_linear_paths = {path for path, m in linears.items() if any(m is a for a in as_linear)}
     rows = {part: mode.part_rows[part] for part in used}
-    return SplitPlan(cuts, rows, frozenset(mode.states), set(roots.values()) & as_linear_paths)
+    followed = used | {k[0] for k in cuts}
+    states = frozenset(s for s in mode.states if s[0] in followed)
+    return SplitPlan(cuts, rows, states, set(roots.values()) & as_linear_paths)
+
+
+_CUT_NAMES = frozenset({"split", "split_with_sizes", "chunk", "unbind", "narrow", "tensor_split"})
+
+
+def _names(code: types.CodeType) -> set[str]:
+    names = set(code.co_names)
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            names |= _names(const)
+    return names
+
+
+def _is_function(obj) -> bool:
+    return isinstance(obj, types.FunctionType)
+
+
+def _model_code(obj) -> bool:
+    """A model's own code: a user's, or one of transformers' model families (not its generic utilities, not torch)."""
+    module = getattr(obj, "__module__", None) or ""
+    package = module.split(".")[0]
+    return package not in ("torch", "builtins", "") and (package != "transformers" or ".models." in module)
+
+
+def _with_helpers(fn, depth: int = structure.HELPER_DEPTH) -> list[types.FunctionType]:
+    """fn's function chain and the model-specific module-level helpers it reaches (GPT-OSS's forward ->
+    apply_rotary_pos_emb -> _apply_rotary_emb, whose chunk cuts q_proj's output)."""
+    out = structure.chain(fn)
+    if depth > 0:
+        for f in list(out):
+            for h in structure.globals_matching(f, _is_function).values():
+                if _model_code(h) and h is not f:
+                    out += _with_helpers(h, depth - 1)
+    return out
+
+
+def _may_cut(model: nn.Module) -> bool:
+    """Does a module's own code (its class's methods, not torch's or transformers' generic bases; and the
+    model-specific helpers they call) call a cut by name, or is there a Linear subclass with a forward of its own
+    (Falcon's, whose fused output is cut by subscripts)? Subscripts alone do not count: every model has them (shapes,
+    rotate_half); a string's `.split` in a base class's save_pretrained would match every model."""
+    seen: set[int] = set()
+    for m in model.modules():
+        cls = type(m)
+        if isinstance(m, nn.Linear) and cls.forward is not nn.Linear.forward:
+            return True
+        if id(cls) in seen:
+            continue
+        seen.add(id(cls))
+        for klass in cls.__mro__:
+            if not _model_code(klass):
+                continue
+            for value in vars(klass).values():
+                fn = getattr(value, "__func__", value)
+                if not isinstance(fn, types.FunctionType):
+                    continue
+                if any(_names(f.__code__) & _CUT_NAMES for f in _with_helpers(fn)):
+                    return True
+    return False
+
+
+def _run_probe(model: nn.Module, inputs: dict, linears: dict) -> FusedSplit | None:
+    """The probe's mode after one forward: on fake tensors first (shapes only: no arithmetic, a fraction of a real
+    forward's time), on real ones where the model's code needs values (data-dependent routing); None when the model
+    does not run on its dummy inputs (it is left stock)."""
+    for fake in (True, False):
+        mode = FusedSplit(linears)
+        fake_mode = FakeTensorMode(allow_non_fake_inputs=True) if fake else contextlib.nullcontext()
+        state = _module_state(model)
+        try:
+            with torch.no_grad(), fake_mode, mode:
+                model(**inputs)
+            return mode
+        except Exception:  # noqa: BLE001, S112  (try the next way; a model that runs neither way is left stock)
+            continue
+        finally:
+            _restore(state)
+    return None
+
+
+def _module_state(model: nn.Module) -> list:
+    return [(m, dict(m.__dict__), dict(m._parameters), dict(m._buffers)) for m in model.modules()]
+
+
+def _restore(state: list) -> None:
+    """Undo what the probe's forward left on the modules (a lazily built rotary cache, a dynamic-RoPE buffer update):
+    in a fake-tensor probe those would be fake tensors, and a probe must not change the model anyway."""
+    for m, attrs, params, buffers in state:
+        for d, saved in ((m.__dict__, attrs), (m._parameters, params), (m._buffers, buffers)):
+            if d.keys() != saved.keys() or any(d[k] is not v for k, v in saved.items()):
+                d.clear()
+                d.update(saved)
 
 
 def _computes_linear(m: nn.Linear) -> bool:
@@ -540,6 +645,10 @@ class FusedLinearSplit(Adapter):
     summary = "a fused projection's pieces as one matmul each (rows of the fused weight), no in-graph slice"
 
     def applicable(self, model: nn.Module) -> bool:
+        """A cheap structural test first (a forward costs about a second on a 135M model in fp16 on the CPU): some
+        module's code calls a cut by name, or a Linear subclass has its own forward; then the probe."""
+        if not _may_cut(model):
+            return False
         plan = probe(model)
         if plan is not None:
             _PROBES[model] = plan
