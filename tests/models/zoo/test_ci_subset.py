@@ -30,7 +30,7 @@ EXPECTED = {
     "gpt_neox": "pass_device",  # fused_split: its per-head interleaved qkv, rows picked per piece; head_dim padded
     "opt": "pass_fallback",  # aten.cumsum (position ids from the padding mask)
     "bloom": "pass_device",  # upcast: its softmax(dtype=float32) as gemma2's; ALiBi positions on the host
-    "falcon": "pass_fallback",  # aten.slice of its fused qkv; sdpa_fused: its multi-query SDPA call on the fused kernel
+    "falcon": "pass_device",  # fused_split: its fused qkv (FalconLinear run as nn.Linear); sdpa_fused: its MQA SDPA call
     "granite": "pass_device",  # as mistral
     "olmo2": "pass_device",  # its q_norm/k_norm RMSNorm (not Llama's code) upcasts to fp32: on device (dl16tofp32)
     "stablelm": "pass_device",  # rope_partial: partial rotary as matmuls over the whole head; head_dim padded
