@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch.overrides import TorchFunctionMode
 
 import adapters
 from adapters.base import primary_output
@@ -75,3 +76,26 @@ def assert_bit_identical(a, b) -> None:
         and torch.equal(a.isnan(), b.isnan())
         and torch.equal(a.nan_to_num(), b.nan_to_num())
     ), (a, b)
+
+
+class CallNames(TorchFunctionMode):
+    """The names of the torch calls that reach torch (those a mode entered inside this one did not re-express)."""
+
+    def __init__(self):
+        super().__init__()
+        self.names: set[str] = set()
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        self.names.add(getattr(func, "__name__", str(func)))
+        return func(*args, **(kwargs or {}))
+
+
+def stock_and_rewritten(fn, rewrites):
+    """(stock result, result under the rewrite mode with `rewrites`, the names of the calls that reached torch)."""
+    from adapters.rewrite import Reexpress
+
+    ref = fn()
+    seen = CallNames()
+    with seen, Reexpress(list(rewrites)):
+        out = fn()
+    return ref, out, seen.names

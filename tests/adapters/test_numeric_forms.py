@@ -10,7 +10,7 @@ import functools
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import assert_restored, snapshot
+from conftest import CallNames, assert_restored, snapshot
 from torch.overrides import TorchFunctionMode
 
 import adapters
@@ -37,14 +37,7 @@ FAMILIES = {
 }
 
 
-class _Seen(TorchFunctionMode):
-    def __init__(self):
-        super().__init__()
-        self.names: set[str] = set()
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        self.names.add(getattr(func, "__name__", str(func)))
-        return func(*args, **(kwargs or {}))
+_Seen = CallNames
 
 
 def _rand(*shape, seed=0):

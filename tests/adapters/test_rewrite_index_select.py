@@ -9,9 +9,8 @@ import functools
 
 import pytest
 import torch
+from conftest import CallNames, assert_restored, snapshot, stock_and_rewritten
 from conftest import assert_bit_identical as _same
-from conftest import assert_restored, snapshot
-from torch.overrides import TorchFunctionMode
 
 import adapters
 import torch_spyre_emu
@@ -22,22 +21,11 @@ from models.zoo import build
 FAMILIES = ("xglm", "xlnet")
 
 
-class _Seen(TorchFunctionMode):
-    def __init__(self):
-        super().__init__()
-        self.names: set[str] = set()
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        self.names.add(getattr(func, "__name__", str(func)))
-        return func(*args, **(kwargs or {}))
+_Seen = CallNames
 
 
 def _both(fn):
-    ref = fn()
-    seen = _Seen()
-    with seen, Reexpress(list(REWRITES)):
-        out = fn()
-    return ref, out, seen.names
+    return stock_and_rewritten(fn, REWRITES)
 
 
 def _rand(*shape, seed=0):

@@ -11,9 +11,8 @@ import functools
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import CallNames, assert_restored, snapshot, stock_and_rewritten
 from conftest import assert_bit_identical as _same
-from conftest import assert_restored, snapshot
-from torch.overrides import TorchFunctionMode
 
 import adapters
 import torch_spyre_emu
@@ -26,25 +25,11 @@ LSE_FAMILIES = ("granite_swa", "granitemoe_swa")
 DSA_FAMILIES = ("axk2", "deepseek_v32", "dots3_note_text", "glm_moe_dsa")
 
 
-class _Seen(TorchFunctionMode):
-    """The names of the torch calls that reach torch (those a mode entered inside this one did not re-express)."""
-
-    def __init__(self):
-        super().__init__()
-        self.names: set[str] = set()
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        self.names.add(getattr(func, "__name__", str(func)))
-        return func(*args, **(kwargs or {}))
+_Seen = CallNames
 
 
 def _both(fn):
-    """(stock result, result under the mode, the names of the calls that reached torch under the mode)."""
-    ref = fn()
-    seen = _Seen()
-    with seen, Reexpress(list(REWRITES)):
-        out = fn()
-    return ref, out, seen.names
+    return stock_and_rewritten(fn, REWRITES)
 
 
 def _rand(*shape, dtype=torch.float32, seed=0):
