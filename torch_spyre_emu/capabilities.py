@@ -284,6 +284,12 @@ _OPS: list[OpEntry] = [
     _e("std", "unsupported", (), "welford reduction -> UnimplementedOp"),
     _e("std_mean", "unsupported", (), "welford reduction -> UnimplementedOp"),
     _e("prod", "unsupported", (), "prod reduction -> UnimplementedOp"),
+    # not in the June 2026 supported-operations table, nor a CPU fallback; hf_op_census.md §7 names them as the
+    # SSM / linear-attention hybrids' needs (the numeric_forms and rewrite adapters re-express them)
+    _e("expm1", "unsupported", (), "not in the supported-operations table (xIELU activations)"),
+    _e("log1p", "unsupported", (), "not in the supported-operations table"),
+    _e("linalg_solve_triangular", "unsupported", (), "not in the supported-operations table (gated delta nets)"),
+    _e("index_select", "unsupported", (), "not in the supported-operations table (a gather by index)"),
     # --- views (metadata; device copies/restickify where layouts differ) ---------------------------------------
     _e("view", "native", ALL, VIEW),
     _e("_unsafe_view", "native", ALL, VIEW),
