@@ -30,7 +30,7 @@ demo: install
 
 test: install-dev
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -n 2 -q
+	$(BIN)/python -m pytest -n 2 --dist loadgroup -q
 
 lint: install-dev
 	$(BIN)/ruff check .

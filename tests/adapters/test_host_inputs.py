@@ -240,3 +240,8 @@ def test_bart_runs_on_device():
 def test_albert_runs_with_fallback():
     """Before: unsupported (aten.gather of the token-type buffer); the position-id buffer slice stays a CPU island."""
     assert _class_of("albert") == "pass_fallback"
+
+
+# one xdist worker runs this module (make test: --dist loadgroup), so its module-scoped fixtures and cached zoo
+# builds are made once, not once per worker
+pytestmark = pytest.mark.xdist_group("test_host_inputs")

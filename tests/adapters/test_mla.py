@@ -213,3 +213,8 @@ def test_adapter_removes_its_gaps_from_the_walk(model_type, adapter_name):
     assert not [op for op in after if op.capability in gaps], after
     attention = [op for op in after if "attn" in op.where or "attention" in op.where]
     assert all(op.status == "fallback" for op in attention), attention
+
+
+# one xdist worker runs this module (make test: --dist loadgroup), so its module-scoped fixtures and cached zoo
+# builds are made once, not once per worker
+pytestmark = pytest.mark.xdist_group("test_mla")

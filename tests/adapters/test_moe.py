@@ -230,3 +230,8 @@ def test_jetmoe_blocks_have_no_routing_gap_in_strict_mode():
         moe.float()
     assert {"aten.index_add", "aten.sort"} <= before, before
     assert not after, after
+
+
+# one xdist worker runs this module (make test: --dist loadgroup), so its module-scoped fixtures and cached zoo
+# builds are made once, not once per worker
+pytestmark = pytest.mark.xdist_group("test_moe")

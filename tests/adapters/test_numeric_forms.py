@@ -318,3 +318,8 @@ def test_retires_per_op():
         assert adapters.get_adapter("numeric_forms").retired(c)
     with torch_spyre_emu.capabilities.override({"aten.matmul": "unsupported"}) as c:
         assert "aten.linalg_solve_triangular" not in {r.gap for r in numeric_forms.active_forms(c)}
+
+
+# one xdist worker runs this module (make test: --dist loadgroup), so its module-scoped fixtures and cached zoo
+# builds are made once, not once per worker
+pytestmark = pytest.mark.xdist_group("test_numeric_forms")

@@ -92,3 +92,8 @@ def test_minilm_all_adapters_embeddings_match(minilm):
     real = batch["attention_mask"].bool()
     torch.testing.assert_close(out_h[real], ref_h[real], atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(out, ref, atol=1e-6, rtol=0)
+
+
+# one xdist worker runs this module (make test: --dist loadgroup), so its module-scoped fixtures and cached zoo
+# builds are made once, not once per worker
+pytestmark = pytest.mark.xdist_group("test_real_models")

@@ -137,3 +137,8 @@ def test_retires_when_the_stack_has_index_select():
         assert "aten.index_select" not in {r.gap for r in rewrite.active_rewrites(c)}
     with torch_spyre_emu.capabilities.override({"aten.embedding": "unsupported"}) as c:
         assert "aten.index_select" not in {r.gap for r in rewrite.active_rewrites(c)}
+
+
+# one xdist worker runs this module (make test: --dist loadgroup), so its module-scoped fixtures and cached zoo
+# builds are made once, not once per worker
+pytestmark = pytest.mark.xdist_group("test_rewrite_index_select")

@@ -292,3 +292,8 @@ def test_number_scatter_in_place_is_bit_identical(dtype):
             ret = out.scatter_(dim, idx, 1)
         _same(out, ref)
         assert ret is out and ref_ret is ref and "scatter_" not in seen.names
+
+
+# one xdist worker runs this module (make test: --dist loadgroup), so its module-scoped fixtures and cached zoo
+# builds are made once, not once per worker
+pytestmark = pytest.mark.xdist_group("test_rewrite_lse_scatter")

@@ -263,3 +263,8 @@ def test_a_rotary_called_inside_a_comprehension_is_left_stock():
     )  # behind a per-instance wrapper that does not chain to the class's forward
     wrapped.forward = types.MethodType(lambda self, x, p: type(self).forward(self, x, p), wrapped)
     assert other_rotary_modules(wrapped) == []
+
+
+# one xdist worker runs this module (make test: --dist loadgroup), so its module-scoped fixtures and cached zoo
+# builds are made once, not once per worker
+pytestmark = pytest.mark.xdist_group("test_rope_partial")

@@ -318,3 +318,8 @@ def test_gemma_scaled_embedding_leaves_the_fallbacks():
     rec = run_one("gemma", "default")
     assert rec["class"] in ("pass_device", "pass_fallback")
     assert not any(b["capability"] == "aten.embedding" for b in rec["blocking"])
+
+
+# one xdist worker runs this module (make test: --dist loadgroup), so its module-scoped fixtures and cached zoo
+# builds are made once, not once per worker
+pytestmark = pytest.mark.xdist_group("test_structural")

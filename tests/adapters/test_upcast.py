@@ -227,3 +227,8 @@ def test_retires_per_op_when_the_stack_accepts_float32():
         assert adapters.get_adapter("upcast").retired(c)
     with torch_spyre_emu.capabilities.override({"cast.float16->float32": False}) as c:
         assert upcast.active(c) == (False, False)  # never routed through a cast the device lacks
+
+
+# one xdist worker runs this module (make test: --dist loadgroup), so its module-scoped fixtures and cached zoo
+# builds are made once, not once per worker
+pytestmark = pytest.mark.xdist_group("test_upcast")

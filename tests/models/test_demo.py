@@ -247,3 +247,8 @@ def test_agreement_cpu_text_equals_full_cpu_greedy_when_tokens_diverge():
     assert a.matches[:5] == [True] * 4 + [False] and a.teacher_forced < 1
     same = report.agreement(ref, ids, full, eos_token_id=None)
     assert same.cpu_ids == full and same.first_divergence is None and same.teacher_forced == 1.0
+
+
+# one xdist worker runs this module (make test: --dist loadgroup), so its module-scoped fixtures and cached zoo
+# builds are made once, not once per worker
+pytestmark = pytest.mark.xdist_group("test_demo")

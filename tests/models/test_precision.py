@@ -122,3 +122,8 @@ def test_precision_command(tmp_path):
     assert r.exit_code == 2 and "'scaled_mm' is not available" in r.output
     r = runner.invoke(app, ["precision", "--model", "gpt5", "--settings", "dl16"])
     assert r.exit_code == 2 and "unknown --model 'gpt5'" in r.output
+
+
+# one xdist worker runs this module (make test: --dist loadgroup), so its module-scoped fixtures and cached zoo
+# builds are made once, not once per worker
+pytestmark = pytest.mark.xdist_group("test_precision")

@@ -96,3 +96,8 @@ def test_scaled_mm_is_rejected_in_every_mode_as_not_available_says():
     ):
         f(a, b)
     assert "none of torch-spyre's op tables" in prec.NOT_AVAILABLE["scaled_mm"]
+
+
+# one xdist worker runs this module (make test: --dist loadgroup), so its module-scoped fixtures and cached zoo
+# builds are made once, not once per worker
+pytestmark = pytest.mark.xdist_group("test_precision_settings")

@@ -218,3 +218,8 @@ def test_cli_resume_of_another_job_exits_2_before_loading_the_model(tmp_path):
 def test_cli_resume_is_for_the_chat_demo_only(tmp_path):
     result = cli.invoke(app, ["demo", "--model", "minilm", "--resume", "--out", str(tmp_path)])
     assert result.exit_code == 2 and "--resume applies to the smollm2 demo only" in result.output
+
+
+# one xdist worker runs this module (make test: --dist loadgroup), so its module-scoped fixtures and cached zoo
+# builds are made once, not once per worker
+pytestmark = pytest.mark.xdist_group("test_resume")

@@ -193,3 +193,8 @@ def test_demo_tp2_runs_start_to_finish(tmp_path):
         for kind in ("prefill", "decode"):
             assert json.loads((tmp_path / f"tp2_rank{i}_{kind}.trace.json").read_text())["traceEvents"]
     assert summary["answer"].strip() and summary["answer"].split()[0] in out
+
+
+# one xdist worker runs this module (make test: --dist loadgroup), so its module-scoped fixtures and cached zoo
+# builds are made once, not once per worker
+pytestmark = pytest.mark.xdist_group("test_tensor_parallel_torchrun")

@@ -155,3 +155,8 @@ def test_an_unresolved_group_is_a_typed_error(group_of_one):
 
     with pytest.raises(torch_spyre_emu.errors.SpyreCompileError, match=r"process group .* was not resolved"):
         compile_fn(f, [torch.randn(64, 64, dtype=torch.float16)], CompileOptions(name="g"))
+
+
+# one xdist worker runs this module (make test: --dist loadgroup), so its module-scoped fixtures and cached zoo
+# builds are made once, not once per worker
+pytestmark = pytest.mark.xdist_group("test_compiled_collectives")

@@ -143,3 +143,8 @@ def test_collectives_are_timed_by_the_interconnect_model_in_each_profile(job):
         events = json.loads(Path(trace).read_text())["traceEvents"]
         (sl,) = [e for e in events if e.get("ph") == "X" and e["name"] == "all_reduce"]
         assert sl["args"]["rank"] == r and sl["dur"] == pytest.approx(want.total_us, abs=1e-6)
+
+
+# one xdist worker runs this module (make test: --dist loadgroup), so its module-scoped fixtures and cached zoo
+# builds are made once, not once per worker
+pytestmark = pytest.mark.xdist_group("test_spyreccl")
