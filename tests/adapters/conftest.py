@@ -99,3 +99,19 @@ def stock_and_rewritten(fn, rewrites):
     with seen, Reexpress(list(rewrites)):
         out = fn()
     return ref, out, seen.names
+
+
+def stock_and_patched(model, inputs: dict, adapter_name: str):
+    """Run `model` stock, then patched by one adapter (undone after): (stock output, patched output, names of the torch
+    calls each run made). What the family tests of the rewrite-mode adapters compare."""
+    stock = CallNames()
+    with torch.no_grad(), stock:
+        ref = primary_output(model(**inputs))
+    patch = adapters.get_adapter(adapter_name).patch(model)
+    seen = CallNames()
+    try:
+        with torch.no_grad(), seen:
+            out = primary_output(model(**inputs))
+    finally:
+        patch.undo()
+    return ref, out, stock.names, seen.names

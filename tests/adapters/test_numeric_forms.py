@@ -10,7 +10,7 @@ import functools
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import CallNames, assert_restored, snapshot
+from conftest import CallNames, assert_restored, snapshot, stock_and_patched
 from torch.overrides import TorchFunctionMode
 
 import adapters
@@ -35,9 +35,6 @@ FAMILIES = {
     "apertus1p5_text": "aten.expm1",
     "beam": "aten.log1p",
 }
-
-
-_Seen = CallNames
 
 
 def _rand(*shape, seed=0):
@@ -188,7 +185,7 @@ def test_other_solve_forms_stay_stock():
 
 def test_the_mode_reexpresses_and_keeps_stock_ops_away():
     a, v = _ut_system(1, 1, 1, 8, 4)
-    seen = _Seen()
+    seen = CallNames()
     with seen, Reexpress(list(_REWRITES)):
         torch.linalg.solve_triangular(a, v, upper=False, unitriangular=True)
         torch.expm1(v)
@@ -288,17 +285,9 @@ def test_families_are_equivalent_with_the_forms_and_undone_exactly(model_type):
     op = gap.split(".")[1]  # the name of the torch call
     assert gap in adapters.rewrite.uses(model, _REWRITES), "the structural scan must find the call"
     snap = snapshot(model)
-    stock = _Seen()
-    with torch.no_grad(), stock:
-        ref = adapters.base.primary_output(model(**zm.inputs))
-    assert op in stock.names  # the stock model does call it, else this test proves nothing
-    adapter = adapters.get_adapter("numeric_forms")
-    patch = adapter.patch(model)
-    seen = _Seen()
-    with torch.no_grad(), seen:
-        out = adapters.base.primary_output(model(**zm.inputs))
-    patch.undo()
-    assert op not in seen.names, f"{op} still reached torch under the forms"
+    ref, out, stock_names, patched_names = stock_and_patched(model, zm.inputs, "numeric_forms")
+    assert op in stock_names  # the stock model does call it, else this test proves nothing
+    assert op not in patched_names, f"{op} still reached torch under the forms"
     with torch.no_grad(), _OneUlp():
         nudged = adapters.base.primary_output(model(**zm.inputs))
     bound = max(1e-5, 2 * float((nudged - ref).abs().max()))

@@ -9,19 +9,15 @@ import functools
 
 import pytest
 import torch
-from conftest import CallNames, assert_restored, snapshot, stock_and_rewritten
 from conftest import assert_bit_identical as _same
+from conftest import assert_restored, snapshot, stock_and_patched, stock_and_rewritten
 
-import adapters
 import torch_spyre_emu
 from adapters import rewrite
 from adapters.rewrite import _PASS, REWRITES, Reexpress
 from models.zoo import build
 
 FAMILIES = ("xglm", "xlnet")
-
-
-_Seen = CallNames
 
 
 def _both(fn):
@@ -117,17 +113,9 @@ def test_families_are_bit_identical_with_the_rewrite_and_undone_exactly(model_ty
     model = zm.model.float().eval()
     assert "aten.index_select" in rewrite.uses(model), "the structural scan must find the call"
     snap = snapshot(model)
-    stock = _Seen()
-    with torch.no_grad(), stock:
-        ref = adapters.base.primary_output(model(**zm.inputs))
-    assert "index_select" in stock.names  # the stock model does call it, else this test proves nothing
-    adapter = adapters.get_adapter("rewrite")
-    patch = adapter.patch(model)
-    seen = _Seen()
-    with torch.no_grad(), seen:
-        out = adapters.base.primary_output(model(**zm.inputs))
-    patch.undo()
-    assert "index_select" not in seen.names
+    ref, out, stock_names, patched_names = stock_and_patched(model, zm.inputs, "rewrite")
+    assert "index_select" in stock_names  # the stock model does call it, else this test proves nothing
+    assert "index_select" not in patched_names
     _same(out, ref)
     assert_restored(model, snap)
 

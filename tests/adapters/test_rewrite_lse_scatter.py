@@ -11,7 +11,7 @@ import functools
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import CallNames, assert_restored, snapshot, stock_and_rewritten
+from conftest import CallNames, assert_restored, snapshot, stock_and_patched, stock_and_rewritten
 from conftest import assert_bit_identical as _same
 
 import adapters
@@ -23,9 +23,6 @@ from models.zoo import build
 INF = float("inf")
 LSE_FAMILIES = ("granite_swa", "granitemoe_swa")
 DSA_FAMILIES = ("axk2", "deepseek_v32", "dots3_note_text", "glm_moe_dsa")
-
-
-_Seen = CallNames
 
 
 def _both(fn):
@@ -253,20 +250,12 @@ def test_families_are_equivalent_with_the_rewrite_and_undone_exactly(model_type)
     op = gap.split(".")[1]
     assert gap in rewrite.uses(model), "the structural scan must find the call"
     snap = snapshot(model)
-    stock = _Seen()
-    with torch.no_grad(), stock:
-        ref = adapters.base.primary_output(model(**zm.inputs))
-    assert op in stock.names  # the stock model does call it, else this test proves nothing
-    adapter = adapters.get_adapter("rewrite")
-    patch = adapter.patch(model)
-    seen = _Seen()
-    with torch.no_grad(), seen:
-        out = adapters.base.primary_output(model(**zm.inputs))
-    patch.undo()
-    assert op not in seen.names, f"{op} still reached torch under the rewrite"
+    ref, out, stock_names, patched_names = stock_and_patched(model, zm.inputs, "rewrite")
+    assert op in stock_names  # the stock model does call it, else this test proves nothing
+    assert op not in patched_names, f"{op} still reached torch under the rewrite"
     torch.testing.assert_close(out, ref, atol=1e-6, rtol=1e-6)
     assert_restored(model, snap)
-    assert adapter.check(model, zm.inputs, atol=1e-6, rtol=1e-6).ok
+    assert adapters.get_adapter("rewrite").check(model, zm.inputs, atol=1e-6, rtol=1e-6).ok
 
 
 def test_retires_when_the_stack_has_the_ops():
@@ -287,7 +276,7 @@ def test_number_scatter_in_place_is_bit_identical(dtype):
         ref = torch.zeros_like(logits).to(dtype)
         ref_ret = ref.scatter_(dim, idx, 1)
         out = torch.zeros_like(logits).to(dtype)
-        seen = _Seen()
+        seen = CallNames()
         with seen, Reexpress(list(REWRITES)):
             ret = out.scatter_(dim, idx, 1)
         _same(out, ref)
