@@ -56,8 +56,6 @@ from adapters.patch import Patch
 from adapters.registry import register_adapter
 from adapters.rewrite import _skip_eager_frames, run_stock
 
-_PASS = object()
-
 # -- the ops, by what they do to a tracked tensor ------------------------------------------------------------------
 _VIEWS = {
     torch.Tensor.view,
