@@ -80,3 +80,83 @@ def test_another_parameter_object_gets_its_own_prepared_copy():
         out = model(x)
     ref, _ = reference(lin, x)
     assert torch.equal(out, ref)
+
+
+# --- weights loaded as torch-spyre's model_utils does: dim_order [1, 0] (API digest §9) ---------------------------
+
+
+def prep_ops(module: nn.Module, *inputs) -> list[str]:
+    """The kernel ops of the weight preparation program `module` compiles to for these inputs (none: [])."""
+    from torch_spyre_emu.compiler import GraphRunner
+    from torch_spyre_emu.compiler.pipeline import compile_fn
+
+    params = dict(module.named_parameters())
+
+    def fn(x, *weights):  # parameters as graph inputs, as dynamo passes them
+        return torch.func.functional_call(module, dict(zip(params, weights, strict=True)), (x,))
+
+    all_inputs = [*inputs, *params.values()]
+    # the options torch.compile's backend would choose for these inputs (weights, their layouts)
+    options = GraphRunner(torch.fx.symbolic_trace(module), "prep_probe").options_for(all_inputs)
+    prep = compile_fn(fn, all_inputs, options).prep
+    return [] if prep is None else [k.op for k in prep.program.steps]
+
+
+def test_a_linear_moved_to_spyre_needs_no_weight_restickify_and_gives_the_same_values():
+    cpu_lin = make_linear()
+    x = torch.randn(16, 100, dtype=torch.float16)
+    with torch.no_grad():
+        ref = compiled(cpu_lin)(x)
+    cpu_report = torch_spyre_emu.last_profile()
+    assert "restickify" in prep_ops(cpu_lin, x)  # a CPU weight is uploaded in the default layout
+
+    lin = make_linear().to("spyre")
+    assert lin.weight.device_tensor_layout().device_size == [2, 100, 64]  # sticks along out_features
+    xs = x.to("spyre")
+    ops = prep_ops(lin, xs)
+    assert "restickify" not in ops and ops  # K=100 still gets pad_k's zero fill + copy
+    with torch.no_grad():
+        out = torch.compile(lin)(xs)
+    report = torch_spyre_emu.last_profile()
+    assert torch.equal(out.cpu(), ref)
+    assert report.weights_prep_kernels == cpu_report.weights_prep_kernels - 1
+    assert report.weights_prep_us < cpu_report.weights_prep_us
+
+
+def test_an_in_place_update_of_a_spyre_weight_is_seen_by_the_next_call():
+    lin = make_linear().to("spyre")
+    xs = torch.randn(16, 100, dtype=torch.float16).to("spyre")
+    model = torch.compile(lin)
+    with torch.no_grad():
+        before = model(xs).cpu()
+        lin.weight.mul_(2)
+        after = model(xs).cpu()
+    cpu = make_linear()
+    with torch.no_grad():
+        cpu.weight.mul_(2)
+        ref = compiled(cpu)(xs.cpu())
+    assert torch.equal(after, ref) and not torch.equal(after, before)
+
+
+def test_a_dim_order_1_0_weight_read_in_host_order_is_restickified_once():
+    """The layout decides the copies, not the op: W itself (not W^T) as a matmul's A operand wants sticks along
+    in_features, so a [1, 0] weight gets the restickify there, in its preparation program."""
+
+    class WeightOnTheLeft(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = make_linear()
+
+        def forward(self, h):
+            return torch.matmul(self.lin.weight, h.T), self.lin(h)
+
+    torch.manual_seed(1)
+    h = torch.randn(16, 100, dtype=torch.float16)
+    cpu = WeightOnTheLeft()
+    with torch.no_grad():
+        ref = compiled(cpu)(h)
+    dev = WeightOnTheLeft().to("spyre")
+    assert "restickify" in prep_ops(dev, h.to("spyre"))
+    with torch.no_grad():
+        out = torch.compile(dev)(h.to("spyre"))
+    assert all(torch.equal(o.cpu(), r) for o, r in zip(out, ref, strict=True))

@@ -22,6 +22,7 @@ from torch_spyre_emu.compiler.collectives import group_sizes, is_collective
 from torch_spyre_emu.compiler.context import CompileOptions, UnsupportedOp
 from torch_spyre_emu.compiler.passes.support_check import UNSUPPORTED_META
 from torch_spyre_emu.compiler.pipeline import Compiled, compile_fn, run_graph_passes
+from torch_spyre_emu.device.model_loading import stored_transposed
 from torch_spyre_emu.errors import SpyreUnsupportedOpError
 
 _graph_ids = itertools.count()
@@ -66,6 +67,7 @@ class GraphRunner:
             i for i, a in enumerate(args) if isinstance(a, torch.Tensor) and a.device.type == "spyre"
         )
         weights = frozenset(i for i, a in enumerate(args) if isinstance(a, torch.nn.Parameter))
+        transposed = frozenset(i for i in weights & spyre if stored_transposed(args[i]))
         host_inputs = any(
             isinstance(a, torch.Tensor) and a.device.type == "cpu" and i not in weights
             for i, a in enumerate(args)
@@ -74,6 +76,7 @@ class GraphRunner:
             name=self.name,
             weight_inputs=weights,
             device_inputs=spyre - weights,
+            transposed_weights=transposed,
             outputs_on_device=bool(spyre - weights) or (self.makes_spyre_tensors and not host_inputs),
             groups=group_sizes(self.gm) if self.has_collectives else (),
         )

@@ -33,6 +33,7 @@ class InputSpec:
     shape: tuple[int, ...]
     weight: bool  # a parameter: uploaded once, then resident
     resident: bool  # bound to its buffer directly (weights, spyre tensors): no HostToDevice step
+    transposed: bool = False  # a 2-D weight stored with dim_order [1, 0]: the buffer holds its transpose
 
 
 @dataclass
@@ -70,14 +71,15 @@ def lower_graph(gm: fx.GraphModule, options: CompileOptions) -> Lowered:
             if isinstance(val, torch.Tensor):
                 weight = placeholder_i in options.weight_inputs
                 resident = weight or placeholder_i in options.device_inputs
-                buf = b.new_buffer(tuple(val.shape), val.dtype, "w_" if weight else "in_")
+                transposed = placeholder_i in options.transposed_weights
+                shape = tuple(val.shape)
+                buf = b.new_buffer(shape[::-1] if transposed else shape, val.dtype, "w_" if weight else "in_")
                 name = f"in{placeholder_i}"
                 if not resident:
                     b.steps.append(HostToDevice(f"h2d_{name}", name, buf, host_dtype_name(val.dtype)))
-                inputs.append(
-                    InputSpec(placeholder_i, name, buf, val.dtype, tuple(val.shape), weight, resident)
-                )
-                env[node] = TRef.whole(buf, tuple(val.shape))
+                inputs.append(InputSpec(placeholder_i, name, buf, val.dtype, shape, weight, resident, transposed))
+                # sticks along dim 0: the buffer is the transpose, the value a free transposed view of it
+                env[node] = TRef.whole(buf, shape[::-1]).permute((1, 0)) if transposed else TRef.whole(buf, shape)
             else:
                 env[node] = val
             placeholder_i += 1

@@ -61,6 +61,9 @@ class CompileOptions:
     # placeholder indices of the parameters and of the spyre tensors (both device-resident)
     weight_inputs: frozenset[int] = frozenset()
     device_inputs: frozenset[int] = frozenset()
+    # the weight inputs stored with dim_order [1, 0] (model_utils' nn.Linear weights, device/model_loading.py): their
+    # buffers hold the transpose, so W^T of a Linear is already stuck on n and needs no restickify
+    transposed_weights: frozenset[int] = frozenset()
     outputs_on_device: bool = False  # results stay on the device as spyre tensors (no DeviceToHost)
     # fold input-independent subgraphs (off for an eager op with no tensor inputs)
     fold_constants: bool = True

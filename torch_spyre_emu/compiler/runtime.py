@@ -138,17 +138,19 @@ def host_function(spec: HostSpec):
 
 class WeightCache:
     """Device copies of parameters, keyed by the parameter's identity and its version counter (tensors compare
-    elementwise, so they cannot be dict keys by value; entries die with their parameter)."""
+    elementwise, so they cannot be dict keys by value; entries die with their parameter). `convert` makes the
+    copy: a CPU parameter's device-format values, or a transposed weight's buffer contents."""
 
-    def __init__(self) -> None:
+    def __init__(self, convert=None) -> None:
         self._cache: dict[int, tuple[weakref.ref, tuple, np.ndarray]] = {}
+        self._convert = convert or device_values
 
     def get(self, p: torch.Tensor) -> tuple[np.ndarray, bool]:
-        key = (p._version, p.dtype, tuple(p.shape))
+        key = (p._version, p.dtype, tuple(p.shape), p.device, p.data_ptr())
         hit = self._cache.get(id(p))
         if hit is not None and hit[0]() is p and hit[1] == key:
             return hit[2], False
-        values = device_values(p)
+        values = self._convert(p)
         pid = id(p)
 
         def forget(ref, pid=pid):
@@ -163,6 +165,10 @@ class WeightCache:
 
 
 WEIGHTS = WeightCache()
+# A spyre weight stored with dim_order [1, 0] (codegen.InputSpec.transposed) is bound as its transpose, made C-order
+# once per version so the executor binds it without a copy per call. The emulator keeps device values in host order
+# (device/storage.py), so this copy is the emulator's, not the card's (which stores the weight so at load time).
+TRANSPOSED_WEIGHTS = WeightCache(lambda p: np.ascontiguousarray(_payload(p).T))
 
 
 def prepared_weights(prep, params: list[torch.Tensor], values: list[np.ndarray], mode: str):
@@ -262,7 +268,10 @@ def run_compiled(compiled: Compiled, args: list, mode: str = "both", trace_path=
         if not compute:
             continue
         if spec.weight:
-            values, fresh = WEIGHTS.get(x) if x.device.type == "cpu" else (_payload(x), False)
+            if x.device.type == "cpu":
+                values, fresh = WEIGHTS.get(x)
+            else:  # already on the card: no upload
+                values, fresh = (TRANSPOSED_WEIGHTS.get(x)[0] if spec.transposed else _payload(x)), False
             weight_values[spec.buffer] = values
             # a weight only read by its preparation program is not bound to (and rounded into) every call
             if compiled.prep is None or spec.buffer in compiled.main_reads:

@@ -3,7 +3,8 @@
 Every buffer gets torch-spyre's default layout (aiu_sim.ir.layout.default_layout: device order d1..d(r-1),
 tiles(dr), d0, dr-in-stick; only the stick dim padded). In aiu_sim the stick is always a buffer's last logical
 axis, so a non-default `dim_order` is expressed by giving the buffer a permuted logical shape (which is what the
-restickify pass does) rather than a permuted layout. Each kernel is stamped with `attrs["stick_dim"]`: the iteration
+restickify pass does) rather than a permuted layout; a weight stored with dim_order [1, 0] (the loader's Linear
+weights) gets a transposed buffer in codegen for the same reason. Each kernel is stamped with `attrs["stick_dim"]`: the iteration
 dim along its (first) output's stick, which pointwise inputs must share (checked by restickify).
 """
 
