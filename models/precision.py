@@ -609,21 +609,21 @@ def device_run(model_fp32: torch.nn.Module, st: Setting, ids: torch.Tensor, stri
         fallbacks: list[str] = []
 
         def run():
-            with (
-                torch_spyre_emu.strict(strict),
-                torch_spyre_emu.config.use_accumulation(st.accumulation),
-                warnings.catch_warnings(record=True) as seen,
-            ):
-                warnings.simplefilter("always", FallbackWarning)
-                try:
-                    return torch_spyre_emu.profile(
-                        compiled, mode="functional", input_ids=ids, use_cache=False
-                    )
-                finally:
-                    fallbacks.extend(str(w.message) for w in seen if issubclass(w.category, FallbackWarning))
-                    for w in seen:  # other warnings as raised
-                        if not issubclass(w.category, FallbackWarning):
-                            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+            try:
+                with (
+                    torch_spyre_emu.strict(strict),
+                    torch_spyre_emu.config.use_accumulation(st.accumulation),
+                    warnings.catch_warnings(record=True) as seen,
+                ):
+                    warnings.simplefilter("always", FallbackWarning)
+                    return torch_spyre_emu.profile(compiled, mode="functional", input_ids=ids, use_cache=False)
+            finally:
+                fallbacks.extend(str(w.message) for w in seen if issubclass(w.category, FallbackWarning))
+                # other warnings as raised, once the recording is over (re-raised inside it, each would be
+                # recorded again and this loop would never end)
+                for w in seen:
+                    if not issubclass(w.category, FallbackWarning):
+                        warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
 
         # Graph breaks (a what-if Linear island in every layer) make each layer a resumed frame that dynamo
         # compiles once per module; past its recompile limit (8) it would run the rest eagerly and the study would

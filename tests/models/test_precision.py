@@ -13,10 +13,16 @@ from aiu_sim.numerics import dl16, fp8
 from models import precision as prec
 from models import tiny
 from models.cli import app
+from tests.fixture_memo import once_per_process
 
 
 @pytest.fixture(scope="module")
 def result():
+    return _result()
+
+
+@once_per_process
+def _result():
     model = tiny.tiny_llama()
     ids = torch.randint(0, model.config.vocab_size, (1, 12), generator=torch.Generator().manual_seed(3))
     return prec.run_precision(model, ids, ["dl16", "fp8_e4m3_channel", "fp8_e5m2_tensor"], new_tokens=4)
@@ -107,6 +113,22 @@ def test_a_model_that_does_not_run_is_named():
         prec.device_run(Gather(), prec.setting("dl16"), torch.ones(1, 4, dtype=torch.long))
     with pytest.raises(prec.PrecisionError, match=r"input_ids must be \[1, prompt_len\]"):
         prec.run_precision(tiny.tiny_llama(), torch.ones(2, 4, dtype=torch.long))
+
+
+def test_a_warning_raised_during_the_run_is_passed_on_once(monkeypatch):
+    """Warnings other than fallbacks are re-raised after the run; re-raising them while still recording looped
+    forever (the first int64 narrowing warning of a process grew it to 24 GB until the OOM killer came)."""
+    from aiu_sim.numerics import host
+
+    class Gather(torch.nn.Module):
+        def forward(self, input_ids, use_cache=False):
+            return torch.gather(input_ids.float(), 1, input_ids % 3)
+
+    monkeypatch.setattr(host, "_int64_warned", False)  # the process's first int64 input to the device
+    with pytest.warns(UserWarning, match="Spyre does not support int64") as seen:
+        with pytest.raises(prec.PrecisionError, match="does not run on emulated Spyre"):
+            prec.device_run(Gather(), prec.setting("dl16"), torch.ones(1, 4, dtype=torch.long))
+    assert sum("does not support int64" in str(w.message) for w in seen) == 1
 
 
 def test_precision_command(tmp_path):
