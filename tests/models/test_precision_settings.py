@@ -6,12 +6,18 @@ import torch
 from aiu_sim.numerics import AccumulationModel
 from models import precision as prec
 from models import tiny
+from tests.fixture_memo import once_per_process
 
 PROMPT = 12
 
 
 @pytest.fixture(scope="module")
 def result():
+    return _result()
+
+
+@once_per_process
+def _result():
     model = tiny.tiny_llama()
     ids = torch.randint(0, model.config.vocab_size, (1, PROMPT), generator=torch.Generator().manual_seed(3))
     settings = ["dl16", "dl16_acc", "chunked", "fp32:model.layers.0+model.layers.1"]

@@ -21,6 +21,7 @@ import torch
 
 from models import tiny
 from models.report import first_divergence
+from tests.fixture_memo import once_per_process
 
 REPO = Path(__file__).resolve().parents[2]
 WORKER = REPO / "tests" / "models" / "tp_worker.py"
@@ -59,6 +60,11 @@ def agreement(a: list[int], b: list[int]) -> float:
 
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory):
+    return _tiny_run(tmp_path_factory)
+
+
+@once_per_process
+def _tiny_run(tmp_path_factory):
     doc, wall = launch(
         tmp_path_factory.mktemp("tp"),
         4,

@@ -17,6 +17,7 @@ import torch.distributed as dist
 import torch_spyre_emu
 from aiu_sim import Collective
 from aiu_sim.ir.program import step_reads
+from tests.fixture_memo import once_per_process
 from torch_spyre_emu.capabilities import capabilities
 from torch_spyre_emu.compiler import collectives
 from torch_spyre_emu.compiler.context import CompileOptions
@@ -29,6 +30,11 @@ C10D = torch.ops._c10d_functional
 @pytest.fixture(scope="module")
 def two_ranks(tmp_path_factory):
     """Run the worker on 2 ranks once; each rank's findings, by rank."""
+    return _two_ranks(tmp_path_factory)
+
+
+@once_per_process
+def _two_ranks(tmp_path_factory):
     out = tmp_path_factory.mktemp("compiled_collectives")
     env = {
         **os.environ,

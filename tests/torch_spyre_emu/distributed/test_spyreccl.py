@@ -16,6 +16,7 @@ import pytest
 from spyreccl_worker import DTYPES, inputs  # the one definition of each rank's input
 
 from aiu_sim.timing.interconnect import collective_time
+from tests.fixture_memo import once_per_process
 from torch_spyre_emu import config as stack_config
 from torch_spyre_emu.device.host_dtypes import to_device_values
 from torch_spyre_emu.distributed.collectives import device_nbytes, reduce_sum
@@ -28,7 +29,11 @@ WORKER = Path(__file__).with_name("spyreccl_worker.py")
 )
 def job(request, tmp_path_factory):
     """Run the worker on N ranks once: (N, [(arrays, findings) per rank])."""
-    n = request.param
+    return _job(request.param, tmp_path_factory)
+
+
+@once_per_process
+def _job(n: int, tmp_path_factory):
     out = tmp_path_factory.mktemp(f"spyreccl{n}")
     env = {**os.environ, "AIU_WORLD_SIZE": str(n), "OMP_NUM_THREADS": "1"}
     env.pop("SPYRE_DEVICES", None)
