@@ -553,12 +553,54 @@ def every_two_rotation_by_matmul(tables: dict[int, tuple[torch.Tensor, torch.Ten
     return apply_rotary_pos_emb
 
 
+def deinterleave_tables(width: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(E, P, R) [width, width] for DeepSeek's apply_rotary_pos_emb_interleave: cos @ E repeats the table's first
+    half in both halves, q @ P de-interleaves (evens, then odds), q @ R is the rotated partner (-odds, then evens).
+    Lane j < w/2 is q[2j] * cos[j] - q[2j+1] * sin[j], lane w/2 + j is q[2j+1] * cos[j] + q[2j] * sin[j]."""
+    if width % 2 or width <= 0:
+        raise AdapterTargetError(f"rope_partial: an interleaved rotary table of width {width} has no pairs")
+    h = width // 2
+    j = torch.arange(h)
+    e, p, r = torch.zeros(width, width), torch.zeros(width, width), torch.zeros(width, width)
+    e[j, j] = e[j, j + h] = 1.0
+    p[2 * j, j] = p[2 * j + 1, j + h] = 1.0
+    r[2 * j + 1, j] = -1.0
+    r[2 * j, j + h] = 1.0
+    return e, p, r
+
+
+def deinterleaved_rotation_by_matmul(tables: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]):
+    """DeepSeek-V3's apply_rotary_pos_emb_interleave (copied by GLM-4-MoE-Lite, Youtu, Mistral 4, LongCat, ...):
+    the table's first half (an in-graph slice) and even/odd lanes (strided slices) and a cat, as three 0/1
+    matmuls. Exact in any dtype: every lane is the stock products (a - b is a + (-b)), and dtypes promote as in
+    the stock code (the table keeps its dtype). `tables`: width -> deinterleave_tables(width)."""
+
+    def apply_rotary_pos_emb_interleave(q, k, cos, sin, position_ids=None, unsqueeze_dim=1):
+        width = cos.shape[-1]
+        if width not in tables or q.shape[-1] != width or k.shape[-1] != width:
+            raise AdapterTargetError(
+                f"rope_partial: q/k of width {q.shape[-1]}/{k.shape[-1]} with a rotary table of width {width} "
+                f"reached an attention patched for widths {sorted(tables)}; exclude this adapter "
+                "(exclude=['rope_partial'])"
+            )
+        e, p, r = tables[width]
+        cos = torch.matmul(cos, e.to(cos.dtype)).unsqueeze(unsqueeze_dim)
+        sin = torch.matmul(sin, e.to(sin.dtype)).unsqueeze(unsqueeze_dim)
+        p, r = p.to(q.dtype), r.to(q.dtype)
+        q_embed = torch.matmul(q, p) * cos + torch.matmul(q, r) * sin
+        k_embed = torch.matmul(k, p) * cos + torch.matmul(k, r) * sin
+        return q_embed, k_embed
+
+    return apply_rotary_pos_emb_interleave
+
+
 _BUILDERS = {
     "half": partial_rotation_by_matmul,
     "half_negated": partial_rotation_by_matmul,
     "interleaved": partial_rotation_by_matmul,
     "interleaved_fp32": functools.partial(partial_rotation_by_matmul, upcast=True),
     "every_two": every_two_rotation_by_matmul,
+    "deinterleave": deinterleaved_rotation_by_matmul,
 }
 _TABLE_LAYOUT = {
     "half": "half",
@@ -566,6 +608,7 @@ _TABLE_LAYOUT = {
     "interleaved": "interleaved",
     "interleaved_fp32": "interleaved",
     "every_two": "interleaved",
+    "deinterleave": "deinterleave",
 }
 
 
@@ -573,8 +616,10 @@ def _partial_templates() -> list[tuple[object, str]]:
     """(template apply_rotary_pos_emb, layout) of transformers' partial-rotary copies, which rotate the first
     cos.shape[-1] lanes of a head and concatenate the rest back: Bamba's (copied by GPT-NeoX, GLM-4-MoE, Laguna,
     MiMo-V2, MiniMax-M2, Qwen3-Next, Zaya, ... ), Phi-3's (same math, other code), GLM's (interleaved) and GPT-J's;
-    and full-width copies that slice the table or rotate otherwise (Helium, ERNIE 4.5, NanoChat)."""
+    and full-width copies that slice the table or rotate otherwise (Helium, ERNIE 4.5, NanoChat), and DeepSeek-V3's
+    interleaved MLA rotary (q/k rotary lanes split off by the caller, output de-interleaved)."""
     from transformers.models.bamba import modeling_bamba
+    from transformers.models.deepseek_v3 import modeling_deepseek_v3
     from transformers.models.ernie4_5 import modeling_ernie4_5
     from transformers.models.glm import modeling_glm
     from transformers.models.gptj import modeling_gptj
@@ -591,6 +636,8 @@ def _partial_templates() -> list[tuple[object, str]]:
         (modeling_helium.apply_rotary_pos_emb, "interleaved"),
         (modeling_ernie4_5.apply_rotary_pos_emb, "interleaved_fp32"),  # ERNIE-4.5-MoE's is a copy
         (modeling_nanochat.apply_rotary_pos_emb, "half_negated"),
+        # MLA attention (no head_dim: the rotary lanes are their own split of q and k, as wide as the table)
+        (modeling_deepseek_v3.apply_rotary_pos_emb_interleave, "deinterleave"),
     ]
 
 
@@ -675,12 +722,13 @@ class PartialRotaryByMatmul(Adapter):
     empty), apply_rotary_pos_emb is rebound to the matmul form, and the forward's torch.cat leaves out zero-size
     pieces, so the empty slice is dead code (GPT-J / CodeGen's `rotary_dim` the same way, with their own apply). The
     cos/sin themselves come from rotary_host (stock code, on the host). Full-width copies that slice the table or
-    rotate otherwise (Helium, ERNIE 4.5, NanoChat) are templates too (_partial_templates)."""
+    rotate otherwise (Helium, ERNIE 4.5, NanoChat) are templates too (_partial_templates), and so is DeepSeek-V3's
+    apply_rotary_pos_emb_interleave (its MLA attentions have no head_dim; the table's width sizes the matmuls)."""
 
     name = "rope_partial"
     gap = "aten.slice"
     applies_to = frozenset(
-        {"attention calling a partial-rotary apply_rotary_pos_emb, or slicing rotary_ndims"}
+        {"attention calling a partial-rotary or interleaved apply_rotary_pos_emb, or slicing rotary_ndims"}
     )
     order = 53  # after head_dim_pad (its pad sits at the attention call) and rope; before rotate_half
     summary = "partial (and interleaved) rotary as matmuls over the whole head: no slice, no cat"
@@ -688,9 +736,14 @@ class PartialRotaryByMatmul(Adapter):
     def _targets(self, model: nn.Module) -> list[tuple[str, nn.Module, dict[int, str], tuple | None]]:
         out = []
         for path, m in model.named_modules():
-            if m.__dict__.get("_spyre_rope") or _head_width(m) is None:
+            if m.__dict__.get("_spyre_rope"):
                 continue
             calls = _partial_calls(m)
+            if _head_width(m) is None:  # only the deinterleaved form is sized by its table alone
+                calls = {i: layout for i, layout in calls.items() if layout == "deinterleave"}
+                if calls:
+                    out.append((path, m, calls, None))
+                continue
             if not calls:  # Llama's apply_rotary_pos_emb on lanes the forward slices out itself
                 llama = {i: "half" for i in _template_rope_calls(m)}
                 if _sliced_rotary_dims(m, llama):
@@ -709,11 +762,14 @@ class PartialRotaryByMatmul(Adapter):
         for path, attn, calls, sliced in self._targets(model):
             head = _head_width(attn)
             weight = next(attn.parameters())
-            ws = (
-                {w for w in widths if 0 < w <= head and w % 2 == 0}
-                | {head}
-                | ({sliced[1]} if sliced else set())
-            )
+            if head is None:  # deinterleave: one table per rotary width
+                ws = {w for w in widths if w > 0 and w % 2 == 0}
+            else:
+                ws = (
+                    {w for w in widths if 0 < w <= head and w % 2 == 0}
+                    | {head}
+                    | ({sliced[1]} if sliced else set())
+                )
             fns = {}
             for layout in set(calls.values()):
                 key = (_TABLE_LAYOUT[layout], head, frozenset(ws), weight.device, weight.dtype)
@@ -721,7 +777,11 @@ class PartialRotaryByMatmul(Adapter):
                     cache[key] = {
                         w: tuple(
                             t.to(device=weight.device, dtype=weight.dtype)
-                            for t in partial_rotary_tables(_TABLE_LAYOUT[layout], w, head)
+                            for t in (
+                                deinterleave_tables(w)
+                                if layout == "deinterleave"
+                                else partial_rotary_tables(_TABLE_LAYOUT[layout], w, head)
+                            )
                         )
                         for w in sorted(ws)
                     }

@@ -88,6 +88,32 @@ def test_full_width_copies_match_stock(layout, dtype):
     assert got_q.dtype == ref_q.dtype and torch.equal(got_q, ref_q) and torch.equal(got_k, ref_k)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("width", [64, 32, 2])
+def test_the_deinterleaved_form_equals_deepseeks_interleaved_rotary(dtype, width):
+    """DeepSeek-V3's apply_rotary_pos_emb_interleave (a table slice, strided slices, a cat): bit-identical."""
+    from transformers.models.deepseek_v3.modeling_deepseek_v3 import apply_rotary_pos_emb_interleave
+
+    from adapters.rope import deinterleave_tables, deinterleaved_rotation_by_matmul
+
+    q, k, cos, sin = _qkcs(width, width, dtype)
+    ref_q, ref_k = apply_rotary_pos_emb_interleave(q, k, cos, sin)
+    got_q, got_k = deinterleaved_rotation_by_matmul({width: deinterleave_tables(width)})(q, k, cos, sin)
+    assert got_q.dtype == ref_q.dtype and torch.equal(got_q, ref_q) and torch.equal(got_k, ref_k)
+    # an fp32 table with fp16 q/k promotes as the stock code does
+    ref_q, _ = apply_rotary_pos_emb_interleave(q, k, cos.float(), sin.float())
+    got_q, _ = deinterleaved_rotation_by_matmul({width: deinterleave_tables(width)})(q, k, cos.float(), sin.float())
+    assert got_q.dtype == ref_q.dtype and torch.equal(got_q, ref_q)
+
+
+def test_the_deinterleaved_form_refuses_a_q_wider_than_its_table():
+    from adapters.rope import deinterleave_tables, deinterleaved_rotation_by_matmul
+
+    q, k, cos, sin = _qkcs(64, 32)
+    with pytest.raises(adapters.AdapterTargetError, match="exclude=\\['rope_partial'\\]"):
+        deinterleaved_rotation_by_matmul({32: deinterleave_tables(32)})(q, k, cos, sin)
+
+
 def test_the_layout_matters():
     """The interleaved tables on half-split code are wrong (so the exactness above is not vacuous)."""
     q, k, cos, sin = _qkcs(64, 32)
@@ -107,8 +133,11 @@ def test_a_table_of_another_width_is_a_typed_error():
 
 # StableLM, Phi, Persimmon slice rotary_ndims in their forward (GPT-J, CodeGen rotary_dim); GLM-4-MoE and GPT-NeoX
 # call Bamba's partial apply_rotary_pos_emb, Phi-3 its own copy, GLM the interleaved one; Helium, ERNIE 4.5 and
-# NanoChat are full-width copies that rotate_half does not cover
+# NanoChat are full-width copies that rotate_half does not cover; DeepSeek-V3's MLA (and its copy in Youtu) calls
+# apply_rotary_pos_emb_interleave
 PARTIAL = [
+    "deepseek_v3",
+    "youtu",
     "stablelm",
     "phi",
     "persimmon",
@@ -177,6 +206,7 @@ _SLOW = pytest.mark.slow
         pytest.param("helium", marks=_SLOW),
         pytest.param("gemma3_text", marks=_SLOW),
         pytest.param("olmo3", marks=_SLOW),
+        pytest.param("deepseek_v3", marks=_SLOW),  # MLA's interleaved rotary (with mla, fused_split, moe_dense)
     ],
 )
 def test_no_rotary_gap_is_left_for_the_device(model_type):
