@@ -11,9 +11,11 @@ import warnings
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 import torch_spyre_emu  # noqa: F401  (registers the device)
 from aiu_sim.numerics import host as numerics_host
+from torch_spyre_emu.errors import SpyreUnsupportedOpError
 
 spyre = torch.spyre
 
@@ -460,6 +462,35 @@ def test_compile_only_custom_ops_have_shapes_for_tracing():
         assert torch.ops.spyre.qfp8ch(x).dtype == torch.float8_e4m3fn
         assert torch.ops.spyre.dequantize_fp8_with_scale(x, x).dtype == torch.float16
         assert torch.ops.spyre.batched_matmul(x, x.t()).shape == (4, 4)
+
+
+@pytest.mark.parametrize(
+    "name, custom, stock",
+    [
+        ("softplus", lambda x: torch.ops.spyre.softplus(x, 1.0, 20.0), lambda x: F.softplus(x)),
+        ("gelu", lambda x: torch.ops.spyre.gelu(x, "tanh"), lambda x: F.gelu(x, approximate="tanh")),
+        ("clamp", lambda x: torch.ops.spyre.clamp(x, -0.5, 0.25), lambda x: torch.clamp(x, -0.5, 0.25)),
+        ("logical_not", lambda x: torch.ops.spyre.logical_not(x > 0), lambda x: torch.logical_not(x > 0)),
+        ("restickify", lambda x: torch.ops.spyre.restickify(x) * 2, lambda x: x * 2),
+        (
+            "batched_matmul",
+            lambda x: torch.ops.spyre.batched_matmul(x.reshape(2, 2, 64), x.reshape(2, 64, 2)),
+            lambda x: torch.matmul(x.reshape(2, 2, 64), x.reshape(2, 64, 2)),
+        ),
+    ],
+)
+def test_compile_only_custom_ops_compute_their_aten_op_when_compiled(name, custom, stock):
+    """Compiled, a compile-only op is the aten op it stands for: the same device values (and kernels) as that op."""
+    x = _half(4, 64)
+    got = torch.compile(custom)(x)
+    torch._dynamo.reset()
+    want = torch.compile(stock)(x)
+    assert got.device.type == "spyre" and torch.equal(got.cpu(), want.cpu()), name
+
+
+def test_a_compile_only_op_whose_math_is_not_public_is_an_emulator_gap_when_compiled():
+    with pytest.raises(SpyreUnsupportedOpError, match="its math is not public.*emulator gap"):
+        torch.compile(lambda x: torch.ops.spyre.layernormscale(x, 1e-5))(_half(4, 64))
 
 
 def test_custom_op_norms_take_a_one_dim_normalized_shape():

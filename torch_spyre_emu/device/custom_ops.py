@@ -3,8 +3,10 @@ with the same schemas.
 
 - Compile-only ops (softplus, gelu, clamp, logical_not, exx2, layernormscale, layernormnorm, batched_matmul,
   restickify, qfp8ch, quantize/dequantize_fp8_with_scale) have an empty eager kernel in torch-spyre; called outside
-  torch.compile they raise here, naming the op. They have shape functions, so dynamo can trace them; the emulator's
-  compiler has no lowering for them yet (its support check reports them).
+  torch.compile they raise here, naming the op. They have shape functions, so dynamo can trace them; compiled,
+  softplus, gelu, clamp, logical_not, batched_matmul and restickify are the aten ops they stand for
+  (compiler/passes/decompose.py); exx2, layernormscale, layernormnorm and the fp8 ones are not modelled (their math
+  is not public) and the support check names them as emulator gaps.
 - Eager bodies: silu, layer_norm and rms_norm (1-D normalized_shape only), topkvalue / topkindex (2-D input only),
   empty, constant; they run as the aten ops they stand for.
 - Copies and writes: copy_from_d2d(src, dst) and overwrite(input, output, dims, offsets) write into their

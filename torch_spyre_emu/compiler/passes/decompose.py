@@ -212,6 +212,41 @@ SPYRE_DECOMPOSITIONS = {
 }
 
 
+# torch-spyre's compile-only custom ops (torch.ops.spyre.*, API digest §4) whose math is the aten op they stand for:
+# compiled, each is that op, so it lowers, falls back or is refused exactly as the aten op is (spyre.gelu's erf form
+# falls back as aten.gelu's does). restickify is a copy into the default layout (this compiler gives every buffer
+# that layout; codegen lowers the clone as a copy kernel). Not here, because their math is not public (the digest
+# lists only their signatures): exx2, layernormscale, layernormnorm, qfp8ch, quantize/dequantize_fp8_with_scale;
+# the support check reports them as emulator gaps.
+_SPYRE_AS_ATEN = {
+    "softplus": lambda x, beta=1.0, threshold=20.0: aten.softplus(x, beta, threshold),
+    "gelu": lambda x, approximate="none": aten.gelu(x, approximate=approximate),
+    "clamp": lambda x, min=None, max=None: aten.clamp(x, min, max),
+    "logical_not": lambda x: aten.logical_not(x),
+    "batched_matmul": lambda x, y: torch.matmul(x, y),
+    "restickify": lambda x: aten.clone(x),
+}
+SPYRE_CUSTOM_OPS_NOT_MODELLED = (
+    "exx2",
+    "layernormscale",
+    "layernormnorm",
+    "qfp8ch",
+    "quantize_fp8_with_scale",
+    "dequantize_fp8_with_scale",
+)
+
+
+def spyre_custom_op_decompositions() -> dict:
+    """{torch.ops.spyre.<op>.default: its aten form} for the custom ops registered in this process."""
+    ops = getattr(torch.ops, "spyre", None)
+    out = {}
+    for name, fn in _SPYRE_AS_ATEN.items():
+        packet = getattr(ops, name, None) if ops is not None and hasattr(ops, name) else None
+        if packet is not None:
+            out[packet.default] = fn
+    return out
+
+
 SDPA_OPS = {
     aten._scaled_dot_product_flash_attention_for_cpu,
     aten._scaled_dot_product_efficient_attention,
@@ -223,14 +258,15 @@ SDPA_OPS = {
 
 def decompose(gm: fx.GraphModule, options=None) -> fx.GraphModule:
     targets = {n.target for n in gm.graph.nodes if n.op == "call_function"}
-    if not targets & set(SPYRE_DECOMPOSITIONS):
+    table = {**SPYRE_DECOMPOSITIONS, **spyre_custom_op_decompositions()}
+    if not targets & set(table):
         return gm
     for n in gm.graph.nodes:
         if n.op == "call_function" and getattr(n.target, "overloadpacket", None) in SDPA_OPS:
             # `custom` meta survives re-tracing: the QK^T / PV bmms remember they come from attention
             head_dim = int(n.args[0].meta["val"].shape[-1])
             n.meta["custom"] = {**n.meta.get("custom", {}), "spyre_origin": "sdpa", "head_dim": head_dim}
-    new = retrace(gm, SPYRE_DECOMPOSITIONS)
+    new = retrace(gm, table)
     new.graph.eliminate_dead_code()
     new.recompile()
     return new

@@ -34,6 +34,7 @@ from torch_spyre_emu.compiler.context import (
     UnsupportedOp,
     module_path,
 )
+from torch_spyre_emu.compiler.passes.decompose import SPYRE_CUSTOM_OPS_NOT_MODELLED
 from torch_spyre_emu.device.host_dtypes import TORCH_TO_FORMAT
 from torch_spyre_emu.errors import FallbackWarning, SpyreUnsupportedOpError, fallback_message
 
@@ -82,6 +83,11 @@ def classify(node: fx.Node, options: CompileOptions) -> tuple[str, str, str]:
     if collectives.is_collective(target):  # its own rules: a collective never runs as a CPU island
         return collectives.classify(node, caps, ins)
     if status == "unsupported":
+        if entry is None and key.removeprefix("spyre.") in SPYRE_CUSTOM_OPS_NOT_MODELLED:
+            return status, key, (
+                "torch-spyre lowers this custom op, but its math is not public, so the emulator does not model it "
+                "(an emulator gap, not a Spyre one); use the aten ops it stands for"
+            )
         return status, key, entry.note if entry else "no lowering exists for this op"
 
     # per-op conditions
