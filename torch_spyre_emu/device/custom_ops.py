@@ -179,9 +179,14 @@ _BODIES = {
 }
 
 
+def installed() -> bool:
+    """Whether torch.ops.spyre.* are defined in this process (by install, or a library made before it)."""
+    return bool(_libraries) or hasattr(torch.ops, "spyre") and hasattr(torch.ops.spyre, "overwrite_f")
+
+
 def install() -> None:
     """Define torch.ops.spyre.* (once)."""
-    if _libraries or hasattr(torch.ops, "spyre") and hasattr(torch.ops.spyre, "overwrite_f"):
+    if installed():
         return
     lib = torch.library.Library("spyre", "DEF")
     for name, schema in COMPILE_ONLY.items():

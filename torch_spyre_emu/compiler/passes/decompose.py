@@ -17,6 +17,8 @@ import torch._refs.linalg
 import torch.fx as fx
 
 from torch_spyre_emu.compiler.capture import retrace
+from torch_spyre_emu.device import custom_ops
+from torch_spyre_emu.device.custom_ops import COMPILE_ONLY
 
 aten = torch.ops.aten
 
@@ -215,9 +217,9 @@ SPYRE_DECOMPOSITIONS = {
 # torch-spyre's compile-only custom ops (torch.ops.spyre.*, API digest §4) whose math is the aten op they stand for:
 # compiled, each is that op, so it lowers, falls back or is refused exactly as the aten op is (spyre.gelu's erf form
 # falls back as aten.gelu's does). restickify is a copy into the default layout (this compiler gives every buffer
-# that layout; codegen lowers the clone as a copy kernel). Not here, because their math is not public (the digest
-# lists only their signatures): exx2, layernormscale, layernormnorm, qfp8ch, quantize/dequantize_fp8_with_scale;
-# the support check reports them as emulator gaps.
+# that layout; codegen lowers the clone as a copy kernel). The other compile-only ops (exx2, layernormscale,
+# layernormnorm, qfp8ch, quantize/dequantize_fp8_with_scale) are not here, because their math is not public (the
+# digest lists only their signatures); the support check reports them as emulator gaps.
 _SPYRE_AS_ATEN = {
     "softplus": lambda x, beta=1.0, threshold=20.0: aten.softplus(x, beta, threshold),
     "gelu": lambda x, approximate="none": aten.gelu(x, approximate=approximate),
@@ -226,25 +228,15 @@ _SPYRE_AS_ATEN = {
     "batched_matmul": lambda x, y: torch.matmul(x, y),
     "restickify": lambda x: aten.clone(x),
 }
-SPYRE_CUSTOM_OPS_NOT_MODELLED = (
-    "exx2",
-    "layernormscale",
-    "layernormnorm",
-    "qfp8ch",
-    "quantize_fp8_with_scale",
-    "dequantize_fp8_with_scale",
-)
+SPYRE_CUSTOM_OPS_NOT_MODELLED = frozenset(COMPILE_ONLY) - frozenset(_SPYRE_AS_ATEN)
 
 
 def spyre_custom_op_decompositions() -> dict:
-    """{torch.ops.spyre.<op>.default: its aten form} for the custom ops registered in this process."""
-    ops = getattr(torch.ops, "spyre", None)
-    out = {}
-    for name, fn in _SPYRE_AS_ATEN.items():
-        packet = getattr(ops, name, None) if ops is not None and hasattr(ops, name) else None
-        if packet is not None:
-            out[packet.default] = fn
-    return out
+    """{torch.ops.spyre.<op>.default: its aten form}; empty until the device has registered the ops
+    (custom_ops.install)."""
+    if not custom_ops.installed():
+        return {}
+    return {getattr(torch.ops.spyre, name).default: fn for name, fn in _SPYRE_AS_ATEN.items()}
 
 
 SDPA_OPS = {
