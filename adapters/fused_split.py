@@ -598,7 +598,8 @@ def _restore(state: list) -> None:
 def _computes_linear(m: nn.Linear) -> bool:
     """An nn.Linear subclass with a forward of its own that computes what F.linear does (Falcon's
     `input @ weight.T + bias`), checked on a random input: such a forward can be nn.Linear's. A subclass that computes
-    something else (a LoRA or quantized layer) fails the check and is left alone."""
+    something else (a LoRA or quantized layer, or one that returns another dtype, as Dory's scaled fp32 LM head) fails the
+    check and is left alone."""
     if type(m) is nn.Linear or type(m).forward is nn.Linear.forward or "forward" in m.__dict__:
         return False
     w = m.weight
@@ -612,6 +613,7 @@ def _computes_linear(m: nn.Linear) -> bool:
     return (
         isinstance(got, torch.Tensor)
         and got.shape == want.shape
+        and got.dtype == want.dtype
         and torch.allclose(got, want, rtol=tol, atol=tol)
     )
 

@@ -65,6 +65,7 @@ import types
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -625,6 +626,8 @@ class Reexpress(TorchFunctionMode):
         self.handlers = {f: r.handler for r in rewrites for f in r.funcs}
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
+        if traced_numpy(args):
+            return NotImplemented
         kwargs = kwargs or {}
         handler = self.handlers.get(func)
         if handler is not None:
@@ -632,6 +635,14 @@ class Reexpress(TorchFunctionMode):
             if out is not _PASS:
                 return out
         return run_stock(func, args, kwargs)
+
+
+def traced_numpy(args) -> bool:
+    """Dynamo traces numpy code as torch ops on ndarrays (Pegasus-X's `np.log(max_scale) / (d - 1)`); handed to a
+    mode's pass-through, such a call fails dynamo's fake-tensor run ("'ndarray' object has no attribute 'div'", a torch
+    2.13 bug). A mode answers NotImplemented for them, so they trace as without a mode: scalar math, never a rewrite's
+    or an upcast's target. Outside compile a mode never sees an ndarray of dynamo's, so eager is unchanged."""
+    return torch.compiler.is_compiling() and any(isinstance(a, np.ndarray) for a in args)
 
 
 def run_stock(func, args, kwargs):

@@ -36,6 +36,13 @@ class ScaledLinear(nn.Linear):
         return 2.0 * super().forward(x)
 
 
+class Fp32HeadLinear(nn.Linear):
+    """Dory's LM head: nn.Linear's product, returned in fp32 and scaled per token."""
+
+    def forward(self, x):
+        return super().forward(x).float() * 1.5
+
+
 class Fused(nn.Module):
     """A fused [q|k|v] projection cut apart the way one HF family or another does it."""
 
@@ -169,6 +176,19 @@ def test_what_is_not_a_weight_split_is_left_alone(model):
     a Linear subclass that computes something else is not F.linear, and a model without dummy inputs cannot be
     probed."""
     assert probe(model.eval()) is None
+    assert not adapters.get_adapter("fused_split").applicable(model)
+
+
+def test_a_linear_that_returns_another_dtype_is_not_f_linear():
+    """Dory's fp16 model has an LM head that upcasts: comparing it with F.linear raised "Float did not match Half"
+    inside applicable(), which the sweep recorded as an emulator_error."""
+    from adapters.fused_split import _computes_linear
+
+    head = Fp32HeadLinear(E, E).half()
+    assert not _computes_linear(head)
+    assert _computes_linear(MatmulLinear(E, E).half())
+    model = nn.Sequential(head)
+    model.dummy_inputs = {"input": torch.randn(1, 3, E).half()}
     assert not adapters.get_adapter("fused_split").applicable(model)
 
 

@@ -390,3 +390,25 @@ def test_the_mode_adds_no_graph_break_on_methods_the_stack_wraps():
     torch._dynamo.reset()
     _same(out[0], x.to(torch.float32) * 2)
     _same(out[1], x.float().masked_fill(x > 0, 0.0))
+
+
+@pytest.mark.parametrize("mode", ["rewrite", "upcast"])
+def test_numpy_scalar_math_traces_under_the_modes(mode):
+    """Pegasus-X's sinusoidal positions scale by `np.log(max_scale) / (d - 1)`: dynamo traces that as ndarray ops,
+    which a mode's pass-through broke ("'ndarray' object has no attribute 'div'", the sweep's adapter_error).
+    Under either mode, entered outside dynamo as the adapters enter it, the function compiles to the stock values."""
+    import numpy as np
+
+    from adapters.upcast import TrackUpcasts
+
+    def positions(x):
+        div = torch.exp(torch.arange(4).type_as(x) * -(np.log(10000.0) / 3))
+        return torch.sin(x[:, None] * div)
+
+    x = _rand(4, dtype=torch.float32)
+    make = {"rewrite": lambda: Reexpress(list(REWRITES)), "upcast": lambda: TrackUpcasts(softmax=True, matmul=True)}
+    torch._dynamo.reset()
+    with make[mode]():
+        out = torch.compile(positions, backend="eager")(x)
+    torch._dynamo.reset()
+    _same(out, positions(x))
