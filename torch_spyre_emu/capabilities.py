@@ -221,6 +221,20 @@ _OPS: list[OpEntry] = [
     ),
     _e("_log_softmax", "decomposed", F16, "-> softmax + log"),
     _e(
+        "native_batch_norm",
+        "decomposed",
+        FP,
+        "Inductor's decomposition (torch._decomp), inference only: (x - running_mean) * rsqrt(running_var + eps) * "
+        "weight + bias in fp32 (dl16tofp32 / fp32todl16 casts). Training mode needs batch statistics, a welford "
+        "reduction (UnimplementedOp): unsupported",
+    ),
+    # Inductor's decompositions compute these in fp32 (opmath upcast); clamp and gt are not on SPYRE_FP32_OPS, so
+    # those pieces run as CPU islands between on-device casts
+    _e("hardtanh", "decomposed", F16, "Inductor's decomposition (torch._refs): clamp in fp32 (a CPU island)"),
+    _e("hardsigmoid", "decomposed", F16, "Inductor's decomposition: clamp(x + 3, 0, 6) / 6 in fp32"),
+    _e("hardswish", "decomposed", F16, "Inductor's decomposition: x * clamp(x + 3, 0, 6) / 6 in fp32"),
+    _e("leaky_relu", "decomposed", F16, "Inductor's decomposition: where(x > 0, x, x * slope) in fp32"),
+    _e(
         "_safe_softmax",
         "unsupported",
         (),

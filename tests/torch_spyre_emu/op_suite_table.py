@@ -421,6 +421,39 @@ OPS: list[Op] = [
         fallback=frozenset({"compiled", "eager"}),
         slow_shapes=((1, 8, 16, 16),),
     ),
+    # --- Inductor's decompositions: inference batch norm as fp32 pointwise math on device; the activations compute
+    # in fp32 too, where clamp / gt are not on SPYRE_FP32_OPS (a FallbackWarning on both paths)
+    Op(
+        "batch_norm_inference",
+        lambda x, m, v, w, b: F.batch_norm(x, m, v, w, b, training=False, eps=1e-5),
+        "native_batch_norm",
+        norm_bound,
+        lambda s: [
+            (s, "normal"),
+            ((s[1],), "normal"),
+            ((s[1],), "pos"),
+            ((s[1],), "normal"),
+            ((s[1],), "normal"),
+        ],
+        (S2, S3),
+        slow_shapes=((4, 64, 3, 5),),
+    ),
+    Op(
+        "hardtanh",
+        lambda x: F.hardtanh(x, -1.5, 1.5),
+        "hardtanh",
+        exact,
+        fallback=frozenset({"compiled", "eager"}),
+    ),
+    Op("hardsigmoid", F.hardsigmoid, "hardsigmoid", pointwise, fallback=frozenset({"compiled", "eager"})),
+    Op("hardswish", F.hardswish, "hardswish", pointwise, fallback=frozenset({"compiled", "eager"})),
+    Op(
+        "leaky_relu",
+        lambda x: F.leaky_relu(x, 0.1),
+        "leaky_relu",
+        pointwise,
+        fallback=frozenset({"compiled", "eager"}),
+    ),
     # --- constants ------------------------------------------------------------------------------------------------
     Op("zeros_add", lambda x: x + torch.zeros(x.shape, dtype=x.dtype, device=x.device), "add", exact),
     Op("ones_like", lambda x: torch.ones_like(x) * x, "mul", exact),

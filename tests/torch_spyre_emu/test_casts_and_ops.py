@@ -237,6 +237,30 @@ def test_conv1d_decomposes_like_conv2d_and_other_convolutions_fall_back_whole():
     assert torch.allclose(got.float(), ref, rtol=2**-8, atol=2**-8)
 
 
+def test_batch_norm_runs_on_device_in_inference_and_is_refused_in_training():
+    """Inductor decomposes inference batch norm into fp32 pointwise math the device runs (conv + BN vision towers:
+    resnet, regnet, mobilenet); training mode needs batch statistics (a welford reduction): unsupported, with a
+    message that says to call eval()."""
+    torch.manual_seed(0)
+    bn = torch.nn.BatchNorm2d(64)
+    bn.running_mean.normal_()
+    bn.running_var.uniform_(0.5, 2.0)
+    bn.weight.data.normal_()
+    bn.bias.data.normal_()
+    bn = bn.half().eval()
+    x = torch.randn(2, 64, 3, 5, dtype=torch.float16)
+    assert host_ops(bn, x) == []
+    with torch_spyre_emu.strict():
+        got = compiled(bn)(x)
+    ref = bn.float()(x.float())
+    bn.half()
+    assert torch.allclose(got.float(), ref, rtol=2**-8, atol=2**-8)
+    bn.train()
+    torch._dynamo.reset()
+    with pytest.raises(SpyreUnsupportedOpError, match=r"training mode.*welford.*model\.eval\(\)"):
+        compiled(bn)(x)
+
+
 def test_unfold_falls_back_in_compiled_code_and_is_a_view_eagerly():
     x = torch.randn(3, 100, dtype=torch.float16)
 

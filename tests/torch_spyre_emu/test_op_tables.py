@@ -298,6 +298,19 @@ SAMPLES = {
         (lambda x, w, b: F.conv2d(x, w, b), (_t(1, 3, 8, 8), _t(64, 3, 3, 3), _t(64)), ("aten.im2col",)),
         (lambda x, w: F.conv2d(x, w, groups=4), (_t(1, 4, 8, 8), _t(4, 1, 3, 3)), ("aten.convolution",)),
     ],
+    # Inductor's decompositions: batch norm in inference is fp32 pointwise math on device; the activations' fp32
+    # clamp / gt are not on SPYRE_FP32_OPS (the table's notes)
+    aten.native_batch_norm: [
+        (
+            lambda x, m, v, w, b: F.batch_norm(x, m, v, w, b, training=False, eps=1e-5),
+            (_t(2, 64, 4), _t(64), _t(64).abs() + 0.5, _t(64), _t(64)),
+            (),
+        )
+    ],
+    aten.hardtanh: [(lambda x: F.hardtanh(x, -2.0, 2.0), (_t(3, 64),), ("aten.clamp",))],
+    aten.hardsigmoid: [(lambda x: F.hardsigmoid(x), (_t(3, 64),), ("aten.clamp",))],
+    aten.hardswish: [(lambda x: F.hardswish(x), (_t(3, 64),), ("aten.clamp",))],
+    aten.leaky_relu: [(lambda x: F.leaky_relu(x, 0.1), (_t(3, 64),), ("aten.gt",))],
     # decomposed by the Spyre table for some exponents; the others fall back (the table's note)
     aten.pow: [
         (lambda x: x**2 + x**0.5 + x**-1 + x**3, (_t(3, 64).abs() + 1,), ()),

@@ -1,7 +1,9 @@
 """Decompositions torch-spyre does itself (STACK §1.7): addmm -> matmul + scale + add (baddbmm alike); linear
 (already t + addmm after capture); SDPA (under each of its kernels' names) -> the explicit QK^T.V math path;
 rms_norm; pow with small exponents; log_softmax; conv2d -> im2col (a CPU island) + bmm. And those Inductor's
-own tables do before Spyre codegen sees the graph: linalg_vector_norm (torch._refs), repeat (expand + copy). layer_norm is captured as native_layer_norm and lowered whole
+own table (torch._inductor.decomposition.select_decomp_table) does before Spyre codegen sees the graph, of ops the
+core-aten table keeps whole: linalg_vector_norm (torch._refs), repeat (expand + copy), inference batch norm and the
+clamp-shaped activations (INDUCTOR_DECOMPOSITIONS). layer_norm is captured as native_layer_norm and lowered whole
 (custom ops exx2/layernormscale/layernormnorm).
 
 Applied by re-tracing the graph with this table (capture.retrace), so every new node gets fake metadata and keeps
@@ -13,6 +15,7 @@ from __future__ import annotations
 import math
 
 import torch
+import torch._decomp
 import torch._refs.linalg
 import torch.fx as fx
 
@@ -196,7 +199,32 @@ def conv2d_as_matmul(x, weight, bias, stride, padding, dilation, transposed, out
     return out.contiguous(memory_format=torch.channels_last if cl else torch.contiguous_format)
 
 
+def batch_norm_inference(x, weight, bias, running_mean, running_var, training, momentum, eps):
+    """Inductor's native_batch_norm decomposition (torch._decomp's) in inference: (x - mean) * rsqrt(var + eps) *
+    weight + bias per channel, computed in fp32 (on-device casts) and cast back. Training mode is left whole: its
+    batch statistics are a var_mean, a welford reduction torch-spyre cannot lower (UnimplementedOp, STACK §1.7)."""
+    if training or running_mean is None or running_var is None:
+        return NotImplemented
+    return torch._decomp.decompositions.native_batch_norm(
+        x, weight, bias, running_mean, running_var, training, momentum, eps
+    )
+
+
+# Inductor's own decompositions of ops core-aten keeps whole (its table holds torch._decomp's functions): Inductor
+# runs them before torch-spyre's lowering sees the graph, so Spyre lowers their pieces (clamp, where, mul, add).
+INDUCTOR_DECOMPOSITIONS = {
+    op: torch._decomp.decomposition_table[op]
+    for op in (
+        aten.hardtanh.default,
+        aten.hardsigmoid.default,
+        aten.hardswish.default,
+        aten.leaky_relu.default,
+    )
+}
+
 SPYRE_DECOMPOSITIONS = {
+    **INDUCTOR_DECOMPOSITIONS,
+    aten.native_batch_norm.default: batch_norm_inference,  # Inductor's decomposition, in inference only
     aten.addmm.default: addmm,
     aten.baddbmm.default: baddbmm,
     aten._scaled_dot_product_efficient_attention.default: sdpa_efficient,

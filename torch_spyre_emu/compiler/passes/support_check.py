@@ -109,6 +109,13 @@ def classify(node: fx.Node, options: CompileOptions) -> tuple[str, str, str]:
                 "casts: capabilities().casts); it runs on the CPU (spyre::to_dtype_cpu)",
             )
         return status, key, ""
+    if target is aten.native_batch_norm.default:  # what decompose left: training mode (batch statistics)
+        return (
+            "unsupported",
+            key,
+            "batch norm in training mode: its batch statistics are a welford reduction (var_mean), which torch-spyre "
+            "cannot lower (UnimplementedOp, STACK §1.7); call model.eval() to normalize by the running statistics",
+        )
     if target is aten.convolution.default:  # what decompose left: not a plain conv2d
         return "fallback", key, "only 2-D, groups=1, non-transposed convolutions decompose (im2col + bmm)"
     if target in (aten.slice_scatter.default, aten.select_scatter.default) and ins:
