@@ -22,6 +22,7 @@ from adapters import (  # noqa: F401  (importing registers the adapters, in appl
     mla,
     moe,
     numeric_forms,
+    pooling,
     qkv_split,
     rewrite,
     rmsnorm,

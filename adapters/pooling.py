@@ -1,0 +1,143 @@
+"""Max and average pooling as im2col + a reduction, the way the stack runs a convolution.
+
+Gap: `aten.max_pool2d_with_indices` and `aten.avg_pool2d` have no Spyre lowering and no CPU island in the real stack
+(not in torch-spyre's supported-operations table, STACK §1.7; Inductor's own max-pool decomposition ends in its
+low-memory offset prims, which Spyre does not lower either). The CNN backbones of the zoo (ResNet, BiT, HGNetV2,
+RegNet's stems, the PP-OCR recognisers, Informer's distilling MaxPool1d) stop on them. A pooling window is a
+reduction over the patch a convolution would read, so it is re-expressed with what the stack has for convolutions:
+
+| pooling (module)                         | re-expressed as                                                       |
+|------------------------------------------|-----------------------------------------------------------------------|
+| `nn.MaxPool2d` / `nn.MaxPool1d`          | `pad(x, -inf)` (device), `F.unfold` (aten.im2col: a CPU island, as for conv2d), `amax` over the window (device) |
+| `nn.AvgPool2d` / `nn.AvgPool1d`          | `F.unfold` with the zero padding (`count_include_pad=True`), `mean` over the window (device) |
+| `nn.AdaptiveAvgPool2d` / `1d`, even windows | `nn.AvgPool2d(kernel = stride = in / out)`'s form (an output of 1 is a mean already: left alone) |
+
+Exactness: a max over the same window of the same values is the same value (the -inf padding is what max pooling
+pads with, and PyTorch requires padding <= kernel / 2, so every window holds one real element): bit-identical. The
+average is the same sum divided by the same count, summed in another order: within a few ulps in fp32 (tests).
+What is not rewritten (runs as stock, so the stack still reports it): `return_indices=True`, `ceil_mode=True`,
+`count_include_pad=False` with padding, `divisor_override`, adaptive pools whose windows are uneven, inputs that are
+not 2-D/3-D (1d) or 3-D/4-D (2d).
+
+How it recognises its target: by module type (instances of torch.nn's pooling classes and their subclasses that keep
+the class's forward), so any model that builds its backbone from them is covered; a model that calls
+`F.max_pool2d` in its own code is not (Funnel's pooling). Retirement: when the stack supports both capabilities.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from adapters.base import Adapter
+from adapters.patch import Patch
+from adapters.registry import register_adapter
+
+_MAX = (nn.MaxPool1d, nn.MaxPool2d)
+_AVG = (nn.AvgPool1d, nn.AvgPool2d)
+_ADAPTIVE = (nn.AdaptiveAvgPool1d, nn.AdaptiveAvgPool2d)
+
+
+def _pair(v, n: int) -> tuple[int, ...]:
+    return tuple(v) if isinstance(v, tuple | list) else (v,) * n
+
+
+def pool_by_unfold(x: torch.Tensor, kernel, stride, padding, dilation, reduce: str) -> torch.Tensor:
+    """2-D pooling of an (N, C, H, W) or (C, H, W) tensor: the windows as im2col columns, reduced by `reduce`
+    ("amax" with -inf padding, "mean" with zero padding)."""
+    unbatched = x.dim() == 3
+    if unbatched:
+        x = x.unsqueeze(0)
+    (kh, kw), (sh, sw), (ph, pw), (dh, dw) = kernel, stride, padding, dilation
+    if reduce == "amax" and (ph or pw):
+        x = F.pad(x, (pw, pw, ph, ph), value=-math.inf)
+        ph = pw = 0
+    n, c, h, w = x.shape
+    ho = (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1
+    wo = (w + 2 * pw - dw * (kw - 1) - 1) // sw + 1
+    cols = F.unfold(x, (kh, kw), dilation=(dh, dw), padding=(ph, pw), stride=(sh, sw))  # [N, C*kh*kw, L]
+    windows = cols.reshape(n, c, kh * kw, ho * wo)
+    out = (windows.amax(2) if reduce == "amax" else windows.mean(2)).reshape(n, c, ho, wo)
+    return out.squeeze(0) if unbatched else out
+
+
+def _as_2d(m: nn.Module, x: torch.Tensor, reduce: str) -> torch.Tensor:
+    """A pooling module's window as pool_by_unfold's arguments; a 1-D pool is a 2-D one over a height of 1."""
+    n = 1 if isinstance(m, (nn.MaxPool1d, nn.AvgPool1d)) else 2
+    kernel, stride = _pair(m.kernel_size, n), _pair(m.stride or m.kernel_size, n)
+    padding, dilation = _pair(m.padding, n), _pair(getattr(m, "dilation", 1), n)  # avg pools have no dilation
+    if n == 2:
+        return pool_by_unfold(x, kernel, stride, padding, dilation, reduce)
+    window = (1, *kernel), (1, *stride), (0, *padding), (1, *dilation)
+    return pool_by_unfold(x.unsqueeze(-2), *window, reduce).squeeze(-2)
+
+
+def _max_forward(self, input: torch.Tensor) -> torch.Tensor:
+    return _as_2d(self, input, "amax")
+
+
+def _avg_forward(self, input: torch.Tensor) -> torch.Tensor:
+    return _as_2d(self, input, "mean")
+
+
+def _adaptive_forward(self, input: torch.Tensor) -> torch.Tensor:
+    dims = 1 if isinstance(self, nn.AdaptiveAvgPool1d) else 2
+    sizes = input.shape[-dims:]
+    out = tuple(s if o is None else o for s, o in zip(sizes, _pair(self.output_size, dims), strict=True))
+    if all(o == 1 for o in out) or any(s % o for s, o in zip(sizes, out, strict=True)):
+        # a mean already (core-aten's decomposition), or uneven windows: stock (the stack reports the latter)
+        return type(self).forward(self, input)
+    kernel = tuple(s // o for s, o in zip(sizes, out, strict=True))
+    if dims == 1:
+        return pool_by_unfold(
+            input.unsqueeze(-2), (1, *kernel), (1, *kernel), (0, 0), (1, 1), "mean"
+        ).squeeze(-2)
+    return pool_by_unfold(input, kernel, kernel, (0, 0), (1, 1), "mean")
+
+
+def _rewritable(m: nn.Module) -> bool:
+    """A torch.nn pooling module (or a subclass keeping its forward) with options the re-expression covers."""
+    for classes in (_MAX, _AVG, _ADAPTIVE):
+        if isinstance(m, classes) and type(m).forward is next(c for c in classes if isinstance(m, c)).forward:
+            break
+    else:
+        return False
+    if getattr(m, "ceil_mode", False) or getattr(m, "return_indices", False):
+        return False
+    if isinstance(m, _ADAPTIVE) and all(o == 1 for o in _pair(m.output_size, 2)):
+        return False  # core-aten decomposes it to a mean, which the device runs
+    if isinstance(m, _AVG):
+        padded = any(_pair(m.padding, 2))
+        if getattr(m, "divisor_override", None) or (padded and not m.count_include_pad):
+            return False
+    return True
+
+
+@register_adapter
+class PoolingAsUnfold(Adapter):
+    name = "pooling"
+    gap = "aten.max_pool2d_with_indices"
+    also = ("aten.avg_pool2d", "aten._adaptive_avg_pool2d")
+    applies_to = frozenset(c.__name__ for c in (*_MAX, *_AVG, *_ADAPTIVE))
+    order = 85
+    summary = "max/avg pooling as im2col (a CPU island, as for conv2d) + amax/mean on the device"
+
+    def applicable(self, model: nn.Module) -> bool:
+        return bool(self._targets(model))
+
+    def _targets(self, model: nn.Module) -> list[tuple[str, nn.Module]]:
+        return [(p, m) for p, m in model.named_modules() if _rewritable(m) and "forward" not in m.__dict__]
+
+    def patch(self, model: nn.Module) -> Patch:
+        patch = Patch(self.name)
+        for path, m in self._targets(model):
+            if isinstance(m, _MAX):
+                patch.override_forward(m, _max_forward, f"{path}: max pool as -inf pad + im2col + amax")
+            elif isinstance(m, _AVG):
+                patch.override_forward(m, _avg_forward, f"{path}: avg pool as im2col + mean")
+            else:
+                patch.override_forward(m, _adaptive_forward, f"{path}: adaptive avg pool as mean (+ im2col)")
+        return patch

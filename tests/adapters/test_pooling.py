@@ -1,0 +1,99 @@
+"""The pooling adapter: max / avg pooling as im2col + amax / mean. Max pooling bit-identical, average pooling within
+fp32 rounding, on every option the re-expression covers; the options it does not cover are left stock; on the device
+the pools are gone and only im2col (the CPU island the stack also runs for conv2d) is left; the patch is undone."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from conftest import assert_restored, snapshot
+from torch import nn
+
+import adapters
+from torch_spyre_emu.compiler import find_unsupported
+from torch_spyre_emu.errors import FallbackWarning
+
+COVERED = [
+    nn.MaxPool2d(3, 2, 1),  # ResNet's stem pool
+    nn.MaxPool2d(2),
+    nn.MaxPool2d((3, 2), (2, 1), (1, 0), dilation=(1, 2)),
+    nn.MaxPool1d(3, 2, 1),  # Informer's distilling layer
+    nn.AvgPool2d(3, 2, 1),  # count_include_pad=True (the default): zero padding counted
+    nn.AvgPool2d(2),
+    nn.AvgPool1d(4, 2),
+    nn.AdaptiveAvgPool2d((3, 6)),
+    nn.AdaptiveAvgPool1d(4),
+]
+LEFT_ALONE = [
+    nn.MaxPool2d(3, 2, ceil_mode=True),
+    nn.MaxPool2d(2, return_indices=True),
+    nn.AvgPool2d(3, 2, 1, count_include_pad=False),
+    nn.AvgPool2d(2, divisor_override=3),
+    nn.AdaptiveAvgPool2d(1),  # already a mean (core-aten's decomposition), which the device runs
+]
+
+
+def _x(m: nn.Module, dtype=torch.float32) -> torch.Tensor:
+    g = torch.Generator().manual_seed(0)
+    one_d = isinstance(m, (nn.MaxPool1d, nn.AvgPool1d, nn.AdaptiveAvgPool1d))
+    return torch.randn((2, 5, 16) if one_d else (2, 5, 12, 18), generator=g).to(dtype)
+
+
+@pytest.mark.parametrize("m", COVERED, ids=repr)
+def test_covered_pools_match_stock(m):
+    x = _x(m)
+    ref = m(x)
+    with adapters.apply(m, only=["pooling"]) as h:
+        assert h.report.applied == ["pooling"]
+        got = m(x)
+    assert got.shape == ref.shape
+    if isinstance(m, (nn.MaxPool1d, nn.MaxPool2d)):
+        assert torch.equal(got, ref)  # the same max of the same values
+    else:
+        torch.testing.assert_close(got, ref, rtol=1e-6, atol=1e-6)  # the same sum and count, another order
+
+
+def test_max_pool_is_bit_identical_in_fp16_and_unbatched():
+    m = nn.MaxPool2d(3, 2, 1)
+    x = _x(m, torch.float16)
+    ref, ref1 = m(x), m(x[0])
+    with adapters.apply(m, only=["pooling"]):
+        assert torch.equal(m(x), ref) and torch.equal(m(x[0]), ref1)
+
+
+@pytest.mark.parametrize("m", LEFT_ALONE, ids=repr)
+def test_options_the_form_does_not_cover_are_left_stock(m):
+    assert not adapters.get_adapter("pooling").applicable(nn.Sequential(m))
+
+
+def test_on_device_only_im2col_is_left_and_values_match():
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        nn.Conv2d(3, 64, 3, padding=1), nn.BatchNorm2d(64), nn.ReLU(), nn.MaxPool2d(3, 2, 1), nn.AvgPool2d(2)
+    ).eval()
+    x = torch.randn(2, 3, 12, 12)
+    ref = model(x)
+    model.half()
+    before = {op.op for op in find_unsupported(model, (x.half(),))}
+    assert {"aten.max_pool2d_with_indices", "aten.avg_pool2d"} <= before
+    torch._dynamo.reset()
+    with adapters.apply(model, only=["pooling"]):
+        after = find_unsupported(model, (x.half(),))
+        assert {(op.op, op.status) for op in after} == {("aten.im2col", "fallback")}
+        torch._dynamo.reset()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FallbackWarning)
+            got = torch.compile(model, backend="spyre", dynamic=False)(x.half())
+    torch._dynamo.reset()
+    assert torch.allclose(got.float(), ref, rtol=2**-7, atol=2**-6), float((got.float() - ref).abs().max())
+
+
+def test_undo_is_exact():
+    model = nn.Sequential(nn.MaxPool2d(2), nn.AvgPool2d(2))
+    snap = snapshot(model)
+    handle = adapters.apply(model, only=["pooling"])
+    assert all("forward" in m.__dict__ for m in model)
+    handle.remove()
+    assert_restored(model, snap)
