@@ -16,6 +16,7 @@ from adapters import (  # noqa: F401  (importing registers the adapters, in appl
     embedding,
     fused_split,
     gelu,
+    group_norm,
     head_dim_pad,
     host_inputs,
     lm_head_pad,

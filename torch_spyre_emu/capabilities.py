@@ -228,6 +228,12 @@ _OPS: list[OpEntry] = [
         "weight + bias in fp32 (dl16tofp32 / fp32todl16 casts). Training mode needs batch statistics, a welford "
         "reduction (UnimplementedOp): unsupported",
     ),
+    _e(
+        "_weight_norm_interface",
+        "decomposed",
+        FP,
+        "core-aten's (and Inductor's) decomposition: v * (g / ||v||), the norm a linalg_vector_norm in fp32",
+    ),
     # Inductor's decompositions compute these in fp32 (opmath upcast); clamp and gt are not on SPYRE_FP32_OPS, so
     # those pieces run as CPU islands between on-device casts
     _e("hardtanh", "decomposed", F16, "Inductor's decomposition (torch._refs): clamp in fp32 (a CPU island)"),

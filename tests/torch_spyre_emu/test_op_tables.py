@@ -307,6 +307,10 @@ SAMPLES = {
             (),
         )
     ],
+    # weight norm (wav2vec2's positional conv): core-aten's decomposition, a vector norm and a scale
+    aten._weight_norm_interface: [
+        (lambda v, g: aten._weight_norm_interface(v, g, 2)[0], (_t(64, 16, 3), _t(1, 1, 3).abs() + 0.5), ())
+    ],
     aten.hardtanh: [(lambda x: F.hardtanh(x, -2.0, 2.0), (_t(3, 64),), ("aten.clamp",))],
     aten.hardsigmoid: [(lambda x: F.hardsigmoid(x), (_t(3, 64),), ("aten.clamp",))],
     aten.hardswish: [(lambda x: F.hardswish(x), (_t(3, 64),), ("aten.clamp",))],

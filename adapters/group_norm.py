@@ -1,0 +1,71 @@
+"""Group norm with two-pass statistics (mean, then the mean of squared deviations) instead of var_mean.
+
+Gap: `aten.native_group_norm`. Inductor decomposes it (torch._refs) into a `var_mean` over each group, and a
+var_mean is a welford reduction, which torch-spyre cannot lower (UnimplementedOp, STACK §1.7); the emulator keeps
+the op whole and reports it as itself. The wav2vec2 family's feature encoders (wav2vec2, hubert, sew, unispeech,
+wavlm), BiT, PoolFormer and the DETR backbones stop on it. The same statistics have a form in ops the device runs:
+
+    mean = x_g.mean(-1);  d = x_g - mean;  var = (d * d).mean(-1);  y = d * rsqrt(var + eps) * weight + bias
+
+computed in fp32 (on-device casts, dl16tofp32 / fp32todl16; mean, sub, mul, rsqrt and add are on SPYRE_FP32_OPS),
+as stock computes fp16/bf16 group norm in fp32, and cast back. This is the textbook two-pass biased variance: the
+same value as var_mean's, rounded in another order (within fp32 rounding; tests).
+
+How it recognises its target: by module type, any `nn.GroupNorm` (or a subclass keeping its forward). Retirement:
+when the stack supports aten.native_group_norm.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from adapters.base import Adapter
+from adapters.patch import Patch
+from adapters.registry import register_adapter
+
+
+def group_norm_two_pass(x: torch.Tensor, groups: int, weight, bias, eps: float) -> torch.Tensor:
+    """F.group_norm(x, groups, weight, bias, eps) from mean / sub / mul / rsqrt, in fp32."""
+    acc = torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else x.dtype
+    xf = x.to(acc)
+    g = xf.reshape(x.shape[0], groups, -1)
+    d = g - g.mean(-1, keepdim=True)
+    y = (d * torch.rsqrt((d * d).mean(-1, keepdim=True) + eps)).reshape(x.shape)
+    per_channel = (1, x.shape[1]) + (1,) * (x.dim() - 2)
+    if weight is not None:
+        y = y * weight.to(acc).reshape(per_channel)
+    if bias is not None:
+        y = y + bias.to(acc).reshape(per_channel)
+    return y.to(x.dtype)
+
+
+def _forward(self, input: torch.Tensor) -> torch.Tensor:
+    return group_norm_two_pass(input, self.num_groups, self.weight, self.bias, self.eps)
+
+
+@register_adapter
+class TwoPassGroupNorm(Adapter):
+    name = "group_norm"
+    gap = "aten.native_group_norm"
+    applies_to = frozenset({"GroupNorm"})
+    order = 85
+    summary = "nn.GroupNorm with mean-then-variance statistics in fp32 (no var_mean)"
+
+    def applicable(self, model: nn.Module) -> bool:
+        return bool(self._targets(model))
+
+    def _targets(self, model: nn.Module) -> list[tuple[str, nn.Module]]:
+        return [
+            (p, m)
+            for p, m in model.named_modules()
+            if isinstance(m, nn.GroupNorm)
+            and type(m).forward is nn.GroupNorm.forward
+            and "forward" not in m.__dict__
+        ]
+
+    def patch(self, model: nn.Module) -> Patch:
+        patch = Patch(self.name)
+        for path, m in self._targets(model):
+            patch.override_forward(m, _forward, f"{path}: group norm as mean, sub, mul, rsqrt in fp32")
+        return patch
