@@ -10,6 +10,7 @@ exact expression in ops it lowers or runs:
 | `x.masked_fill(m, v)`, `masked_fill_` | `torch.where(m, full((), v), x)` (in place: `x.copy_(...)`) | where (native), full, copy |
 | `torch.stack(ts, d)` | `torch.cat([t.unsqueeze(d) for t in ts], d)` (what ATen's own stack does) | cat (decomposed), unsqueeze |
 | `t.new_full(size, v)` | `torch.full(size, v, dtype=t.dtype, device=t.device)`     | full (native)              |
+| `F.glu(x, dim)` (`nn.GLU`) | `a * sigmoid(b)` of `x.chunk(2, dim)`, in fp32 for fp16/bf16 (ATen's op math) | split (a CPU fallback), sigmoid, mul, the on-device casts |
 | `b.all(dim)` (bool, or a number tensor: `b != 0`) | `b.to(float16).amin(dim) != 0`  | amin (native), ne, the bool->fp16 cast |
 | `x[i]`, `x[i, j, ...]` (integer tensors on the leading dims) | `F.embedding(flat, x.reshape(rows, -1))` | embedding (a CPU fallback in the June table) |
 | `x[..., [p, q], :]` (a constant list of positions of one dim) | `torch.cat([x.select(d, p).unsqueeze(d), ...], d)` | select (a view), cat |
@@ -42,7 +43,7 @@ range is stock's error in eager runs; a compiled graph ignores it.
 
 How it recognises its target: by what the code calls. The methods of every module class of the model (its own code,
 transformers' or a user's, not torch.nn's) and the same-package helpers they call (`structure.reachable`) are
-scanned for the names these ops are called by (`masked_fill`, `masked_fill_`, `stack`, `new_full`, `all`,
+scanned for the names these ops are called by (`masked_fill`, `masked_fill_`, `stack`, `new_full`, `glu`, `all`,
 `logsumexp`, `scatter`, `scatter_`, `index_select`) and for
 subscripts (`x[...]`: an aten.index when the key holds an integer tensor or a list; `x[...] = y`: a scatter into a
 view). The model's top-level forward then runs under a `torch.overrides.TorchFunctionMode` that re-expresses each
@@ -153,6 +154,22 @@ def stack(args, kwargs):
     if not all(isinstance(t, torch.Tensor) for t in tensors):
         return _PASS
     return torch.cat([t.unsqueeze(dim) for t in tensors], dim)
+
+
+def glu(args, kwargs):
+    """F.glu(x, dim): the halves a, b of x along dim, a * sigmoid(b) in the op-math dtype (fp32 for fp16/bf16, as
+    ATen's kernel computes it), rounded once."""
+    if kwargs.keys() - {"input", "dim"} or len(args) + len(kwargs) > 2:
+        return _PASS
+    x = _arg(args, kwargs, 0, "input")
+    dim = _arg(args, kwargs, 1, "dim", default=-1)
+    if not isinstance(x, torch.Tensor) or not isinstance(dim, int) or not x.is_floating_point() or x.dim() == 0:
+        return _PASS
+    if x.shape[dim] % 2:
+        return _PASS  # stock's error
+    a, b = x.chunk(2, dim)
+    acc = torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else x.dtype
+    return (a.to(acc) * torch.sigmoid(b.to(acc))).to(x.dtype)
 
 
 def new_full(args, kwargs):
@@ -529,6 +546,14 @@ REWRITES: tuple[Rewrite, ...] = (
         stack,
         ("aten.cat", "aten.unsqueeze"),
         "cat of unsqueezed tensors",
+    ),
+    Rewrite(
+        "aten.glu",
+        (F.glu,),
+        frozenset({"glu"}),
+        glu,
+        ("aten.split", "aten.sigmoid", "aten.mul", "aten._to_copy"),
+        "a * sigmoid(b) of the halves (chunk), in fp32 for fp16/bf16",
     ),
     Rewrite(
         "aten.new_full",

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 from conftest import assert_bit_identical as _same
 
 import adapters
@@ -103,6 +104,22 @@ def test_stack_mixed_dtypes_and_bad_input_as_stock():
     with _mode():
         torch.stack([b, b], out=out_t)  # out= is left to stock
     _same(out_t, torch.stack([b, b]))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dim", [1, -1, -2])
+def test_glu_is_bit_identical(dtype, dim):
+    """ATen's glu computes a * sigmoid(b) in op math (fp32 for fp16/bf16) and rounds once; so does the form."""
+    x = _rand(3, 8, 6, dtype=dtype) * 4
+    for f in (lambda: F.glu(x, dim), lambda: torch.nn.GLU(dim)(x)):
+        ref, out = _both(f)
+        _same(out, ref)
+
+
+def test_glu_forms_stock_refuses_stay_stock():
+    x = _rand(3, 5)
+    with _mode(), pytest.raises(RuntimeError, match="even"):
+        F.glu(x, -1)  # an odd width: stock's own error
 
 
 # -- new_full, all -------------------------------------------------------------------------------------------------
