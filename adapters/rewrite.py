@@ -10,6 +10,7 @@ exact expression in ops it lowers or runs:
 | `x.masked_fill(m, v)`, `masked_fill_` | `torch.where(m, full((), v), x)` (in place: `x.copy_(...)`) | where (native), full, copy |
 | `torch.stack(ts, d)` | `torch.cat([t.unsqueeze(d) for t in ts], d)` (what ATen's own stack does) | cat (decomposed), unsqueeze |
 | `t.new_full(size, v)` | `torch.full(size, v, dtype=t.dtype, device=t.device)`     | full (native)              |
+| `x.masked_scatter(m, src)` | `where(m, F.embedding(cumsum(m) - 1, src.reshape(-1, 1)), x)` | cumsum, embedding (CPU fallbacks), where |
 | `F.glu(x, dim)` (`nn.GLU`) | `a * sigmoid(b)` of `x.chunk(2, dim)`, in fp32 for fp16/bf16 (ATen's op math) | split (a CPU fallback), sigmoid, mul, the on-device casts |
 | `b.all(dim)` (bool, or a number tensor: `b != 0`) | `b.to(float16).amin(dim) != 0`  | amin (native), ne, the bool->fp16 cast |
 | `x[i]`, `x[i, j, ...]` (integer tensors on the leading dims) | `F.embedding(flat, x.reshape(rows, -1))` | embedding (a CPU fallback in the June table) |
@@ -43,7 +44,7 @@ range is stock's error in eager runs; a compiled graph ignores it.
 
 How it recognises its target: by what the code calls. The methods of every module class of the model (its own code,
 transformers' or a user's, not torch.nn's) and the same-package helpers they call (`structure.reachable`) are
-scanned for the names these ops are called by (`masked_fill`, `masked_fill_`, `stack`, `new_full`, `glu`, `all`,
+scanned for the names these ops are called by (`masked_fill`, `masked_fill_`, `stack`, `new_full`, `glu`, `masked_scatter`, `all`,
 `logsumexp`, `scatter`, `scatter_`, `index_select`) and for
 subscripts (`x[...]`: an aten.index when the key holds an integer tensor or a list; `x[...] = y`: a scatter into a
 view). The model's top-level forward then runs under a `torch.overrides.TorchFunctionMode` that re-expresses each
@@ -398,6 +399,34 @@ def index_select(args, kwargs):
     return rows.reshape(-1, *rest).movedim(0, dim)
 
 
+def masked_scatter(args, kwargs):
+    """`x.masked_scatter(mask, source)` (the multimodal merge of LLaVA-style models: image features into the
+    placeholder tokens' rows) as the gather it is: the k-th True position of the broadcast mask takes source's k-th
+    element, `k = cumsum(mask) - 1`, so `where(mask, F.embedding(k, source.reshape(-1, 1)), x)`. Values are copied,
+    so the result is bit-identical."""
+    if kwargs.keys() - {"input", "self", "mask", "source"} or len(args) + len(kwargs) != 3:
+        return _PASS
+    x = _arg(args, kwargs, 0, "input", "self")
+    mask = _arg(args, kwargs, 1, "mask")
+    source = _arg(args, kwargs, 2, "source")
+    if not all(isinstance(t, torch.Tensor) for t in (x, mask, source)) or mask.dtype != torch.bool:
+        return _PASS
+    if x.is_complex() or x.layout != torch.strided or source.dtype != x.dtype or x.numel() == 0:
+        return _PASS
+    try:
+        if torch.broadcast_shapes(mask.shape, x.shape) != x.shape:
+            return _PASS  # stock's error (the mask must broadcast to x)
+    except RuntimeError:
+        return _PASS
+    m = mask.expand(x.shape)
+    if not torch.compiler.is_compiling() and int(m.sum()) > source.numel():
+        return _PASS  # stock's error: fewer source elements than True positions (eager only, as getitem's checks)
+    k = torch.cumsum(m.reshape(-1).to(torch.int64), 0) - 1
+    k = torch.where(k < 0, torch.zeros_like(k), k)  # positions before the first True read element 0, then are dropped
+    picked = F.embedding(k, source.reshape(-1, 1)).reshape(x.shape)
+    return torch.where(m, picked, x)
+
+
 def _write_window(x: torch.Tensor, key):
     """(dim, start, stop, is_index) of a key that writes one window of one dim (an int, or a slice of step 1), the
     other dims whole (`:` / one Ellipsis); None for any other key."""
@@ -546,6 +575,14 @@ REWRITES: tuple[Rewrite, ...] = (
         stack,
         ("aten.cat", "aten.unsqueeze"),
         "cat of unsqueezed tensors",
+    ),
+    Rewrite(
+        "aten.masked_scatter",
+        (torch.Tensor.masked_scatter,),
+        frozenset({"masked_scatter"}),
+        masked_scatter,
+        ("aten.cumsum", "aten.sub", "aten.where", "aten.embedding"),
+        "where(mask, F.embedding(cumsum(mask) - 1, source as a column), x)",
     ),
     Rewrite(
         "aten.glu",

@@ -116,6 +116,29 @@ def test_glu_is_bit_identical(dtype, dim):
         _same(out, ref)
 
 
+@pytest.mark.parametrize("dtype", DTYPES + [torch.int64])
+def test_masked_scatter_is_bit_identical(dtype):
+    """LLaVA's merge (a row mask from the token ids, expanded) and an element mask that broadcasts."""
+    x = (_rand(2, 7, 6) * 4).to(dtype)
+    ids = torch.tensor([[1, 5, 5, 2, 5, 3, 4], [5, 5, 1, 1, 1, 1, 1]])
+    rows = (ids == 5).unsqueeze(-1)
+    src = (_rand(5, 6, seed=2) * 3).to(dtype)
+    elems = _rand(7, 6, seed=3) > 0
+    for f in (
+        lambda: x.masked_scatter(rows.expand_as(x), src),
+        lambda: x.masked_scatter(rows, src),  # broadcast over the features
+        lambda: x.masked_scatter(elems, _rand(100, seed=4).to(dtype)),
+    ):
+        ref, out = _both(f)
+        _same(out, ref)
+
+
+def test_masked_scatter_forms_stock_refuses_stay_stock():
+    x = _rand(2, 3)
+    with _mode(), pytest.raises(RuntimeError):
+        x.masked_scatter(torch.ones(2, 3, dtype=torch.bool), _rand(4))  # fewer source elements than True positions
+
+
 def test_glu_forms_stock_refuses_stay_stock():
     x = _rand(3, 5)
     with _mode(), pytest.raises(RuntimeError, match="even"):
