@@ -177,7 +177,7 @@ def test_runs_on_one_card_do_not_overlap_on_its_timeline(monkeypatch):
     """Timing mode on a full-size matmul: each run's simulated time is far longer than the host needs to launch the
     next (its timing is memoized), so the card's timeline queues them, as a card runs one program at a time."""
     a = torch.empty(512, 4096, dtype=torch.float16, device="meta")
-    b = torch.empty(4096, 12800, dtype=torch.float16, device="meta")
+    b = torch.empty(4096, 128000, dtype=torch.float16, device="meta")  # ~28 ms simulated: far past a loaded host
     f = torch.compile(lambda p, q: p @ q, backend="spyre")
     monkeypatch.setattr(config, "mode", "timing")
     f(a, b)
