@@ -478,6 +478,10 @@ def probe(model: nn.Module) -> SplitPlan | None:
         else v
         for k, v in dummy.items()
     }
+    if "use_cache" in inspect.signature(model.forward).parameters:
+        # no KV cache: the projections' data flow is the same, and a cache's deepcopy of fake tensors (Dory's
+        # recurrent loops copy cache layers) corrupts the heap in torch 2.13 (the sweep's SIGABRT)
+        inputs.setdefault("use_cache", False)
     was_training = model.training
     model.eval()
     as_linear = [m for m in linears.values() if _computes_linear(m)]
