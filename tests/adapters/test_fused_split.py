@@ -231,6 +231,24 @@ def test_a_linear_written_as_matmul_runs_as_nn_linear_and_is_restored():
     assert "forward" not in model.qkv.__dict__
 
 
+class CachedFused(Fused):
+    """A model whose forward takes use_cache (as every HF decoder's): the probe runs it without a cache."""
+
+    seen: list = []  # on the class: the probe restores each module's __dict__ afterwards
+
+    def forward(self, x, use_cache=True):
+        self.seen.append(use_cache)
+        return super().forward(x)
+
+
+def test_the_probe_runs_without_a_kv_cache():
+    """Dory's recurrent loops deepcopy its cache layers; on the probe's fake tensors that corrupted the heap (a
+    SIGABRT in the sweep). The projections' data flow does not depend on the cache, so the probe turns it off."""
+    model = CachedFused("split").eval()
+    assert probe(model) is not None
+    assert CachedFused.seen and not any(CachedFused.seen)
+
+
 def test_models_whose_code_cuts_nothing_are_not_probed(monkeypatch):
     """Llama's code (the demo's SmolLM2) calls no split/chunk/...: applicable() answers without a forward (a probe
     costs about a second on a 135M model in fp16 on the CPU)."""
