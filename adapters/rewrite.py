@@ -423,7 +423,9 @@ def masked_scatter(args, kwargs):
         return _PASS  # stock's error: fewer source elements than True positions (eager only, as getitem's checks)
     k = torch.cumsum(m.reshape(-1).to(torch.int64), 0) - 1
     k = torch.where(k < 0, torch.zeros_like(k), k)  # positions before the first True read element 0, then are dropped
-    picked = F.embedding(k, source.reshape(-1, 1)).reshape(x.shape)
+    # an empty source (Higgs-Audio's batch without audio tokens: the mask is all False) still needs a row to read
+    table = source.reshape(-1, 1) if source.numel() else x.new_zeros(1, 1)
+    picked = F.embedding(k, table).reshape(x.shape)
     return torch.where(m, picked, x)
 
 
