@@ -15,7 +15,9 @@ reduction over the patch a convolution would read, so it is re-expressed with wh
 Exactness: a max over the same window of the same values is the same value (the -inf padding is what max pooling
 pads with, and PyTorch requires padding <= kernel / 2, so every window holds one real element): bit-identical. The
 average is the same sum divided by the same count, summed in another order: within a few ulps in fp32 (tests).
-What is not rewritten (runs as stock, so the stack still reports it): `return_indices=True`, `ceil_mode=True`,
+ceil_mode (max pooling only: HGNetV2's stem) pads the bottom and right further with -inf, so ATen's partial last windows
+hold the same elements. What is not rewritten (runs as stock, so the stack still reports it): `return_indices=True`,
+`ceil_mode=True` on an average pool,
 `count_include_pad=False` with padding, `divisor_override`, adaptive pools whose windows are uneven, inputs that are
 not 2-D/3-D (1d) or 3-D/4-D (2d).
 
@@ -45,15 +47,28 @@ def _pair(v, n: int) -> tuple[int, ...]:
     return tuple(v) if isinstance(v, tuple | list) else (v,) * n
 
 
-def pool_by_unfold(x: torch.Tensor, kernel, stride, padding, dilation, reduce: str) -> torch.Tensor:
+def _ceil_extra(size: int, k: int, s: int, p: int, d: int) -> int:
+    """How many more -inf elements ceil_mode's last window reads past the padded end: PyTorch's ceil output size,
+    less a last window that would start in the right padding (pooling_output_shape in ATen)."""
+    span = d * (k - 1) + 1
+    out = -(-(size + 2 * p - span) // s) + 1
+    if (out - 1) * s >= size + p:
+        out -= 1
+    return max(0, (out - 1) * s + span - (size + 2 * p))
+
+
+def pool_by_unfold(x: torch.Tensor, kernel, stride, padding, dilation, reduce: str, ceil_mode: bool = False):
     """2-D pooling of an (N, C, H, W) or (C, H, W) tensor: the windows as im2col columns, reduced by `reduce`
-    ("amax" with -inf padding, "mean" with zero padding)."""
+    ("amax" with -inf padding, "mean" with zero padding). ceil_mode (max only) pads the bottom/right further with
+    -inf, so the partial last windows ATen adds hold the same elements."""
     unbatched = x.dim() == 3
     if unbatched:
         x = x.unsqueeze(0)
     (kh, kw), (sh, sw), (ph, pw), (dh, dw) = kernel, stride, padding, dilation
-    if reduce == "amax" and (ph or pw):
-        x = F.pad(x, (pw, pw, ph, ph), value=-math.inf)
+    if reduce == "amax" and (ph or pw or ceil_mode):
+        eh = _ceil_extra(x.shape[-2], kh, sh, ph, dh) if ceil_mode else 0
+        ew = _ceil_extra(x.shape[-1], kw, sw, pw, dw) if ceil_mode else 0
+        x = F.pad(x, (pw, pw + ew, ph, ph + eh), value=-math.inf)
         ph = pw = 0
     n, c, h, w = x.shape
     ho = (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1
@@ -69,10 +84,11 @@ def _as_2d(m: nn.Module, x: torch.Tensor, reduce: str) -> torch.Tensor:
     n = 1 if isinstance(m, (nn.MaxPool1d, nn.AvgPool1d)) else 2
     kernel, stride = _pair(m.kernel_size, n), _pair(m.stride or m.kernel_size, n)
     padding, dilation = _pair(m.padding, n), _pair(getattr(m, "dilation", 1), n)  # avg pools have no dilation
+    ceil = getattr(m, "ceil_mode", False)
     if n == 2:
-        return pool_by_unfold(x, kernel, stride, padding, dilation, reduce)
+        return pool_by_unfold(x, kernel, stride, padding, dilation, reduce, ceil)
     window = (1, *kernel), (1, *stride), (0, *padding), (1, *dilation)
-    return pool_by_unfold(x.unsqueeze(-2), *window, reduce).squeeze(-2)
+    return pool_by_unfold(x.unsqueeze(-2), *window, reduce, ceil).squeeze(-2)
 
 
 def _max_forward(self, input: torch.Tensor) -> torch.Tensor:
@@ -105,8 +121,8 @@ def _rewritable(m: nn.Module) -> bool:
             break
     else:
         return False
-    if getattr(m, "ceil_mode", False) or getattr(m, "return_indices", False):
-        return False
+    if getattr(m, "return_indices", False) or (getattr(m, "ceil_mode", False) and not isinstance(m, _MAX)):
+        return False  # an average's partial ceil windows divide by fewer elements: not this form
     if isinstance(m, _ADAPTIVE) and all(o == 1 for o in _pair(m.output_size, 2)):
         return False  # core-aten decomposes it to a mean, which the device runs
     if isinstance(m, _AVG):

@@ -19,6 +19,8 @@ COVERED = [
     nn.MaxPool2d(3, 2, 1),  # ResNet's stem pool
     nn.MaxPool2d(2),
     nn.MaxPool2d((3, 2), (2, 1), (1, 0), dilation=(1, 2)),
+    nn.MaxPool2d(2, 1, ceil_mode=True),  # HGNetV2's stem
+    nn.MaxPool2d(3, 2, 1, dilation=2, ceil_mode=True),  # partial last windows: -inf padded further
     nn.MaxPool1d(3, 2, 1),  # Informer's distilling layer
     nn.AvgPool2d(3, 2, 1),  # count_include_pad=True (the default): zero padding counted
     nn.AvgPool2d(2),
@@ -27,7 +29,7 @@ COVERED = [
     nn.AdaptiveAvgPool1d(4),
 ]
 LEFT_ALONE = [
-    nn.MaxPool2d(3, 2, ceil_mode=True),
+    nn.AvgPool2d(3, 2, ceil_mode=True),  # its partial windows divide by fewer elements
     nn.MaxPool2d(2, return_indices=True),
     nn.AvgPool2d(3, 2, 1, count_include_pad=False),
     nn.AvgPool2d(2, divisor_override=3),
@@ -48,7 +50,9 @@ def test_covered_pools_match_stock(m):
     with adapters.apply(m, only=["pooling"]) as h:
         assert h.report.applied == ["pooling"]
         got = m(x)
+        odd = m(x[..., 1:])  # another width: ceil_mode's partial windows differ
     assert got.shape == ref.shape
+    assert torch.equal(odd, m(x[..., 1:])) or not isinstance(m, (nn.MaxPool1d, nn.MaxPool2d))
     if isinstance(m, (nn.MaxPool1d, nn.MaxPool2d)):
         assert torch.equal(got, ref)  # the same max of the same values
     else:
