@@ -228,6 +228,36 @@ _OPS: list[OpEntry] = [
         "weight + bias in fp32 (dl16tofp32 / fp32todl16 casts). Training mode needs batch statistics, a welford "
         "reduction (UnimplementedOp): unsupported",
     ),
+    # unsupported (no lowering, no CPU island), named so the adapters that bridge them declare known capabilities
+    _e(
+        "native_group_norm",
+        "unsupported",
+        (),
+        "Inductor decomposes it into a var_mean per group: a welford reduction (UnimplementedOp, STACK §1.7); adapter "
+        "group_norm re-expresses nn.GroupNorm with two-pass statistics",
+    ),
+    _e(
+        "max_pool2d_with_indices",
+        "unsupported",
+        (),
+        "not in torch-spyre's supported-operations table (Inductor's decomposition ends in its low-memory offset "
+        "prims); adapter pooling: -inf pad + im2col + amax",
+    ),
+    _e("avg_pool2d", "unsupported", (), "not in the supported-operations table; adapter pooling: im2col + mean"),
+    _e(
+        "_adaptive_avg_pool2d",
+        "unsupported",
+        (),
+        "output 1 decomposes to a mean (core-aten); other sizes: adapter pooling when the windows are even",
+    ),
+    _e("glu", "unsupported", (), "no Spyre lowering (Inductor lowers glu itself); adapter rewrite: a * sigmoid(b)"),
+    _e(
+        "masked_scatter",
+        "unsupported",
+        (),
+        "Inductor's decomposition is a cumsum + index gather, with no Spyre lowering; adapter rewrite: where + "
+        "embedding of cumsum(mask) - 1",
+    ),
     _e(
         "_weight_norm_interface",
         "decomposed",
