@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import torch
 from torch import nn
+from torch._prims_common import get_computation_dtype
 
 from adapters.base import Adapter
 from adapters.patch import Patch
@@ -27,7 +28,7 @@ from adapters.registry import register_adapter
 
 def group_norm_two_pass(x: torch.Tensor, groups: int, weight, bias, eps: float) -> torch.Tensor:
     """F.group_norm(x, groups, weight, bias, eps) from mean / sub / mul / rsqrt, in fp32."""
-    acc = torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else x.dtype
+    acc = get_computation_dtype(x.dtype)  # ATen's op math: fp32 for fp16/bf16
     xf = x.to(acc)
     g = xf.reshape(x.shape[0], groups, -1)
     d = g - g.mean(-1, keepdim=True)

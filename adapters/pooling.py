@@ -79,16 +79,22 @@ def pool_by_unfold(x: torch.Tensor, kernel, stride, padding, dilation, reduce: s
     return out.squeeze(0) if unbatched else out
 
 
+def _pool(
+    x: torch.Tensor, dims: int, kernel, stride, padding, dilation, reduce: str, ceil_mode: bool = False
+):
+    """pool_by_unfold over the last `dims` (1 or 2) dims; a 1-D pool is a 2-D one over a height of 1."""
+    if dims == 2:
+        return pool_by_unfold(x, kernel, stride, padding, dilation, reduce, ceil_mode)
+    window = (1, *kernel), (1, *stride), (0, *padding), (1, *dilation)
+    return pool_by_unfold(x.unsqueeze(-2), *window, reduce, ceil_mode).squeeze(-2)
+
+
 def _as_2d(m: nn.Module, x: torch.Tensor, reduce: str) -> torch.Tensor:
-    """A pooling module's window as pool_by_unfold's arguments; a 1-D pool is a 2-D one over a height of 1."""
+    """A pooling module's window as _pool's arguments."""
     n = 1 if isinstance(m, (nn.MaxPool1d, nn.AvgPool1d)) else 2
     kernel, stride = _pair(m.kernel_size, n), _pair(m.stride or m.kernel_size, n)
     padding, dilation = _pair(m.padding, n), _pair(getattr(m, "dilation", 1), n)  # avg pools have no dilation
-    ceil = getattr(m, "ceil_mode", False)
-    if n == 2:
-        return pool_by_unfold(x, kernel, stride, padding, dilation, reduce, ceil)
-    window = (1, *kernel), (1, *stride), (0, *padding), (1, *dilation)
-    return pool_by_unfold(x.unsqueeze(-2), *window, reduce, ceil).squeeze(-2)
+    return _pool(x, n, kernel, stride, padding, dilation, reduce, getattr(m, "ceil_mode", False))
 
 
 def _max_forward(self, input: torch.Tensor) -> torch.Tensor:
@@ -107,19 +113,12 @@ def _adaptive_forward(self, input: torch.Tensor) -> torch.Tensor:
         # a mean already (core-aten's decomposition), or uneven windows: stock (the stack reports the latter)
         return type(self).forward(self, input)
     kernel = tuple(s // o for s, o in zip(sizes, out, strict=True))
-    if dims == 1:
-        return pool_by_unfold(
-            input.unsqueeze(-2), (1, *kernel), (1, *kernel), (0, 0), (1, 1), "mean"
-        ).squeeze(-2)
-    return pool_by_unfold(input, kernel, kernel, (0, 0), (1, 1), "mean")
+    return _pool(input, dims, kernel, kernel, (0,) * dims, (1,) * dims, "mean")
 
 
 def _rewritable(m: nn.Module) -> bool:
     """A torch.nn pooling module (or a subclass keeping its forward) with options the re-expression covers."""
-    for classes in (_MAX, _AVG, _ADAPTIVE):
-        if isinstance(m, classes) and type(m).forward is next(c for c in classes if isinstance(m, c)).forward:
-            break
-    else:
+    if not any(isinstance(m, c) and type(m).forward is c.forward for c in (*_MAX, *_AVG, *_ADAPTIVE)):
         return False
     if getattr(m, "return_indices", False) or (getattr(m, "ceil_mode", False) and not isinstance(m, _MAX)):
         return False  # an average's partial ceil windows divide by fewer elements: not this form

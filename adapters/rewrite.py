@@ -71,6 +71,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch._prims_common import get_computation_dtype
 from torch.overrides import TorchFunctionMode
 
 from adapters import _stack, structure
@@ -169,7 +170,7 @@ def glu(args, kwargs):
     if x.shape[dim] % 2:
         return _PASS  # stock's error
     a, b = x.chunk(2, dim)
-    acc = torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else x.dtype
+    acc = get_computation_dtype(x.dtype)
     return (a.to(acc) * torch.sigmoid(b.to(acc))).to(x.dtype)
 
 
