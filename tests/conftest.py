@@ -43,3 +43,17 @@ def _back_on_card_0():
 
     spyre_module._tls.__dict__.pop("device", None)
     spyre_module._tls.__dict__.pop("pending", None)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config, items):
+    """Under `--dist loadgroup` an xdist worker must see the group suffix xdist adds to a grouped test's id; without it
+    (pytest 9.2 with xdist 3.8) the groups are silently spread over the workers and their fixtures built twice."""
+    if not getattr(config.option, "loadgroup", False):
+        return
+    lost = [item.nodeid for item in items if item.get_closest_marker("xdist_group") and "@" not in item.nodeid]
+    if lost:
+        raise pytest.UsageError(
+            f"--dist loadgroup is not grouping ({lost[0]} has no @group suffix): this pytest/pytest-xdist pair "
+            "is incompatible; install the dev extra's pins (make install-dev)"
+        )
