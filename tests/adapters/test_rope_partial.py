@@ -198,7 +198,7 @@ _SLOW = pytest.mark.slow
 @pytest.mark.parametrize(
     "model_type",
     [
-        "stablelm",
+        pytest.param("stablelm", marks=_SLOW),  # its class and strict run: the CI subset (test_ci_subset.py)
         "gptj",
         pytest.param("phi", marks=_SLOW),
         pytest.param("persimmon", marks=_SLOW),

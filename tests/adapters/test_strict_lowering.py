@@ -20,6 +20,11 @@ except ImportError as e:  # the compiler is a lower layer written in parallel
     pytest.skip(f"torch_spyre_emu.compiler.find_unsupported not importable yet: {e}", allow_module_level=True)
 
 
+# llama in the default suite; bert and gpt2 (~12 s each per test) are slow: both also run through the adapters and
+# strict mode in the CI subset (tests/models/zoo/test_ci_subset.py), where each is pass_device.
+TINY_PARAMS = [n if n == "llama" else pytest.param(n, marks=pytest.mark.slow) for n in sorted(TINY)]
+
+
 def _strict():
     strict = getattr(torch_spyre_emu, "strict", None)
     return strict() if strict is not None else torch_spyre_emu.config.strict_mode()
@@ -44,7 +49,7 @@ def _static_shapes():
     torch._dynamo.reset()
 
 
-@pytest.mark.parametrize("name", sorted(TINY))
+@pytest.mark.parametrize("name", TINY_PARAMS)
 def test_plan_bridges_every_gap_of_the_tiny_models(name):
     model = _fp16(name)
     p = adapters.plan(model, _inputs(name))
@@ -57,7 +62,7 @@ def test_plan_bridges_every_gap_of_the_tiny_models(name):
     assert "_spyre_adapters" not in model.__dict__  # plan leaves the model unpatched
 
 
-@pytest.mark.parametrize("name", sorted(TINY))
+@pytest.mark.parametrize("name", TINY_PARAMS)
 def test_patched_model_runs_compiled_in_strict_mode(name):
     reference = TINY[name]()  # CPU fp32, stock
     model = _fp16(name)

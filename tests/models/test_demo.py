@@ -65,6 +65,7 @@ def test_missing_weight_files_print_the_loader_message_and_exit_2(tmp_path, mode
     assert "Traceback" not in out
 
 
+@pytest.mark.slow  # ~40 s; minilm's numbers: test_acceptance.py
 def test_minilm_demo_prints_both_similarity_matrices_and_writes_files(tmp_path):
     result = runner.invoke(app, ["demo", "--model", "minilm", "--out", str(tmp_path)])
     assert result.exit_code == 0, result.output

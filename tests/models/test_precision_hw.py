@@ -149,6 +149,7 @@ def test_the_island_runs_inside_the_compiled_model():
     assert all(type(m) is not prec.HardwareWhatIfLinear for m in patched.modules())  # Linears restored
 
 
+@pytest.mark.slow  # ~30 s; the island test below runs the same what-if compiled
 def test_command_prints_and_writes_the_label(tmp_path):
     out = tmp_path / "p"
     r = CliRunner().invoke(
@@ -176,6 +177,7 @@ def test_command_prints_and_writes_the_label(tmp_path):
     assert {p.name for p in out.iterdir()} >= {"error_by_layer.png", "logit_diffs.png", "agreement.png"}
 
 
+@pytest.mark.slow  # ~65 s: every layer's hardware what-if compiled once per layer
 def test_every_layer_runs_compiled_past_dynamos_recompile_limit():
     """A what-if Linear island in every layer makes each layer a resumed frame, compiled once per module; with more
     layers than dynamo's recompile limit (8) the run must still compile every one (a hit raises here, instead of the

@@ -55,6 +55,7 @@ def test_a_bad_module_name_fails_before_anything_runs(monkeypatch):
         )
 
 
+@pytest.mark.slow  # the fixture is ~45 s; the settings' CLI: test_precision_cli.py
 def test_accumulation_settings_cost_precision(result):
     s = result.summary
     rel = s.logits_rel_rms
@@ -65,6 +66,7 @@ def test_accumulation_settings_cost_precision(result):
     assert (layers["dl16_acc"] > layers["dl16"]).all()
 
 
+@pytest.mark.slow  # as above
 def test_fp32_islands_run_in_fp32_with_the_stack_fallback(result):
     s, t = result.summary, result.modules
     name = "fp32:model.layers.0+model.layers.1"

@@ -1,9 +1,9 @@
 """Tensor parallelism across real processes: torchrun launches tests/models/tp_worker.py, whose ranks shard the model
 (models/tensor_parallel.py) and all-reduce over torch.distributed.
 
-Default suite: one launch of 4 ranks runs a tiny Llama at TP=1, 2 and 4 on emulated Spyre (greedy, and teacher
-forcing on the TP=1 tokens), and a tiny Llama with 9 q heads over 3 KV heads (SmolLM2-135M's, so the splits are
-uneven) in CPU fp32 at TP=2 and 4. Slow: SmolLM2-135M (real weights) at TP=2 against TP=1, and `spyre-emu demo
+All slow (`pytest -m slow`; see pytestmark below). One launch of 4 ranks runs a tiny Llama at TP=1, 2 and 4 on
+emulated Spyre (greedy, and teacher forcing on the TP=1 tokens), and a tiny Llama with 9 q heads over 3 KV heads
+(SmolLM2-135M's, so the splits are uneven) in CPU fp32 at TP=2 and 4. Also: SmolLM2-135M (real weights) at TP=2 against TP=1, and `spyre-emu demo
 --tp 2` end to end.
 """
 
@@ -203,4 +203,7 @@ def test_demo_tp2_runs_start_to_finish(tmp_path):
 
 # one xdist worker runs this module (make test: --dist loadgroup), so its module-scoped fixtures and cached zoo
 # builds are made once, not once per worker
-pytestmark = pytest.mark.xdist_group("test_tensor_parallel_torchrun")
+# slow as a whole: the one 4-rank launch is ~115 s of the default suite's time on two cores (2026-12-03); the
+# default suite keeps tensor parallelism in one process (test_tensor_parallel.py) and real multi-process
+# collectives (distributed/test_spyreccl.py, test_compiled_collectives.py)
+pytestmark = [pytest.mark.xdist_group("test_tensor_parallel_torchrun"), pytest.mark.slow]

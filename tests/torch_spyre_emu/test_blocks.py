@@ -78,6 +78,7 @@ def test_a_model_without_repeated_blocks_is_a_clear_error():
         compile_blocks(torch.nn.Linear(4, 4))
 
 
+@pytest.mark.slow  # ~13 s; block compile itself: the test above
 def test_profile_covers_the_block_compiled_model():
     ids = torch.randint(0, 256, (1, 64), generator=torch.Generator().manual_seed(2))
     model = _llama(2)

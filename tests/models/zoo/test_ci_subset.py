@@ -4,8 +4,13 @@ EXPECTED is each type's class as it is today (default variant), so a regression 
 stack or the adapters moves a model to a better class, update its row in the same commit (and say so); a move to a
 worse class is a regression to fix. The full sweep is a command (`spyre-emu sweep`), not a test.
 
-All 25 are in the default suite, as the issue asks: about 3 minutes on the 2-core machine (5-15 s per model, mamba
-the slowest), about twice that while other jobs load the cores.
+16 of the 25 run in the default suite, the other 9 are marked slow (`pytest -m slow`): all 25 took 690 s of the
+default suite's 2,840 worker-seconds on the 2-core machine (2026-12-03), which put the suite over its 15 minutes.
+Slow are the heaviest (mamba ~100 s, t5 ~75 s, gemma3_text ~35 s, clip ~30 s: vit keeps its im2col island), three
+Llama copies (mistral, qwen2, granite) whose path qwen3's row keeps (host masks, RMSNorm and RoPE matched by
+structure), gemma2 (its upcast softmax: bloom's row keeps it) and gpt_neox (fused_split: phi3's and falcon's rows keep
+it). Each family kind keeps a default row: decoder LMs, MoE (mixtral), encoders (bert, roberta, distilbert),
+encoder-decoder (bart), audio (whisper), vision (vit).
 """
 
 from __future__ import annotations
@@ -48,14 +53,19 @@ EXPECTED = {
 
 
 def test_the_table_covers_the_subset():
-    assert set(EXPECTED) == set(CI_SUBSET) and len(CI_SUBSET) == 25
+    assert set(EXPECTED) == set(CI_SUBSET) and len(CI_SUBSET) == 25 and SLOW < set(CI_SUBSET)
     assert set(EXPECTED.values()) <= set(CLASSES)
     assert "emulator_error" not in EXPECTED.values(), (
         "issue 10: emulator_error must be empty for the default variant"
     )
 
 
-@pytest.mark.parametrize("model_type", CI_SUBSET)
+SLOW = {"mamba", "t5", "gemma3_text", "clip", "mistral", "qwen2", "granite", "gemma2", "gpt_neox"}
+
+
+@pytest.mark.parametrize(
+    "model_type", [pytest.param(t, marks=pytest.mark.slow) if t in SLOW else t for t in CI_SUBSET]
+)
 def test_class_as_today(model_type):
     rec = run_one(model_type, "default")
     json.dumps(rec)  # the record is JSON-able as it is

@@ -55,6 +55,7 @@ def test_plan_of_a_zoo_type_prints_and_writes_the_document(tmp_path):
     assert doc["strict"] == {"ok": True, "class": "pass_device", "blocking": [], "error": None}
 
 
+@pytest.mark.slow  # ~16 s; the document's content: the test above
 def test_json_to_stdout_is_only_the_document():
     res = _plan("llama", "--json", "-", "--no-strict-run")
     assert res.exit_code == 0, res.output
@@ -64,6 +65,7 @@ def test_json_to_stdout_is_only_the_document():
     assert {r["capability"] for r in doc["unsupported"]} >= {"aten.embedding"}
 
 
+@pytest.mark.slow  # ~14 s; the plan of a zoo type: the tests above
 def test_plan_of_a_config_directory_builds_random_weights_from_it(tmp_path):
     from transformers import BertConfig
 

@@ -156,6 +156,7 @@ def test_an_existing_results_file_needs_resume(tmp_path):
     assert result.exit_code == 2 and "r.jsonl:1 is not a JSON record" in result.output
 
 
+@pytest.mark.slow  # ~35 s (a local Ray instance starts); Ray is an optional extra
 def test_ray_runs_the_same_records(tmp_path):
     pytest.importorskip("ray")  # an optional extra; `make test` installs it
     types = ",".join(FAST[:2])
