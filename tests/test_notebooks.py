@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.marks import slow_where
+
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
 # Notebooks are user-facing examples: no imports of private modules or names.
 PRIVATE_IMPORT = re.compile(r"^\s*(from\s+\S*\b_\w+|import\s+\S*\b_\w+|from\s+\S+\s+import\s+.*\b_\w+)", re.M)
@@ -92,9 +94,7 @@ def test_committed_outputs_come_from_the_committed_code(name):
 SLOW_TO_RUN = {"precision_smollm2.ipynb", "adapters_tour.ipynb"}
 
 
-@pytest.mark.parametrize(
-    "name", [pytest.param(n, marks=pytest.mark.slow) if n in SLOW_TO_RUN else n for n in EXPECTED]
-)
+@pytest.mark.parametrize("name", slow_where(EXPECTED, SLOW_TO_RUN))
 def test_notebook_runs_in_reduced_mode(name, tmp_path):
     import nbformat
 

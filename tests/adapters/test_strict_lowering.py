@@ -13,6 +13,7 @@ from conftest import TINY, example_inputs
 import adapters
 import torch_spyre_emu
 from adapters.registry import all_adapters
+from tests.marks import slow_where
 
 try:
     from torch_spyre_emu.compiler import find_unsupported
@@ -22,7 +23,7 @@ except ImportError as e:  # the compiler is a lower layer written in parallel
 
 # llama in the default suite; bert and gpt2 (~12 s each per test) are slow: both also run through the adapters and
 # strict mode in the CI subset (tests/models/zoo/test_ci_subset.py), where each is pass_device.
-TINY_PARAMS = [n if n == "llama" else pytest.param(n, marks=pytest.mark.slow) for n in sorted(TINY)]
+TINY_PARAMS = slow_where(sorted(TINY), {"bert", "gpt2"})
 
 
 def _strict():

@@ -149,7 +149,7 @@ def test_the_island_runs_inside_the_compiled_model():
     assert all(type(m) is not prec.HardwareWhatIfLinear for m in patched.modules())  # Linears restored
 
 
-@pytest.mark.slow  # ~30 s; the island test below runs the same what-if compiled
+@pytest.mark.slow  # ~30 s; the island test above runs the same what-if compiled
 def test_command_prints_and_writes_the_label(tmp_path):
     out = tmp_path / "p"
     r = CliRunner().invoke(

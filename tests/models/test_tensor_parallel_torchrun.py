@@ -3,8 +3,8 @@
 
 All slow (`pytest -m slow`; see pytestmark below). One launch of 4 ranks runs a tiny Llama at TP=1, 2 and 4 on
 emulated Spyre (greedy, and teacher forcing on the TP=1 tokens), and a tiny Llama with 9 q heads over 3 KV heads
-(SmolLM2-135M's, so the splits are uneven) in CPU fp32 at TP=2 and 4. Also: SmolLM2-135M (real weights) at TP=2 against TP=1, and `spyre-emu demo
---tp 2` end to end.
+(SmolLM2-135M's, so the splits are uneven) in CPU fp32 at TP=2 and 4. Also: SmolLM2-135M (real weights) at TP=2
+against TP=1, and `spyre-emu demo --tp 2` end to end.
 """
 
 from __future__ import annotations

@@ -21,6 +21,7 @@ import pytest
 
 from models.zoo import CI_SUBSET
 from models.zoo.classify import CLASSES, run_one
+from tests.marks import slow_where
 
 # class per type today, with the gap that decides it (for whoever updates a row)
 EXPECTED = {
@@ -63,9 +64,7 @@ def test_the_table_covers_the_subset():
 SLOW = {"mamba", "t5", "gemma3_text", "clip", "mistral", "qwen2", "granite", "gemma2", "gpt_neox"}
 
 
-@pytest.mark.parametrize(
-    "model_type", [pytest.param(t, marks=pytest.mark.slow) if t in SLOW else t for t in CI_SUBSET]
-)
+@pytest.mark.parametrize("model_type", slow_where(CI_SUBSET, SLOW))
 def test_class_as_today(model_type):
     rec = run_one(model_type, "default")
     json.dumps(rec)  # the record is JSON-able as it is

@@ -65,7 +65,7 @@ def test_json_to_stdout_is_only_the_document():
     assert {r["capability"] for r in doc["unsupported"]} >= {"aten.embedding"}
 
 
-@pytest.mark.slow  # ~14 s; the plan of a zoo type: the tests above
+@pytest.mark.slow  # ~14 s; the plan of a zoo type: test_plan_of_a_zoo_type_prints_and_writes_the_document
 def test_plan_of_a_config_directory_builds_random_weights_from_it(tmp_path):
     from transformers import BertConfig
 
