@@ -311,7 +311,7 @@ def precision(
 
 
 def _sweep_report(results: Path, out: Path) -> None:
-    from models.zoo.report import write_report
+    from models.zoo.report import latest, measured, targets, write_report
     from models.zoo.sweep import SweepError, read_results
 
     if not results.exists():
@@ -320,6 +320,9 @@ def _sweep_report(results: Path, out: Path) -> None:
     if not records:
         raise SweepError(f"{results} holds no finished model yet")
     files = write_report(records, out, source=str(results))
+    default = [r for r in latest(records) if r.get("variant", "default") == "default"]
+    for label, n, of, share, met in targets(default) if default else []:
+        console.print(escape(f"{'met' if met else 'NOT met'}: {label}: {measured(n, of, share)}"))
     plots = ", ".join(str(p) for p in files.plots.values())
     console.print(escape(f"report: {files.markdown}, {files.html}; plots: {plots}"))
 

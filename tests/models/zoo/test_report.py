@@ -9,7 +9,7 @@ from typer.testing import CliRunner
 
 from models.cli import app
 from models.zoo.classify import CLASSES, _record
-from models.zoo.report import PLOTS, gaps, summary_rows, write_report
+from models.zoo.report import PLOTS, adapter_credit, gaps, summary_rows, targets, write_report
 
 runner = CliRunner()
 INDEX = {
@@ -116,12 +116,71 @@ def test_summary_counts_and_the_todo_list():
     ]
 
 
+def test_targets_are_shares_of_the_types_that_build():
+    default = [r for r in records() if r["variant"] == "default"]
+    rows = {
+        label.split(" >=")[0].split(" =")[0]: (n, of, share, met)
+        for label, n, of, share, met in targets(default)
+    }
+    # decoder LMs: gpt2, opt, llama, mixtral, mamba (all build); 2 run, 1 on the device
+    assert rows["decoder-only LMs run"] == (2, 5, 0.4, False)
+    assert rows["decoder-only LMs pass_device"] == (1, 5, 0.2, False)
+    assert rows["all model types run"] == (3, 9, 3 / 9, False)  # dinat does not build: not in the denominator
+    assert rows["emulator_error"] == (1, 10, None, False) and rows["adapter_error"] == (0, 10, None, True)
+    lms = [rec(f"lm{i}", "pass_device" if i < 7 else "pass_fallback", is_decoder_lm=True) for i in range(9)]
+    lms += [rec("lm9", "unsupported", is_decoder_lm=True), rec("broken", "not_buildable", is_decoder_lm=True)]
+    met = {label: ok for label, *_, ok in targets(lms)}
+    assert all(met.values()), met  # 9 of 10 that build run (90% is enough), 7 of 10 on the device
+
+
+def plan(*gaps: tuple[str, str], bridges: dict) -> dict:
+    return {"unsupported": [{"op": c, "capability": c, "status": s} for c, s in gaps], "bridges": bridges}
+
+
+def test_adapter_credit_counts_the_run_types_each_adapter_bridged_a_gap_in():
+    bridges = {
+        "aten.index": ["attention_mask", "rewrite"],
+        "aten.sin": ["rope"],
+        "aten.embedding": ["embedding"],
+    }
+    rs = [
+        rec(
+            "a",
+            "pass_device",
+            adapters_applied=["attention_mask", "rope", "embedding"],
+            plan=plan(("aten.index", "unsupported"), ("aten.sin", "fallback"), bridges=bridges),
+        ),
+        # rewrite declares aten.index too: both applied adapters are credited
+        rec(
+            "b",
+            "pass_fallback",
+            adapters_applied=["attention_mask", "rewrite", "rope"],
+            plan=plan(("aten.index", "unsupported"), ("aten.sin", "fallback"), bridges=bridges),
+        ),
+        rec(
+            "c",
+            "unsupported",
+            adapters_applied=["attention_mask"],
+            plan=plan(("aten.index", "unsupported"), bridges=bridges),
+        ),
+        rec("d", "pass_device", adapters_applied=[{"name": "embedding"}], plan=plan(bridges=bridges)),
+    ]
+    assert adapter_credit(rs) == [
+        ("attention_mask", 3, 2, 2, 0),  # applied to a, b, c; c did not run
+        ("rewrite", 1, 1, 1, 0),
+        ("rope", 2, 2, 0, 1),  # kept a on the device; b ran with CPU islands anyway
+        ("embedding", 2, 2, 0, 0),  # d had no stock gap it declares
+    ]
+
+
 def test_every_section_and_plot_is_written(tmp_path):
     files = write_report(records(), tmp_path / "out", source="results.jsonl")
     md = files.markdown.read_text()
     for heading in (
         "## Summary: default variant",
         "## Summary: ragged variant",
+        "## Targets (issue 11; default variant)",
+        "## Adapters: what each one bridged in the models that run (default variant)",
         "## Coverage by modality",
         "## To-do: gaps ranked by the model types they block (default variant)",
         "## Errors of ours (emulator_error, adapter_error)",
@@ -134,7 +193,7 @@ def test_every_section_and_plot_is_written(tmp_path):
         png = (tmp_path / "out" / name).read_bytes()
         assert png.startswith(b"\x89PNG") and len(png) > 5000, name
     assert set(files.plots.values()) == {tmp_path / "out" / n for n in PLOTS.values()}
-    # the summary row for all default records: 10 types, 3 ran, then one column per class in CLASSES order
+    # the summary row for all default records: 10 types, 9 build (not dinat), 3 ran, then one column per class
     counts = {
         "pass_device": 1,
         "pass_fallback": 2,
@@ -145,7 +204,12 @@ def test_every_section_and_plot_is_written(tmp_path):
         "timeout": 1,
         "out_of_memory": 1,
     }
-    assert "| all | 10 | 3 (30%) | " + " | ".join(str(counts.get(c, 0)) for c in CLASSES) + " |" in md
+    assert (
+        "| all | 10 | 9 | 3 (33.3% of those that build) | "
+        + " | ".join(str(counts.get(c, 0)) for c in CLASSES)
+        + " |"
+        in md
+    )
     # one matrix row per record, with its class, blocking ops, islands, adapters, error and latency
     matrix = md.split("## Coverage matrix")[1]
     assert (
@@ -195,6 +259,9 @@ def test_report_command(tmp_path):
     )
     assert result.exit_code == 0, result.output
     assert "coverage.md" in result.output and "coverage.html" in result.output
+    # the targets, one line each (sam's rerun passes: 4 of the 9 that build run)
+    assert "NOT met: all model types run >= 75% of those that build: 4 of 9 (44.4%)" in result.output
+    assert "met: adapter_error = 0: 0 of 10" in result.output
     md = (tmp_path / "rep" / "coverage.md").read_text()
     assert (
         "t5" not in md
