@@ -51,7 +51,12 @@ def pytest_collection_modifyitems(config, items):
     (pytest 9.2 with xdist 3.8) the groups are silently spread over the workers and their fixtures built twice."""
     if not getattr(config.option, "loadgroup", False):
         return
-    lost = [item.nodeid for item in items if item.get_closest_marker("xdist_group") and "@" not in item.nodeid]
+    lost = [
+        item.nodeid
+        for item in items
+        if (mark := item.get_closest_marker("xdist_group"))
+        and not item.nodeid.endswith("@" + str(mark.args[0] if mark.args else mark.kwargs.get("name", "default")))
+    ]
     if lost:
         raise pytest.UsageError(
             f"--dist loadgroup is not grouping ({lost[0]} has no @group suffix): this pytest/pytest-xdist pair "
