@@ -28,6 +28,7 @@ from adapters import (  # noqa: F401  (importing registers the adapters, in appl
     rewrite,
     rmsnorm,
     rope,
+    rope_complex,
     sdpa,
     upcast,
 )
