@@ -10,20 +10,23 @@ reduction over the patch a convolution would read, so it is re-expressed with wh
 |------------------------------------------|-----------------------------------------------------------------------|
 | `nn.MaxPool2d` / `nn.MaxPool1d`          | `pad(x, -inf)` (device), `F.unfold` (aten.im2col: a CPU island, as for conv2d), `amax` over the window (device) |
 | `nn.AvgPool2d` / `nn.AvgPool1d`          | `F.unfold` with the zero padding (`count_include_pad=True`), `mean` over the window (device) |
+| the same, `count_include_pad=False`      | the window's `sum` divided by its count of real elements, ATen's divisor (a constant per position) |
 | `nn.AdaptiveAvgPool2d` / `1d`, even windows | `nn.AvgPool2d(kernel = stride = in / out)`'s form (an output of 1 is a mean already: left alone) |
 
 Exactness: a max over the same window of the same values is the same value (the -inf padding is what max pooling
 pads with, and PyTorch requires padding <= kernel / 2, so every window holds one real element): bit-identical. The
 average is the same sum divided by the same count, summed in another order: within a few ulps in fp32 (tests).
+The same forms serve `F.max_pool1d/2d` and `F.avg_pool1d/2d` called in a model's own code (Funnel, CANINE, the PP-OCR
+recognisers): `functional_pool` is what the rewrite adapter calls for them.
 ceil_mode (max pooling only: HGNetV2's stem) pads the bottom and right further with -inf, so ATen's partial last windows
 hold the same elements. What is not rewritten (runs as stock, so the stack still reports it): `return_indices=True`,
 `ceil_mode=True` on an average pool,
-`count_include_pad=False` with padding, `divisor_override`, adaptive pools whose windows are uneven, inputs that are
+`divisor_override`, adaptive pools whose windows are uneven, inputs that are
 not 2-D/3-D (1d) or 3-D/4-D (2d).
 
 How it recognises its target: by module type (instances of torch.nn's pooling classes and their subclasses that keep
 the class's forward), so any model that builds its backbone from them is covered; a model that calls
-`F.max_pool2d` in its own code is not (Funnel's pooling). Retirement: when the stack supports both capabilities.
+`F.max_pool2d` in its own code is the rewrite adapter's (its structural scan finds the call). Retirement: when the stack supports both capabilities.
 """
 
 from __future__ import annotations
@@ -57,10 +60,17 @@ def _ceil_extra(size: int, k: int, s: int, p: int, d: int) -> int:
     return max(0, (out - 1) * s + span - (size + 2 * p))
 
 
+def valid_counts(size: int, k: int, s: int, p: int, out: int) -> list[int]:
+    """Per output position along one dim, the real (not padding) elements of its window: ATen's avg_pool divisor
+    with count_include_pad=False (the window clipped to the input)."""
+    return [min(o * s - p + k, size + p, size) - max(o * s - p, 0) for o in range(out)]
+
+
 def pool_by_unfold(x: torch.Tensor, kernel, stride, padding, dilation, reduce: str, ceil_mode: bool = False):
     """2-D pooling of an (N, C, H, W) or (C, H, W) tensor: the windows as im2col columns, reduced by `reduce`
-    ("amax" with -inf padding, "mean" with zero padding). ceil_mode (max only) pads the bottom/right further with
-    -inf, so the partial last windows ATen adds hold the same elements."""
+    ("amax" with -inf padding, "mean" with zero padding, "mean_valid": the sum over each window's real elements
+    divided by their count). ceil_mode (max only) pads the bottom/right further with -inf, so the partial last
+    windows ATen adds hold the same elements."""
     unbatched = x.dim() == 3
     if unbatched:
         x = x.unsqueeze(0)
@@ -75,7 +85,14 @@ def pool_by_unfold(x: torch.Tensor, kernel, stride, padding, dilation, reduce: s
     wo = (w + 2 * pw - dw * (kw - 1) - 1) // sw + 1
     cols = F.unfold(x, (kh, kw), dilation=(dh, dw), padding=(ph, pw), stride=(sh, sw))  # [N, C*kh*kw, L]
     windows = cols.reshape(n, c, kh * kw, ho * wo)
-    out = (windows.amax(2) if reduce == "amax" else windows.mean(2)).reshape(n, c, ho, wo)
+    if (
+        reduce == "mean_valid"
+    ):  # a constant divisor per output position (small integers: exact in any float dtype)
+        ch, cw = valid_counts(h, kh, sh, ph, ho), valid_counts(w, kw, sw, pw, wo)
+        count = torch.tensor([a * b for a in ch for b in cw], dtype=x.dtype, device=x.device)
+        out = (windows.sum(2) / count).reshape(n, c, ho, wo)
+    else:
+        out = (windows.amax(2) if reduce == "amax" else windows.mean(2)).reshape(n, c, ho, wo)
     return out.squeeze(0) if unbatched else out
 
 
@@ -101,8 +118,48 @@ def _max_forward(self, input: torch.Tensor) -> torch.Tensor:
     return _as_2d(self, input, "amax")
 
 
+def _avg_reduce(count_include_pad: bool, padding) -> str:
+    return "mean" if count_include_pad or not any(padding) else "mean_valid"
+
+
 def _avg_forward(self, input: torch.Tensor) -> torch.Tensor:
-    return _as_2d(self, input, "mean")
+    return _as_2d(self, input, _avg_reduce(self.count_include_pad, _pair(self.padding, 2)))
+
+
+def _max_args(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False, return_indices=False):
+    return dict(locals())
+
+
+def _avg_args(
+    input, kernel_size, stride=None, padding=0, ceil_mode=False, count_include_pad=True, divisor_override=None
+):
+    return dict(locals())
+
+
+def functional_pool(kind: str, dims: int, args: tuple, kwargs: dict) -> torch.Tensor | None:
+    """A call of F.max_pool{dims}d (kind "max") or F.avg_pool{dims}d ("avg") with these arguments in the forms above,
+    or None where they do not apply (the options the modules are refused for; a call stock would refuse)."""
+    try:
+        a = (_max_args if kind == "max" else _avg_args)(*args, **kwargs)
+    except TypeError:
+        return None
+    x = a["input"]
+    if not isinstance(x, torch.Tensor) or not x.is_floating_point() or x.dim() not in (dims + 1, dims + 2):
+        return None
+    if a.get("return_indices") or a.get("divisor_override") is not None or (kind == "avg" and a["ceil_mode"]):
+        return None
+    opts = [a["kernel_size"], a["stride"] or a["kernel_size"], a["padding"], a.get("dilation", 1)]
+    if not all(isinstance(v, int) or (isinstance(v, tuple | list) and len(v) in (1, dims)) for v in opts):
+        return None
+    kernel, stride, padding, dilation = (
+        _pair(v[0] if isinstance(v, tuple | list) and len(v) == 1 else v, dims) for v in opts
+    )
+    if not all(isinstance(v, int) for t in (kernel, stride, padding, dilation) for v in t):
+        return None
+    if any(2 * p > k for p, k in zip(padding, kernel, strict=True)):
+        return None  # stock's error: "pad should be at most half of effective kernel size"
+    reduce = "amax" if kind == "max" else _avg_reduce(a["count_include_pad"], padding)
+    return _pool(x, dims, kernel, stride, padding, dilation, reduce, bool(a["ceil_mode"]) and kind == "max")
 
 
 def _adaptive_forward(self, input: torch.Tensor) -> torch.Tensor:
@@ -124,10 +181,8 @@ def _rewritable(m: nn.Module) -> bool:
         return False  # an average's partial ceil windows divide by fewer elements: not this form
     if isinstance(m, _ADAPTIVE) and all(o == 1 for o in _pair(m.output_size, 2)):
         return False  # core-aten decomposes it to a mean, which the device runs
-    if isinstance(m, _AVG):
-        padded = any(_pair(m.padding, 2))
-        if getattr(m, "divisor_override", None) or (padded and not m.count_include_pad):
-            return False
+    if isinstance(m, _AVG) and getattr(m, "divisor_override", None):
+        return False
     return True
 
 
@@ -152,7 +207,9 @@ class PoolingAsUnfold(Adapter):
             if isinstance(m, _MAX):
                 patch.override_forward(m, _max_forward, f"{path}: max pool as -inf pad + im2col + amax")
             elif isinstance(m, _AVG):
-                patch.override_forward(m, _avg_forward, f"{path}: avg pool as im2col + mean")
+                patch.override_forward(
+                    m, _avg_forward, f"{path}: avg pool as im2col + mean (of the real elements)"
+                )
             else:
                 patch.override_forward(m, _adaptive_forward, f"{path}: adaptive avg pool as mean (+ im2col)")
         return patch

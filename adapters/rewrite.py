@@ -19,6 +19,7 @@ exact expression in ops it lowers or runs:
 | `torch.logsumexp(x, dim)` | `log(sum(exp(x - m), dim)) + m`, `m = where(abs(amax) == inf, 0, amax)` | amax, abs, eq, where, sub, exp, sum, log, add |
 | `x.index_select(d, i)` | `F.embedding(i, x.movedim(d, 0).reshape(n, -1))`, reshaped and moved back | embedding (a CPU fallback), permute, reshape |
 | `x.scatter(d, index, v)`, `scatter_` (a number v; index as wide as x off `d`: the DSA indexer's mask) | `where((index[..., :, None] == 0..T-1).amax over K, v, x)` | eq, the bool->fp16 cast, amax, ne, where |
+| `F.max_pool1d/2d`, `F.avg_pool1d/2d` called in a model's own code (Funnel, CANINE, PP-OCR) | the pooling adapter's forms (`pooling.functional_pool`): im2col, then amax / mean / sum over the real elements | im2col (a CPU island), constant_pad_nd, amax, mean, sum, div |
 
 `torch.where(m, v, x)` is `masked_fill` by definition (elementwise select, both broadcast the mask and x); ATen
 implements `stack` as exactly that `cat`; an embedding lookup is the row gather `x[i]` (negative indices made
@@ -45,7 +46,7 @@ range is stock's error in eager runs; a compiled graph ignores it.
 How it recognises its target: by what the code calls. The methods of every module class of the model (its own code,
 transformers' or a user's, not torch.nn's) and the same-package helpers they call (`structure.reachable`) are
 scanned for the names these ops are called by (`masked_fill`, `masked_fill_`, `stack`, `new_full`, `glu`, `masked_scatter`, `all`,
-`logsumexp`, `scatter`, `scatter_`, `index_select`) and for
+`logsumexp`, `scatter`, `scatter_`, `index_select`, `max_pool1d/2d`, `avg_pool1d/2d`) and for
 subscripts (`x[...]`: an aten.index when the key holds an integer tensor or a list; `x[...] = y`: a scatter into a
 view). The model's top-level forward then runs under a `torch.overrides.TorchFunctionMode` that re-expresses each
 call of those ops whose capability the stack lacks and passes every other call through unchanged. Dynamo traces
@@ -75,7 +76,7 @@ from torch import nn
 from torch._prims_common import get_computation_dtype
 from torch.overrides import TorchFunctionMode
 
-from adapters import _stack, structure
+from adapters import _stack, pooling, structure
 from adapters.base import Adapter
 from adapters.patch import Patch
 from adapters.registry import register_adapter
@@ -520,6 +521,19 @@ _VIEW_WRITES = ("aten.select_scatter", "aten.slice_scatter")
 _PROBED: dict[int, bool] = {}
 
 
+def pool(kind: str, dims: int):
+    """The handler of F.{kind}_pool{dims}d: the pooling adapter's form where it applies (pooling.functional_pool)."""
+
+    def handler(args, kwargs):
+        out = pooling.functional_pool(kind, dims, args, kwargs)
+        return _PASS if out is None else out
+
+    return handler
+
+
+_POOL_NEEDS = ("aten.im2col", "aten.constant_pad_nd", "aten.amax", "aten.mean", "aten.sum", "aten.div")
+
+
 def _probe_view_write(caps) -> bool:
     """Does the stack refuse a write into a window of a 3-D tensor (#4441)? The table lists slice_scatter and
     select_scatter as native, with that limit in their note, so the stack's own support check is asked: a tiny
@@ -662,6 +676,38 @@ REWRITES: tuple[Rewrite, ...] = (
         index_select,
         ("aten.embedding", "aten.permute", "aten.reshape"),
         "embedding lookup of the index on the other dims flattened (the dim moved to the front and back)",
+    ),
+    Rewrite(
+        "aten.max_pool2d_with_indices",
+        (F.max_pool2d,),
+        frozenset({"max_pool2d"}),
+        pool("max", 2),
+        _POOL_NEEDS,
+        "im2col of the -inf padded input, amax over each window (pooling.functional_pool)",
+    ),
+    Rewrite(
+        "aten.max_pool2d_with_indices",
+        (F.max_pool1d,),
+        frozenset({"max_pool1d"}),
+        pool("max", 1),
+        _POOL_NEEDS,
+        "im2col over a height of 1, amax over each window (pooling.functional_pool)",
+    ),
+    Rewrite(
+        "aten.avg_pool2d",
+        (F.avg_pool2d,),
+        frozenset({"avg_pool2d"}),
+        pool("avg", 2),
+        _POOL_NEEDS,
+        "im2col, mean over each window or the sum of its real elements over their count (pooling.functional_pool)",
+    ),
+    Rewrite(
+        "aten.avg_pool2d",
+        (F.avg_pool1d,),
+        frozenset({"avg_pool1d"}),
+        pool("avg", 1),
+        _POOL_NEEDS,
+        "as avg_pool2d over a height of 1 (pooling.functional_pool)",
     ),
     Rewrite(
         "aten.select_scatter",
@@ -826,8 +872,8 @@ class ExactRewrite(Adapter):
     also = GAPS[1:]
     applies_to = frozenset(
         {
-            "any module whose code calls masked_fill, stack, new_full, all, logsumexp, scatter, index_select or indexes"
-            " a tensor"
+            "any module whose code calls masked_fill, stack, new_full, all, logsumexp, scatter, index_select, F.max_pool"
+            " / F.avg_pool or indexes a tensor"
         }
     )
     order = (
@@ -835,7 +881,8 @@ class ExactRewrite(Adapter):
     )
     summary = (
         "exact re-expressions: masked_fill -> where, stack -> cat, new_full -> full, all -> amin, index -> embedding,"
-        " logsumexp -> amax/exp/sum/log, scatter of a number -> where of index == position, index_select -> embedding"
+        " logsumexp -> amax/exp/sum/log, scatter of a number -> where of index == position, index_select -> embedding,"
+        " F.max_pool / F.avg_pool -> im2col + amax / mean"
     )
 
     def retired(self, caps) -> bool:

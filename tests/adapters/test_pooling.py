@@ -1,6 +1,7 @@
 """The pooling adapter: max / avg pooling as im2col + amax / mean. Max pooling bit-identical, average pooling within
 fp32 rounding, on every option the re-expression covers; the options it does not cover are left stock; on the device
-the pools are gone and only im2col (the CPU island the stack also runs for conv2d) is left; the patch is undone."""
+the pools are gone and only im2col (the CPU island the stack also runs for conv2d) is left; the patch is undone. The
+same forms for F.max_pool*d / F.avg_pool*d called in a model's own code (the rewrite adapter)."""
 
 from __future__ import annotations
 
@@ -23,6 +24,10 @@ COVERED = [
     nn.MaxPool2d(3, 2, 1, dilation=2, ceil_mode=True),  # partial last windows: -inf padded further
     nn.MaxPool1d(3, 2, 1),  # Informer's distilling layer
     nn.AvgPool2d(3, 2, 1),  # count_include_pad=True (the default): zero padding counted
+    nn.AvgPool2d(
+        3, 1, 1, count_include_pad=False
+    ),  # PoolFormer's token mixer: only the real elements counted
+    nn.AvgPool1d(3, 2, 1, count_include_pad=False),
     nn.AvgPool2d(2),
     nn.AvgPool1d(4, 2),
     nn.AdaptiveAvgPool2d((3, 6)),
@@ -31,7 +36,6 @@ COVERED = [
 LEFT_ALONE = [
     nn.AvgPool2d(3, 2, ceil_mode=True),  # its partial windows divide by fewer elements
     nn.MaxPool2d(2, return_indices=True),
-    nn.AvgPool2d(3, 2, 1, count_include_pad=False),
     nn.AvgPool2d(2, divisor_override=3),
     nn.AdaptiveAvgPool2d(1),  # already a mean (core-aten's decomposition), which the device runs
 ]
@@ -101,3 +105,77 @@ def test_undo_is_exact():
     assert all("forward" in m.__dict__ for m in model)
     handle.remove()
     assert_restored(model, snap)
+
+
+# F.max_pool*d / F.avg_pool*d as a model's own code calls them (Funnel, CANINE, the PP-OCR recognisers): the rewrite
+# adapter hands them to pooling.functional_pool
+FUNCTIONAL = [
+    ("max", 2, (2,), {}),
+    ("max", 2, (3,), {"stride": 2, "padding": 1, "ceil_mode": True}),
+    ("max", 2, ((3, 2), (2, 1), (1, 0)), {"dilation": (1, 2)}),
+    ("max", 1, (3, 2, 1), {}),
+    ("avg", 2, ((3, 2),), {}),  # PP-OCR's F.avg_pool2d(x, (3, 2))
+    ("avg", 2, (3, 1, 1), {"count_include_pad": False}),
+    ("avg", 2, ((2, 3), (1, 2), (1, 1)), {"count_include_pad": False}),
+    ("avg", 1, (3, 2, 1), {}),
+    ("avg", 1, (4,), {"count_include_pad": False}),
+]
+
+
+@pytest.mark.parametrize(("kind", "dims", "args", "kwargs"), FUNCTIONAL)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_functional_pools_match_stock(kind, dims, args, kwargs, dtype):
+    from adapters.pooling import functional_pool
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn((2, 5, 16) if dims == 1 else (2, 5, 11, 18), generator=g).to(dtype)
+    stock = getattr(torch.nn.functional, f"{kind}_pool{dims}d")
+    for inp in (x, x[0]):  # batched and unbatched
+        ref, got = stock(inp, *args, **kwargs), functional_pool(kind, dims, (inp, *args), kwargs)
+        assert got.shape == ref.shape and got.dtype == ref.dtype
+        if kind == "max":
+            assert torch.equal(got, ref)
+        else:  # the same sum and count, another order (fp16: one rounding of the sum)
+            tol = 1e-6 if dtype == torch.float32 else 2**-9
+            torch.testing.assert_close(got, ref, rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [{"return_indices": True}, {"divisor_override": 3}, {"ceil_mode": True}],
+    ids=["idx", "div", "ceil"],
+)
+def test_functional_options_the_form_does_not_cover_are_stock(kwargs):
+    from adapters.pooling import functional_pool
+
+    kind = "max" if "return_indices" in kwargs else "avg"
+    assert functional_pool(kind, 2, (torch.randn(1, 2, 6, 6), 2), kwargs) is None
+
+
+class _OwnPools(nn.Module):
+    """A model calling the pools itself, as Funnel's and PP-OCR's code does (no pooling module to patch)."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(64, 64)
+
+    def forward(self, x):
+        x = torch.nn.functional.max_pool2d(self.proj(x), 2)
+        return torch.nn.functional.avg_pool2d(x, (3, 2), stride=1, padding=1, count_include_pad=False)
+
+
+def test_functional_pools_in_model_code_are_rewritten_and_leave_only_im2col():
+    torch.manual_seed(0)
+    model, x = _OwnPools().eval(), torch.randn(2, 4, 8, 64)
+    ref = model(x)
+    with adapters.apply(model) as h:
+        assert h.report.applied == ["rewrite"]
+        torch.testing.assert_close(model(x), ref, rtol=1e-6, atol=1e-6)
+    model.half()
+    before = {op.op for op in find_unsupported(model, (x.half(),))}
+    assert {"aten.max_pool2d_with_indices", "aten.avg_pool2d"} <= before
+    torch._dynamo.reset()
+    with adapters.apply(model):
+        after = find_unsupported(model, (x.half(),))
+    torch._dynamo.reset()
+    assert {(op.op, op.status) for op in after} == {("aten.im2col", "fallback")}
