@@ -1,6 +1,6 @@
 """Host-side computation of model inputs and guards the stack does not lower.
 
-Two adapters, both running *stock code* on the host (the same function on the same values, so the result is
+Three adapters, each running *stock code* on the host (the same function on the same values, so the result is
 bit-identical) and handing its result to the device, as hf-adapters pass position ids and masks from the host:
 
 - `host_position_ids`: position ids derived from the padding (RoBERTa's `create_position_ids_from_input_ids`, a
@@ -14,6 +14,9 @@ bit-identical) and handing its result to the device, as hf-adapters pass positio
   the clamp itself stays stock on the device. Applying the clamp unconditionally is not identical (T5 clamps to
   max - 1000 only when an inf exists; values in between would change), so the guard is kept, only moved. Gaps:
   aten.isinf, aten.isfinite and aten.all (not in torch-spyre's op table: unsupported), aten.any (a fallback).
+- `host_vision_indices`: the image-grid helpers of transformers' shared `vision_utils` (Qwen3-VL's and its copies'
+  rotary position ids, attention sequence lengths, window order and position-embedding interpolation taps), integer
+  arithmetic on `grid_thw` alone. Gaps: aten.remainder and aten.floor_divide (unsupported; floor_divide: #4643).
 
 How they recognise their targets (by structure, not by class name):
 - a *position helper* is a function of the model's package whose code calls `cumsum` and whose first parameter is
@@ -24,7 +27,10 @@ How they recognise their targets (by structure, not by class name):
   rebound to a copy of `torch` in which only `gather` runs on the host;
 - a *clamp guard* is a forward whose source calls `torch.isinf(...)` / `torch.isfinite(...)` only as
   `torch.isinf(...).any()` / `torch.isfinite(...).all()`: its forward is rebound to a copy of `torch` whose isinf and
-  isfinite return a predicate that reduces on the host and gives back the stock 0-d bool tensor on the device.
+  isfinite return a predicate that reduces on the host and gives back the stock 0-d bool tensor on the device;
+- a *vision index helper* is a function of `transformers.vision_utils` whose first parameter is `grid_thw` (or
+  `target_sizes`), reached from a module's forward as a global (or through the model package's helpers): rebound to
+  the host call.
 """
 
 from __future__ import annotations
@@ -342,4 +348,61 @@ class HostClampGuard(Adapter):
                         patch, isinf=_predicate(torch.isinf), isfinite=_predicate(torch.isfinite)
                     )
                 rebind_forward(patch, m, {id(torch): view}, f"{path}: clamp guard on the host", depth=0)
+        return patch
+
+
+# ------------------------------------------------------------------------------------- vision index helpers
+
+_VISION_UTILS = "transformers.vision_utils"
+_VISION_INPUTS = ("grid_thw", "target_sizes")  # the first parameter of a vision index helper
+
+
+def is_vision_index_helper(obj) -> bool:
+    """A function of transformers' shared vision_utils whose first parameter is the image grid (`grid_thw`: patch
+    positions, rotary position ids, attention sequence lengths, window order, interpolation taps) or the target
+    sizes: integer arithmetic on the grid alone (floor_divide, remainder, arange, repeat_interleave), no parameter or
+    activation read."""
+    if not (isinstance(obj, types.FunctionType) and obj.__module__ == _VISION_UTILS):
+        return False
+    code = obj.__code__
+    return code.co_argcount > 0 and code.co_varnames[0] in _VISION_INPUTS
+
+
+def vision_targets(model: nn.Module) -> list[tuple[str, nn.Module, dict[int, object]]]:
+    """(path, module, {id: helper}) of the modules whose forward reaches a vision index helper (directly or through
+    the model package's own helpers)."""
+    out = []
+    for path, m in model.named_modules():
+        forward = getattr(type(m), "forward", None)
+        if not isinstance(forward, types.FunctionType):
+            continue
+        found = structure.reachable(structure.current_function(m, "forward"), is_vision_index_helper)
+        if found:
+            out.append((path, m, found))
+    return out
+
+
+@register_adapter
+class HostVisionIndices(Adapter):
+    name = "host_vision_indices"
+    gap = "aten.remainder"
+    also = ("aten.floor_divide",)
+    applies_to = frozenset(
+        {"a forward calling transformers.vision_utils' grid helpers (get_vision_position_ids, ...)"}
+    )
+    order = 16  # with the other host inputs; changes no shape
+    summary = (
+        "vision index helpers (positions, sequence lengths, interpolation taps of the image grid) on the host"
+    )
+
+    def applicable(self, model: nn.Module) -> bool:
+        return bool(vision_targets(model))
+
+    def patch(self, model: nn.Module) -> Patch:
+        patch = Patch(self.name)
+        calls: dict[int, object] = {}  # one host call per stock helper: dynamo then guards on one object
+        for path, m, found in vision_targets(model):
+            replace = {i: calls.setdefault(i, on_host(fn)) for i, fn in found.items()}
+            what = ", ".join(sorted(f.__name__ for f in found.values()))
+            rebind_forward(patch, m, replace, f"{path}: {what} on the host")
         return patch

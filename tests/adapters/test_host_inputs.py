@@ -245,3 +245,52 @@ def test_albert_runs_with_fallback():
 # one xdist worker runs this module (make test: --dist loadgroup), so its module-scoped fixtures and cached zoo
 # builds are made once, not once per worker
 pytestmark = pytest.mark.xdist_group("test_host_inputs")
+
+
+# ------------------------------------------------------------------------------------------ vision index helpers
+
+VISION_FAMILIES = ["qwen3_vl_vision", "cohere_compass_vision"]  # Qwen3-VL's tower and a copy of it
+
+
+@pytest.mark.parametrize("model_type", VISION_FAMILIES)
+def test_vision_indices_bit_identical_and_restored(model_type):
+    model = _zoo(model_type).model
+    snap = snapshot(model)
+    ref, out, patch = _stock_and_patched(model_type, "host_vision_indices", torch.float32)
+    assert torch.equal(out, ref)
+    assert "get_vision_position_ids" in " ".join(patch.changes), patch.changes
+    assert_restored(model, snap)
+
+
+def test_vision_index_helpers_leave_the_device():
+    """fp16 strict dry run: the stock tower divides integers on the device (floor_divide, remainder, both
+    unsupported); with the helpers on the host neither is left."""
+    import copy
+
+    from torch_spyre_emu.compiler import find_unsupported
+
+    zm = _zoo("qwen3_vl_vision")
+    model = copy.deepcopy(zm.model).half().eval()
+    inputs = {
+        k: v.half() if torch.is_tensor(v) and v.is_floating_point() else v for k, v in zm.inputs.items()
+    }
+    gaps = {"aten.remainder", "aten.floor_divide"}
+    assert gaps <= {o.op for o in find_unsupported(model, inputs, walk_in_fp32=True)}
+    torch._dynamo.reset()
+    with adapters.apply(model), torch._dynamo.config.patch(automatic_dynamic_shapes=False):
+        left = find_unsupported(model, inputs, walk_in_fp32=True)
+    torch._dynamo.reset()
+    assert not gaps & {o.op for o in left}, left
+
+
+def test_what_is_a_vision_index_helper():
+    from transformers import vision_utils
+
+    from adapters.host_inputs import is_vision_index_helper
+
+    assert is_vision_index_helper(vision_utils.get_vision_position_ids)
+    assert is_vision_index_helper(vision_utils.get_vision_interpolation_indices_and_weights)
+    assert not is_vision_index_helper(
+        vision_utils._interpolation_axis_taps_weights
+    )  # a tap helper, not the grid's
+    assert not adapters.get_adapter("host_vision_indices").applicable(_zoo("llama").model)
