@@ -16,6 +16,7 @@ exact expression in ops it lowers or runs:
 | `x[i]`, `x[i, j, ...]` (integer tensors on the leading dims) | `F.embedding(flat, x.reshape(rows, -1))` | embedding (a CPU fallback in the June table) |
 | `x[..., [p, q], :]` (a constant list of positions of one dim) | `torch.cat([x.select(d, p).unsqueeze(d), ...], d)` | select (a view), cat |
 | `x[:, i] = y`, `x[..., a:b] = y` on a base of rank >= 3 (select_scatter / slice_scatter, #4441) | `x.copy_(where(window, y in the window, x))` | where, copy, constant_pad_nd |
+| `x[mask] = v` (index_put, #1880: a bool mask over leading dims, a number v; the media-token blanking of multimodal models) | `x.copy_(where(mask, v, x))` (masked_fill_ by definition) | where, full, copy |
 | `torch.logsumexp(x, dim)` | `log(sum(exp(x - m), dim)) + m`, `m = where(abs(amax) == inf, 0, amax)` | amax, abs, eq, where, sub, exp, sum, log, add |
 | `x.index_select(d, i)` | `F.embedding(i, x.movedim(d, 0).reshape(n, -1))`, reshaped and moved back | embedding (a CPU fallback), permute, reshape |
 | `x.scatter(d, index, v)`, `scatter_` (a number v; index as wide as x off `d`: the DSA indexer's mask) | `where((index[..., :, None] == 0..T-1).amax over K, v, x)` | eq, the bool->fp16 cast, amax, ne, where |
@@ -498,6 +499,33 @@ def setitem(args, kwargs):
     return None
 
 
+def mask_setitem(args, kwargs):
+    """`x[mask] = v` with a bool mask over x's leading dims and a number (or 0-d tensor) v: an index_put the stack has
+    no lowering for (#1880), which is `masked_fill_` by definition: `x.copy_(where(mask, v, x))`. The multimodal
+    models write it to blank their media tokens (`llm_input_ids[media_mask] = 0`)."""
+    if kwargs or len(args) != 3:
+        return _PASS
+    x, mask, value = args
+    if not (isinstance(x, torch.Tensor) and isinstance(mask, torch.Tensor)) or x.is_complex() or x.dim() == 0:
+        return _PASS
+    if mask.dtype != torch.bool or mask.dim() == 0 or tuple(mask.shape) != tuple(x.shape[: mask.dim()]):
+        return _PASS
+    if isinstance(value, torch.Tensor):
+        if value.dim() != 0:
+            return _PASS  # a tensor of the selected elements: data-dependent
+        v = value.to(device=x.device, dtype=x.dtype)
+    elif isinstance(value, int | float | bool) and _fill_value(value, x.dtype) is not _PASS:
+        v = torch.full((), value, dtype=x.dtype, device=x.device)
+    else:
+        return _PASS
+    keep = mask.to(x.device).reshape(*mask.shape, *[1] * (x.dim() - mask.dim()))
+    x.copy_(torch.where(keep, v, x))
+    return None
+
+
+_STORES = (setitem, mask_setitem)  # the handlers of a subscript store (found by opcode, _STORE_SUBSCRIPT)
+
+
 @dataclass(frozen=True)
 class Rewrite:
     gap: str  # the capability the stack lacks
@@ -719,6 +747,14 @@ REWRITES: tuple[Rewrite, ...] = (
         also=("aten.slice_scatter",),
         lacking=_probe_view_write,
     ),
+    Rewrite(
+        "aten.index_put",
+        (torch.Tensor.__setitem__,),
+        frozenset(),  # a subscript store, found by opcode (_STORE_SUBSCRIPT)
+        mask_setitem,
+        ("aten.where", "aten.full", "aten.copy"),
+        "x.copy_(where(mask, value, x)) for x[bool mask] = a number",
+    ),
 )
 GAPS: tuple[str, ...] = tuple(dict.fromkeys(g for r in REWRITES for g in (r.gap, *r.also)))
 _SUBSCRIPT = frozenset({"BINARY_SUBSCR"})
@@ -735,14 +771,16 @@ class Reexpress(TorchFunctionMode):
 
     def __init__(self, rewrites: list[Rewrite]):
         super().__init__()
-        self.handlers = {f: r.handler for r in rewrites for f in r.funcs}
+        self.handlers: dict[object, tuple[Callable, ...]] = {}  # a func two rewrites share (x[k] = v) tries each
+        for r in rewrites:
+            for f in r.funcs:
+                self.handlers[f] = (*self.handlers.get(f, ()), r.handler)
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         if traced_numpy(args):
             return NotImplemented
         kwargs = kwargs or {}
-        handler = self.handlers.get(func)
-        if handler is not None:
+        for handler in self.handlers.get(func, ()):
             out = handler(args, kwargs)
             if out is not _PASS:
                 return out
@@ -831,7 +869,7 @@ def uses(model: nn.Module, rewrites=REWRITES) -> dict[str, list[str]]:
     names = frozenset().union(*(r.names for r in rewrites))
     by_name: dict[str, set[str]] = {}
     for r in rewrites:
-        for n in r.names or {"[]=" if r.handler is setitem else "[]"}:
+        for n in r.names or {"[]=" if r.handler in _STORES else "[]"}:
             by_name.setdefault(n, set()).add(r.gap)
     out: dict[str, list[str]] = {}
     for path, m in model.named_modules():

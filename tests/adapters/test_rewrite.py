@@ -292,6 +292,60 @@ def test_window_writes_left_to_stock():
     _same(y, ref)
 
 
+# -- bool-mask writes (index_put) ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", DTYPES + [torch.int64])
+def test_mask_writes_are_bit_identical(dtype):
+    cases = [
+        ((2, 16), (2, 16), 0),  # the media-token blanking: llm_input_ids[media_mask] = 0
+        ((2, 5, 4), (2, 5), -3),  # a mask over the leading dims: whole rows written
+        ((2, 5, 4), (2, 5, 4), torch.tensor(2)),  # a 0-d tensor value
+        ((6,), (6,), 1),
+    ]
+    for shape, mask_shape, value in cases:
+        ref = (_rand(*shape, seed=9) * 4).to(dtype)
+        mask = _rand(*mask_shape, seed=3) > 0
+        out = ref.clone()
+        ref[mask] = value
+        with _mode():
+            ret = out.__setitem__(mask, value)
+        assert ret is None
+        _same(out, ref)
+
+
+def test_mask_writes_left_to_stock():
+    x = _rand(2, 5, 4)
+    for key, value in [
+        (_rand(2, 5, seed=1) > 0, _rand(1, 4)),  # a tensor value: its rows are the selected elements'
+        (_rand(5, seed=1) > 0, 1.0),  # a mask of another dim (x[:, mask] is a tuple key; this is dim 0's)
+        (torch.tensor([0, 1]), 1.0),  # an integer index: not a mask
+    ]:
+        assert rewrite.mask_setitem((x, key, value), {}) is rewrite._PASS, key
+
+
+def test_a_mask_write_leaves_only_what_the_stack_runs():
+    """The multimodal blanking of media tokens ahead of the embedding: index_put is gone from the strict walk."""
+    from torch_spyre_emu.compiler import find_unsupported
+
+    class Blank(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = torch.nn.Embedding(64, 64)
+
+        def forward(self, ids):
+            ids = ids.clone()
+            ids[ids == 5] = 0
+            return self.emb(ids)
+
+    model, ids = Blank().half(), torch.tensor([[1, 5, 3, 5], [5, 2, 2, 9]])
+    assert "aten.index_put" in {o.op for o in find_unsupported(model, (ids,))}
+    torch._dynamo.reset()
+    with adapters.apply(model, only=["rewrite"]) as h:
+        assert h.report.applied == ["rewrite"]
+        left = {o.op for o in find_unsupported(model, (ids,))}
+    torch._dynamo.reset()
+    assert "aten.index_put" not in left, left
+
+
 def test_the_stack_itself_is_asked_about_window_writes():
     """slice_scatter / select_scatter are native in the table with a rank >= 3 limit (#4441) the table cannot
     express; the rewrite asks the stack's support check (a strict-mode walk of a tiny program)."""
