@@ -130,6 +130,12 @@ def sweep(
         None, help="Resident memory cap per model in GiB (default: DEFAULT_MEM_GB of models/zoo/sweep.py)."
     ),
     report: bool = typer.Option(False, "--report", help="Write the coverage report from --results; run nothing."),
+    rerun: list[Path] = typer.Option(
+        None,
+        "--rerun",
+        help="With --report: the results of a later partial re-sweep (repeatable); each record replaces --results'"
+        " record of the same model type and variant.",
+    ),
     out: Path = typer.Option(
         None, help="Where --report writes the report and plots (default: the folder of --results)."
     ),
@@ -147,7 +153,7 @@ def sweep(
             console.print("\n".join(model_types()))
             return
         if report:
-            _sweep_report(results, results.parent if out is None else out)
+            _sweep_report(results, results.parent if out is None else out, rerun or [])
             return
         timeout = sw.DEFAULT_TIMEOUT_S if timeout is None else timeout
         mem_gb = sw.DEFAULT_MEM_GB if mem_gb is None else mem_gb
@@ -310,16 +316,22 @@ def precision(
     console.print(escape(f"table: {files.table}; json: {files.json}; plots: {plots}"))
 
 
-def _sweep_report(results: Path, out: Path) -> None:
+def _sweep_report(results: Path, out: Path, reruns: list[Path] = ()) -> None:
     from models.zoo.report import latest, measured, targets, write_report
     from models.zoo.sweep import SweepError, read_results
 
-    if not results.exists():
-        raise SweepError(f"no results file {results}: run `spyre-emu sweep` first, or pass --results")
+    for path in (results, *reruns):
+        if not path.exists():
+            raise SweepError(f"no results file {path}: run `spyre-emu sweep` first, or pass --results")
     records = read_results(results)
     if not records:
         raise SweepError(f"{results} holds no finished model yet")
-    files = write_report(records, out, source=str(results))
+    source = str(results)
+    for path in reruns:  # later records replace earlier ones of the same (model type, variant): report.latest
+        again = read_results(path)
+        records += again
+        source += f", {len(again)} records re-run in {path}"
+    files = write_report(records, out, source=source)
     default = [r for r in latest(records) if r.get("variant", "default") == "default"]
     for label, n, of, share, met in targets(default) if default else []:
         console.print(escape(f"{'met' if met else 'NOT met'}: {label}: {measured(n, of, share)}"))

@@ -269,6 +269,33 @@ def test_report_command(tmp_path):
         and "| sam | default | vision | timeout" not in md
     )
 
+    # a partial re-sweep at a later commit, in a file of its own: its records replace those of the same types
+    later = tmp_path / "later.jsonl"
+    later.write_text(json.dumps(rec("opt", "pass_device", modality="text", is_decoder_lm=True)) + "\n")
+    both = runner.invoke(
+        app,
+        [
+            "sweep",
+            "--report",
+            "--results",
+            str(results),
+            "--rerun",
+            str(later),
+            "--out",
+            str(tmp_path / "both"),
+        ],
+    )
+    assert both.exit_code == 0, both.output
+    md = (tmp_path / "both" / "coverage.md").read_text()
+    assert (
+        "| opt | default | text | pass_device |" in md and "| opt | default | text | unsupported |" not in md
+    )
+    assert f"1 records re-run in {later}" in md
+    gone = runner.invoke(
+        app, ["sweep", "--report", "--results", str(results), "--rerun", str(tmp_path / "x.jsonl")]
+    )
+    assert gone.exit_code == 2 and "no results file" in gone.output
+
     missing = runner.invoke(app, ["sweep", "--report", "--results", str(tmp_path / "none.jsonl")])
     assert missing.exit_code == 2 and len(missing.output.strip().splitlines()) == 1
     assert "no results file" in missing.output
