@@ -777,7 +777,7 @@ class Reexpress(TorchFunctionMode):
                 self.handlers[f] = (*self.handlers.get(f, ()), r.handler)
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        if traced_numpy(args):
+        if declined(func, args):
             return NotImplemented
         kwargs = kwargs or {}
         for handler in self.handlers.get(func, ()):
@@ -793,6 +793,22 @@ def traced_numpy(args) -> bool:
     2.13 bug). A mode answers NotImplemented for them, so they trace as without a mode: scalar math, never a rewrite's
     or an upcast's target. Outside compile a mode never sees an ndarray of dynamo's, so eager is unchanged."""
     return torch.compiler.is_compiling() and any(isinstance(a, np.ndarray) for a in args)
+
+
+def traced_many_index_store(func, args) -> bool:
+    """`x[rows, cols] = v` with rows/cols sequences of 0-d tensors (UDOP's `rows, cols = zip(*ind)`): dynamo's
+    fake-tensor run of that store fails inside a mode's pass-through ("data is not allocated yet"), and a graph
+    break inside an inlined mode cannot resume. A mode answers NotImplemented, so it traces as without a mode;
+    never a rewrite's target (no handler takes a key of sequences). Eager is unchanged."""
+    if func is not torch.Tensor.__setitem__ or len(args) < 2 or not isinstance(args[1], tuple):
+        return False
+    nested = any(isinstance(k, tuple | list) and any(isinstance(t, torch.Tensor) for t in k) for k in args[1])
+    return nested and torch.compiler.is_compiling()
+
+
+def declined(func, args) -> bool:
+    """Calls a mode hands back to dynamo untouched (NotImplemented): they trace as without the mode."""
+    return traced_numpy(args) or traced_many_index_store(func, args)
 
 
 def run_stock(func, args, kwargs):

@@ -48,7 +48,7 @@ from adapters import _stack
 from adapters.base import Adapter
 from adapters.patch import Patch
 from adapters.registry import register_adapter
-from adapters.rewrite import _PASS, Reexpress, Rewrite, _skip_eager_frames, traced_numpy, uses
+from adapters.rewrite import _PASS, Reexpress, Rewrite, _skip_eager_frames, declined, uses
 
 _HALF = (torch.float16, torch.bfloat16)
 _TAG = "_spyre_upcast_of"  # on an fp32 upcast: (its fp16/bf16 source, the source's generation when taken)
@@ -207,7 +207,7 @@ class TrackUpcasts(Reexpress):
                     self.canonical[alias] = f
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        if traced_numpy(args):
+        if declined(func, args):
             return NotImplemented
         kwargs = kwargs or {}
         kind = self.kinds.get(func)

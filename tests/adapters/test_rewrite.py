@@ -507,3 +507,27 @@ def test_numpy_scalar_math_traces_under_the_modes(mode):
         out = torch.compile(positions, backend="eager")(x)
     torch._dynamo.reset()
     _same(out, positions(x))
+
+
+def test_a_store_keyed_by_sequences_of_tensors_traces_as_without_the_mode():
+    """UDOP's `rows, cols = zip(*ind); x[rows, cols] = False`: dynamo's fake run of that store failed inside the mode's
+    pass-through (the sweep's one adapter_error at a138d4e); the mode now hands it back to dynamo."""
+
+    def f(x, ind):
+        p = torch.full_like(x, True).bool()
+        rows, cols = zip(*ind)  # noqa: B905 (as UDOP writes it)
+        p[rows, cols] = False
+        return p.float() * x
+
+    x, ind = _rand(2, 5), torch.tensor([[0, 1], [1, 3], [0, 4]])
+
+    def under_mode(x, ind):
+        with _mode():
+            return f(x, ind)
+
+    torch._dynamo.reset()
+    try:
+        out = torch.compile(under_mode, backend="eager")(x, ind)
+    finally:
+        torch._dynamo.reset()
+    _same(out, f(x, ind))
