@@ -451,6 +451,7 @@ _OPS: list[OpEntry] = [
     _e("nonzero", "unsupported", (), "boolean indexing / data-dependent shape", S4),
     _e("histc", "unsupported", (), "#3982", S4),
     _e("floor_divide", "unsupported", (), "#4643", S4),
+    _e("remainder", "unsupported", (), "in no June op table: emulation assumption, a gap (integer division, as floor_divide)"),
     _e("view_as_real", "unsupported", (), "complex: only type-map entries exist", S4),
     _e("view_as_complex", "unsupported", (), "complex: only type-map entries exist", S4),
     _e("polar", "unsupported", (), "complex", S4),
