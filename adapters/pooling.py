@@ -85,9 +85,8 @@ def pool_by_unfold(x: torch.Tensor, kernel, stride, padding, dilation, reduce: s
     wo = (w + 2 * pw - dw * (kw - 1) - 1) // sw + 1
     cols = F.unfold(x, (kh, kw), dilation=(dh, dw), padding=(ph, pw), stride=(sh, sw))  # [N, C*kh*kw, L]
     windows = cols.reshape(n, c, kh * kw, ho * wo)
-    if (
-        reduce == "mean_valid"
-    ):  # a constant divisor per output position (small integers: exact in any float dtype)
+    if reduce == "mean_valid":
+        # a constant divisor per output position (small integers: exact in any float dtype)
         ch, cw = valid_counts(h, kh, sh, ph, ho), valid_counts(w, kw, sw, pw, wo)
         count = torch.tensor([a * b for a in ch for b in cw], dtype=x.dtype, device=x.device)
         out = (windows.sum(2) / count).reshape(n, c, ho, wo)

@@ -480,11 +480,8 @@ def setitem(args, kwargs):
     if window is None:
         return _PASS
     d, a, b, is_index = window
-    if isinstance(value, torch.Tensor):
-        v = value.to(device=x.device, dtype=x.dtype)
-    elif isinstance(value, int | float | bool) and _fill_value(value, x.dtype) is not _PASS:
-        v = torch.full((), value, dtype=x.dtype, device=x.device)
-    else:
+    v = _store_value(x, value)
+    if v is _PASS:
         return _PASS
     n, shape = x.shape[d], list(x.shape)
     if is_index:
@@ -499,6 +496,16 @@ def setitem(args, kwargs):
     return None
 
 
+def _store_value(x: torch.Tensor, value):
+    """The value of a store into x as a tensor of x's dtype on x's device (a number as a 0-d full), or _PASS where
+    stock would refuse the number (overflow) or the value is not one."""
+    if isinstance(value, torch.Tensor):
+        return value.to(device=x.device, dtype=x.dtype)
+    if isinstance(value, int | float | bool) and _fill_value(value, x.dtype) is not _PASS:
+        return torch.full((), value, dtype=x.dtype, device=x.device)
+    return _PASS
+
+
 def mask_setitem(args, kwargs):
     """`x[mask] = v` with a bool mask over x's leading dims and a number (or 0-d tensor) v: an index_put the stack has
     no lowering for (#1880), which is `masked_fill_` by definition: `x.copy_(where(mask, v, x))`. The multimodal
@@ -510,13 +517,10 @@ def mask_setitem(args, kwargs):
         return _PASS
     if mask.dtype != torch.bool or mask.dim() == 0 or tuple(mask.shape) != tuple(x.shape[: mask.dim()]):
         return _PASS
-    if isinstance(value, torch.Tensor):
-        if value.dim() != 0:
-            return _PASS  # a tensor of the selected elements: data-dependent
-        v = value.to(device=x.device, dtype=x.dtype)
-    elif isinstance(value, int | float | bool) and _fill_value(value, x.dtype) is not _PASS:
-        v = torch.full((), value, dtype=x.dtype, device=x.device)
-    else:
+    if isinstance(value, torch.Tensor) and value.dim() != 0:
+        return _PASS  # a tensor of the selected elements: data-dependent
+    v = _store_value(x, value)
+    if v is _PASS:
         return _PASS
     keep = mask.to(x.device).reshape(*mask.shape, *[1] * (x.dim() - mask.dim()))
     x.copy_(torch.where(keep, v, x))

@@ -53,6 +53,11 @@ def _templates() -> tuple[tuple[object, ...], dict[int, tuple[object, int]]]:
     }
 
 
+def _heads_at(f, applies: dict[int, tuple[object, int]]) -> int | None:
+    """The heads dim of the apply_rotary_emb template `f` is a verbatim copy of, or None."""
+    return next((d for t, d in applies.values() if callable(f) and structure.same_code(f, t)), None)
+
+
 def complex_table(freqs_cis: torch.Tensor) -> torch.Tensor:
     """freqs_cis [..., D/2] (complex) -> [2, ..., D] fp32: cos then sin, each repeated per pair of lanes."""
     real = torch.view_as_real(freqs_cis.to(torch.complex64))  # [..., D/2, 2]
@@ -132,16 +137,9 @@ class ComplexRope(Adapter):
             forward = structure.current_function(m, "forward") if hasattr(m, "forward") else None
             if not isinstance(forward, types.FunctionType):
                 continue
-            calls = structure.reachable(
-                forward,
-                lambda f: callable(f) and any(structure.same_code(f, t) for t, _ in applies.values()),
-            )
+            calls = structure.reachable(forward, lambda f: _heads_at(f, applies) is not None)
             if calls:
-                dims = {
-                    i: next(d for t, d in applies.values() if structure.same_code(f, t))
-                    for i, f in calls.items()
-                }
-                attentions.append((path, m, dims))
+                attentions.append((path, m, {i: _heads_at(f, applies) for i, f in calls.items()}))
         return rotaries, attentions
 
     def applicable(self, model: nn.Module) -> bool:
