@@ -25,8 +25,8 @@ Scores, the mask, the softmax (including rows with every key masked: torch's fus
 
 How it recognises its targets: by structure. A module whose `expand_kv` method is a verbatim copy
 (`structure.same_code`) of the MLA template's (transformers' DeepseekV3Attention.expand_kv, which DeepSeek-V2,
-MiniCPM3, GLM-4-MoE-Lite, Kimi-Linear, Youtu, ... copy through transformers' modular files), with the head sizes it
-reads (`qk_nope_head_dim`, `qk_rope_head_dim`, `v_head_dim`) and `kv_b_proj`. A variant whose code differs is left
+MiniCPM3, GLM-4-MoE-Lite, Kimi-Linear, Youtu, Mistral-Large-4, ... copy through transformers' modular files), with the
+head sizes it reads (`qk_nope_head_dim`, `qk_rope_head_dim` (0 on a no-RoPE layer), `v_head_dim`) and `kv_b_proj`. A variant whose code differs is left
 alone (its gap stays, `spyre-emu plan` names it). The patch is a per-instance `expand_kv` and, where V is padded, a
 per-instance copy of the forward (`structure.rebind`) whose `ALL_ATTENTION_FUNCTIONS` (the registry, or what an
 earlier adapter put there: head_dim_pad's padded interface) hands out its functions wrapped; both undone exactly.
@@ -75,8 +75,9 @@ def mla_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
         fn = getattr(type(m), "expand_kv", None)
         if not isinstance(fn, types.FunctionType) or not structure.same_code(fn, ref):
             continue
-        sizes = [getattr(m, a, None) for a in ("qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")]
-        if all(type(s) is int and s > 0 for s in sizes) and isinstance(
+        nope, rope, v = (getattr(m, a, None) for a in ("qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"))
+        # a no-RoPE layer (Mistral-Large-4's) has qk_rope_head_dim 0: its key is k_nope alone
+        if all(type(s) is int for s in (nope, rope, v)) and nope > 0 and rope >= 0 and v > 0 and isinstance(
             getattr(m, "kv_b_proj", None), nn.Module
         ):
             out.append((path, m))
@@ -89,6 +90,8 @@ def expand_kv(self, kv_nope: torch.Tensor, k_rot: torch.Tensor) -> tuple[torch.T
     key_shape = (batch_size, seq_length, -1, self.qk_nope_head_dim + self.v_head_dim)
     kv_nope = self.kv_b_proj(kv_nope).view(key_shape).transpose(1, 2)
     k_nope, value_states = torch.split(kv_nope, [self.qk_nope_head_dim, self.v_head_dim], dim=-1)
+    if k_rot.shape[-1] == 0:  # a no-RoPE layer: the stock key is k_nope's window and an empty one
+        return k_nope.contiguous(), value_states
     k_rot = k_rot.expand(-1, k_nope.shape[1], -1, -1)
     return torch.cat((k_nope, k_rot), dim=-1), value_states
 

@@ -11,7 +11,8 @@ reduction over the patch a convolution would read, so it is re-expressed with wh
 | `nn.MaxPool2d` / `nn.MaxPool1d`          | `pad(x, -inf)` (device), `F.unfold` (aten.im2col: a CPU island, as for conv2d), `amax` over the window (device) |
 | `nn.AvgPool2d` / `nn.AvgPool1d`          | `F.unfold` with the zero padding (`count_include_pad=True`), `mean` over the window (device) |
 | the same, `count_include_pad=False`      | the window's `sum` divided by its count of real elements, ATen's divisor (a constant per position) |
-| `nn.AdaptiveAvgPool2d` / `1d`, even windows | `nn.AvgPool2d(kernel = stride = in / out)`'s form (an output of 1 is a mean already: left alone) |
+| `nn.AdaptiveAvgPool2d` / `1d`, even windows | `nn.AvgPool2d(kernel = stride = in / out)`'s form                    |
+| the same, an output of 1 (a global pool)  | `mean` over the pooled dims, `keepdim=True` (device)                  |
 
 Exactness: a max over the same window of the same values is the same value (the -inf padding is what max pooling
 pads with, and PyTorch requires padding <= kernel / 2, so every window holds one real element): bit-identical. The
@@ -165,9 +166,10 @@ def _adaptive_forward(self, input: torch.Tensor) -> torch.Tensor:
     dims = 1 if isinstance(self, nn.AdaptiveAvgPool1d) else 2
     sizes = input.shape[-dims:]
     out = tuple(s if o is None else o for s, o in zip(sizes, _pair(self.output_size, dims), strict=True))
-    if all(o == 1 for o in out) or any(s % o for s, o in zip(sizes, out, strict=True)):
-        # a mean already (core-aten's decomposition), or uneven windows: stock (the stack reports the latter)
-        return type(self).forward(self, input)
+    if all(o == 1 for o in out):
+        return input.mean(dim=tuple(range(-dims, 0)), keepdim=True)  # no restride to the input's memory format
+    if any(s % o for s, o in zip(sizes, out, strict=True)):
+        return type(self).forward(self, input)  # uneven windows: stock (the stack reports them)
     kernel = tuple(s // o for s, o in zip(sizes, out, strict=True))
     return _pool(input, dims, kernel, kernel, (0,) * dims, (1,) * dims, "mean")
 
@@ -178,8 +180,6 @@ def _rewritable(m: nn.Module) -> bool:
         return False
     if getattr(m, "return_indices", False) or (getattr(m, "ceil_mode", False) and not isinstance(m, _MAX)):
         return False  # an average's partial ceil windows divide by fewer elements: not this form
-    if isinstance(m, _ADAPTIVE) and all(o == 1 for o in _pair(m.output_size, 2)):
-        return False  # core-aten decomposes it to a mean, which the device runs
     if isinstance(m, _AVG) and getattr(m, "divisor_override", None):
         return False
     return True
@@ -189,7 +189,7 @@ def _rewritable(m: nn.Module) -> bool:
 class PoolingAsUnfold(Adapter):
     name = "pooling"
     gap = "aten.max_pool2d_with_indices"
-    also = ("aten.avg_pool2d", "aten._adaptive_avg_pool2d")
+    also = ("aten.avg_pool2d", "aten._adaptive_avg_pool2d", "aten.as_strided")
     applies_to = frozenset(c.__name__ for c in (*_MAX, *_AVG, *_ADAPTIVE))
     order = 85
     summary = "max/avg pooling as im2col (a CPU island, as for conv2d) + amax/mean on the device"

@@ -25,7 +25,8 @@ MLA_FAMILIES = (
     "deepseek_v3",
     "minicpm3",
     "axk2",
-)  # MoE, dense (sub-stick rope heads: head_dim_pad), gated output
+    "mistral_large4_text",
+)  # MoE, dense (sub-stick rope heads: head_dim_pad), gated output, no-RoPE layers (qk_rope_head_dim 0) and DSA
 _SAFE, _SCATTER = "aten._safe_softmax", "aten.slice_scatter"
 
 

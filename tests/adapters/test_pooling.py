@@ -32,12 +32,13 @@ COVERED = [
     nn.AvgPool1d(4, 2),
     nn.AdaptiveAvgPool2d((3, 6)),
     nn.AdaptiveAvgPool1d(4),
+    nn.AdaptiveAvgPool2d(1),  # a global pool: a mean (ConvNeXt's, ResNet's heads)
+    nn.AdaptiveAvgPool1d(1),  # Swin's pooler
 ]
 LEFT_ALONE = [
     nn.AvgPool2d(3, 2, ceil_mode=True),  # its partial windows divide by fewer elements
     nn.MaxPool2d(2, return_indices=True),
     nn.AvgPool2d(2, divisor_override=3),
-    nn.AdaptiveAvgPool2d(1),  # already a mean (core-aten's decomposition), which the device runs
 ]
 
 
@@ -96,6 +97,40 @@ def test_on_device_only_im2col_is_left_and_values_match():
             got = torch.compile(model, backend="spyre", dynamic=False)(x.half())
     torch._dynamo.reset()
     assert torch.allclose(got.float(), ref, rtol=2**-7, atol=2**-6), float((got.float() - ref).abs().max())
+
+
+def test_uneven_adaptive_windows_run_stock():
+    m = nn.AdaptiveAvgPool2d((5, 7))  # 12 x 18 is not a whole number of 5 x 7 windows: stock's overlapping bins
+    x = _x(m)
+    ref = m(x)
+    with adapters.apply(m, only=["pooling"]):
+        assert torch.equal(m(x), ref)
+
+
+def test_global_pool_of_a_transposed_input_has_no_restride():
+    # Swin's pooler(x.transpose(1, 2)): core-aten's global pool is a mean restrided to the input's memory format with
+    # aten.as_strided_, which the stack does not lower; the adapter's mean has no restride and the same values
+    model = _Transposed(nn.AdaptiveAvgPool1d(1)).eval()
+    x = torch.randn(2, 49, 64)
+    ref = model(x)
+    before = {op.op for op in find_unsupported(model.half(), (x.half(),))}
+    assert "aten.as_strided" in before
+    torch._dynamo.reset()
+    with adapters.apply(model, only=["pooling"]):
+        assert find_unsupported(model, (x.half(),)) == []
+        torch._dynamo.reset()
+        got = torch.compile(model, backend="spyre", dynamic=False)(x.half())
+    torch._dynamo.reset()
+    assert torch.allclose(got.float(), ref, rtol=2**-7, atol=2**-8), float((got.float() - ref).abs().max())
+
+
+class _Transposed(nn.Module):
+    def __init__(self, pool: nn.Module):
+        super().__init__()
+        self.pool = pool
+
+    def forward(self, x):
+        return torch.flatten(self.pool(x.transpose(1, 2)), 1)
 
 
 def test_undo_is_exact():
