@@ -189,7 +189,7 @@ def _rewritable(m: nn.Module) -> bool:
 class PoolingAsUnfold(Adapter):
     name = "pooling"
     gap = "aten.max_pool2d_with_indices"
-    also = ("aten.avg_pool2d", "aten._adaptive_avg_pool2d", "aten.as_strided")
+    also = ("aten.avg_pool2d", "aten._adaptive_avg_pool2d")
     applies_to = frozenset(c.__name__ for c in (*_MAX, *_AVG, *_ADAPTIVE))
     order = 85
     summary = "max/avg pooling as im2col (a CPU island, as for conv2d) + amax/mean on the device"
