@@ -15,7 +15,7 @@ exact expression in ops it lowers or runs:
 | `b.all(dim)` (bool, or a number tensor: `b != 0`) | `b.to(float16).amin(dim) != 0`  | amin (native), ne, the bool->fp16 cast |
 | `x[i]`, `x[i, j, ...]` (integer tensors on the leading dims) | `F.embedding(flat, x.reshape(rows, -1))` | embedding (a CPU fallback in the June table) |
 | `x[..., [p, q], :]` (a constant list of positions of one dim) | `torch.cat([x.select(d, p).unsqueeze(d), ...], d)` | select (a view), cat |
-| `x[:, i] = y`, `x[..., a:b] = y` on a base of rank >= 3 (select_scatter / slice_scatter, #4441) | `x.copy_(where(window, y in the window, x))` | where, copy, constant_pad_nd |
+| `x[:, i] = y`, `x[..., a:b] = y`, `x[..., i, :i] = y` on a base of rank >= 3 (select_scatter / slice_scatter, #4441) | `x.copy_(where(window, y in the window, x))`, one where per written dim | where, copy, constant_pad_nd |
 | `x[mask] = v` (index_put, #1880: a bool mask over leading dims, a number v; the media-token blanking of multimodal models) | `x.copy_(where(mask, v, x))` (masked_fill_ by definition) | where, full, copy |
 | `torch.logsumexp(x, dim)` | `log(sum(exp(x - m), dim)) + m`, `m = where(abs(amax) == inf, 0, amax)` | amax, abs, eq, where, sub, exp, sum, log, add |
 | `x.index_select(d, i)` | `F.embedding(i, x.movedim(d, 0).reshape(n, -1))`, reshaped and moved back | embedding (a CPU fallback), permute, reshape |
@@ -25,8 +25,8 @@ exact expression in ops it lowers or runs:
 `torch.where(m, v, x)` is `masked_fill` by definition (elementwise select, both broadcast the mask and x); ATen
 implements `stack` as exactly that `cat`; an embedding lookup is the row gather `x[i]` (negative indices made
 positive first: `where(i < 0, i + n, i)`); for several index tensors the row is the flattened position
-`((i0 * s1 + i1) * s2 + i2)...` of the leading dims; a window write selects, per element, the written value inside a
-constant bool mask of the window and the old value outside it (y reaches the window by a zero pad or an unsqueeze,
+`((i0 * s1 + i1) * s2 + i2)...` of the leading dims; a window write selects, per element, the written value inside
+the block (inside every written dim's constant bool mask, one where per dim) and the old value outside it (y reaches the window by a zero pad or an unsqueeze,
 never by arithmetic); logsumexp is ATen's own sequence of steps (its CPU kernel and its decomposition, whose
 `masked_fill` of an infinite max becomes a where: an all -inf row stays -inf, an inf row is inf, not nan); a scatter
 of one number marks each position that some index names (duplicates mark it once, so no write order matters; the
@@ -433,24 +433,23 @@ def masked_scatter(args, kwargs):
     return torch.where(m, picked, x)
 
 
-def _write_window(x: torch.Tensor, key):
-    """(dim, start, stop, is_index) of a key that writes one window of one dim (an int, or a slice of step 1), the
-    other dims whole (`:` / one Ellipsis); None for any other key."""
+def _write_window(x: torch.Tensor, key) -> list[tuple[int, int, int, bool]] | None:
+    """[(dim, start, stop, is_index), ...] of a key that writes one block: per dim an int or a slice of step 1
+    (`x[:, i] = y`, `x[..., i, :i] = y`), the other dims whole (`:` / one Ellipsis); None for any other key or an
+    empty block."""
     items = _key_items(x, key)
     if items is None:
         return None
-    window = None
+    windows = []
     for d, it in enumerate(items):
         if isinstance(it, slice) and it == slice(None):
             continue
-        if window is not None:
-            return None
         n = x.shape[d]
         if isinstance(it, int) and not isinstance(it, bool):
             i = it + n if it < 0 else it
             if not 0 <= i < n:
                 return None  # stock raises IndexError
-            window = (d, i, i + 1, True)
+            windows.append((d, i, i + 1, True))
         elif (
             isinstance(it, slice)
             and it.step in (None, 1)
@@ -461,38 +460,48 @@ def _write_window(x: torch.Tensor, key):
             a, b, _ = it.indices(n)
             if b <= a:
                 return None  # an empty window
-            window = (d, a, b, False)
+            windows.append((d, a, b, False))
         else:
             return None
-    return window
+    return windows or None
 
 
 def setitem(args, kwargs):
-    """`x[..., a:b] = y` / `x[:, i] = y` on a base of rank >= 3 (the write the stack cannot do, #4441) as one whole
-    write: `x.copy_(where(window, y placed in the window, x))`; the window is a constant bool mask, y is placed by a
-    zero pad (a slice) or an unsqueeze (an index). Lower ranks are left to the stack, which lowers them."""
+    """`x[..., a:b] = y`, `x[:, i] = y`, `x[..., i, :i] = y` on a base of rank >= 3 (the write the stack cannot do,
+    #4441) as one whole write: y is placed in the block (an unsqueeze per index, one zero pad for the slices), then
+    `where(window_d, ..., x)` per written dim, innermost first, each window a constant bool mask of one dim; the
+    result is copied into x. Lower ranks are left to the stack, which lowers them."""
     if kwargs or len(args) != 3:
         return _PASS
     x, key, value = args
     if not isinstance(x, torch.Tensor) or x.dim() < 3 or x.is_complex() or x.layout != torch.strided:
         return _PASS
-    window = _write_window(x, key)
-    if window is None:
+    windows = _write_window(x, key)
+    if windows is None:
         return _PASS
-    d, a, b, is_index = window
     v = _store_value(x, value)
     if v is _PASS:
         return _PASS
-    n, shape = x.shape[d], list(x.shape)
-    if is_index:
-        v = v.expand(shape[:d] + shape[d + 1 :]).unsqueeze(d)
-    else:
-        shape[d] = b - a
-        v = F.pad(v.expand(shape), [0, 0] * (x.dim() - 1 - d) + [a, n - b])
-    where = [1] * x.dim()
-    where[d] = n
-    mask = torch.tensor([a <= j < b for j in range(n)], device=x.device).reshape(where)
-    x.copy_(torch.where(mask, v, x))
+    block = list(x.shape)  # the written block's shape with each index dim kept at size 1
+    for d, a, b, _ in windows:
+        block[d] = b - a
+    v = v.expand([s for d, s in enumerate(block) if d not in {w[0] for w in windows if w[3]}])
+    for d, _, _, is_index in windows:
+        if is_index:
+            v = v.unsqueeze(d)
+    pad = [0] * (2 * x.dim())  # F.pad's order: the last dim first
+    for d, a, b, is_index in windows:
+        if not is_index:
+            pad[2 * (x.dim() - 1 - d) : 2 * (x.dim() - d)] = [a, x.shape[d] - b]
+    if any(pad):
+        v = F.pad(v, pad)
+    out = v
+    for d, a, b, _ in reversed(windows):
+        where = [1] * x.dim()
+        where[d] = x.shape[d]
+        window = torch.tensor([a <= j < b for j in range(x.shape[d])], device=x.device).reshape(where)
+        out = torch.where(window, out, x)
+    x.copy_(out)
     return None
 
 

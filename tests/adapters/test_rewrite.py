@@ -256,6 +256,10 @@ def test_window_writes_are_bit_identical(dtype):
         ((2, 5, 4), 1, _rand(5, 4, seed=7)),
         ((2, 5, 4), (slice(None), slice(0, 10)), _rand(2, 5, 4, seed=8)),  # a stop past the end
         ((2, 5, 4), (slice(None), 1), float("nan")),
+        ((2, 5, 4), (0, 1), _rand(4, seed=10)),  # a block: two written dims
+        ((2, 3, 6, 6), (Ellipsis, 4, slice(None, 4)), _rand(2, 3, 4, seed=11)),  # the delta rule's attn[..., i, :i]
+        ((2, 3, 6, 6), (Ellipsis, slice(1, 3), slice(2, 5)), _rand(3, 1, 3, seed=12)),  # two slices, broadcast
+        ((2, 3, 6, 6), (1, slice(None), -1, slice(2, None)), 7),
     ]
     for shape, key, value in cases:
         if isinstance(value, torch.Tensor):
@@ -275,7 +279,7 @@ def test_window_writes_left_to_stock():
     x = _rand(2, 5, 4)
     keys = [
         (slice(None), slice(0, 4, 2)),  # a step slice
-        (0, 1),  # two windows: not one whole write
+        (0, slice(0, 4, 2)),  # a block with a step slice
         (slice(None), torch.tensor([1, 2])),  # an index_put
         (None, 0),
         (Ellipsis, 1, Ellipsis),
@@ -344,6 +348,32 @@ def test_a_mask_write_leaves_only_what_the_stack_runs():
         left = {o.op for o in find_unsupported(model, (ids,))}
     torch._dynamo.reset()
     assert "aten.index_put" not in left, left
+
+
+def test_a_block_write_loop_leaves_only_what_the_stack_runs():
+    """The delta rule's UT loop of Kimi-Linear / Bailing-hybrid (`attn[..., i, :i] = row + ...` on a 5-D tensor, a
+    select_scatter of a slice_scatter): gone from the strict walk, and the result is stock's."""
+    from torch_spyre_emu.compiler import find_unsupported
+
+    class UT(torch.nn.Module):
+        def forward(self, attn):
+            attn = attn.clone()
+            for i in range(1, attn.shape[-1]):
+                row = attn[..., i, :i].clone()
+                sub = attn[..., :i, :i].clone()
+                attn[..., i, :i] = row + (row.unsqueeze(-1) * sub).sum(-2)
+            return attn
+
+    model, attn = UT(), _rand(2, 2, 1, 8, 8, seed=13) * 0.1
+    ref = model(attn)
+    assert {"aten.select_scatter", "aten.slice_scatter"} <= {o.op for o in find_unsupported(model, (attn,))}
+    torch._dynamo.reset()
+    with adapters.apply(model, only=["rewrite"]) as h:
+        assert h.report.applied == ["rewrite"]
+        left = {o.op for o in find_unsupported(model, (attn,))}
+        _same(model(attn), ref)
+    torch._dynamo.reset()
+    assert not left & {"aten.select_scatter", "aten.slice_scatter"}, left
 
 
 def test_the_stack_itself_is_asked_about_window_writes():
