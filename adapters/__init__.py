@@ -19,6 +19,7 @@ from adapters import (  # noqa: F401  (importing registers the adapters, in appl
     group_norm,
     head_dim_pad,
     host_inputs,
+    interpolate,
     lm_head_pad,
     mla,
     moe,

@@ -452,6 +452,20 @@ _OPS: list[OpEntry] = [
     _e("histc", "unsupported", (), "#3982", S4),
     _e("floor_divide", "unsupported", (), "#4643", S4),
     _e("remainder", "unsupported", (), "in no June op table: emulation assumption, a gap (integer division, as floor_divide)"),
+    *(
+        _e(name, "unsupported", (), "in no June op table, as a lowering or a CPU island: emulation assumption, a gap")
+        for name in (
+            "upsample_nearest1d",
+            "upsample_nearest2d",
+            "_upsample_nearest_exact1d",
+            "_upsample_nearest_exact2d",
+            "upsample_linear1d",
+            "upsample_bilinear2d",
+            "upsample_bicubic2d",
+            "_upsample_bilinear2d_aa",
+            "_upsample_bicubic2d_aa",
+        )
+    ),
     _e("view_as_real", "unsupported", (), "complex: only type-map entries exist", S4),
     _e("view_as_complex", "unsupported", (), "complex: only type-map entries exist", S4),
     _e("polar", "unsupported", (), "complex", S4),
