@@ -100,8 +100,9 @@ def _matrix_f64(mode, dims, d, n_in, size, scale, align_corners, recompute, anti
 @torch.compiler.assume_constant_result  # runs outside the trace; the graph holds its value
 def _matrix_t(mode, dims, d, n_in, size, scale, align_corners, recompute, antialias):
     """A.T (n_in, n_out) as nested tuples of floats, or None for the identity."""
-    a = _matrix_f64(mode, dims, d, n_in, size, scale, align_corners, recompute, antialias)
-    return None if a is None else tuple(map(tuple, a.T.tolist()))
+    with torch._C.DisableTorchFunction():  # a host computation: no mode (this adapter's or another's) may see it
+        a = _matrix_f64(mode, dims, d, n_in, size, scale, align_corners, recompute, antialias)
+        return None if a is None else tuple(map(tuple, a.T.tolist()))
 
 
 def _per_dim(value, dims: int):

