@@ -310,6 +310,16 @@ def test_cat_with_an_empty_piece():
     assert torch.equal(got, (a.to("spyre") * 2).cpu())
 
 
+def test_cat_of_empty_pieces_is_an_empty_output():
+    # Mistral-Large-4's no-RoPE MLA layer concatenates two empty rotary parts and returns the (empty) result: no
+    # kernel writes it, and the graph's output still reads it (was: "reads buffer 'cat' before any step wrote it")
+    a = torch.randn(2, 4, 64, dtype=torch.float16)
+    empty = torch.randn(2, 4, 0, dtype=torch.float16)
+    doubled, got = compiled(lambda a, e: (a * 2, torch.cat((e, e), dim=-1)))(a, empty)
+    assert got.shape == (2, 4, 0) and got.dtype == torch.float16
+    assert torch.equal(doubled, (a.to("spyre") * 2).cpu())
+
+
 def test_repeat_of_a_4d_tensor_needs_no_layout_over_rank_6():
     # diffllama's v.repeat(1, 2, 1, 1), sam3's pos_embed.tile([1, 1, 4, 4]): Inductor reads repeat in one pointwise
     # at the output's rank, so no buffer has a rank torch-spyre's layouts lack (0-6)

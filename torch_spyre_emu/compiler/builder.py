@@ -79,12 +79,14 @@ class Builder:
         # an output dim of extent 0 writes no element (an empty tensor's fill or copy): no step, as torch runs no
         # kernel for it; an empty output buffer is its own (empty) value. A 0-extent reduce dim writes its identity
         for a in outputs:
-            buf = self.buffers[a.buffer]
-            if 0 in buf.shape:
-                self.constants.setdefault(
-                    a.buffer, host_array(torch.empty(buf.shape, dtype=self.torch_dtypes[a.buffer]))
-                )
+            if 0 in self.buffers[a.buffer].shape:
+                self.empty_value(a.buffer)
         return k
+
+    def empty_value(self, name: str) -> None:
+        """An empty buffer is its own (empty) value: no step writes it, so it is a constant (a read of it is defined)."""
+        shape = self.buffers[name].shape
+        self.constants.setdefault(name, host_array(torch.empty(shape, dtype=self.torch_dtypes[name])))
 
     # --- values --------------------------------------------------------------------------------------------------
     def buffer_shape(self, t: TRef) -> tuple[int, ...]:

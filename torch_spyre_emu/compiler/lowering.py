@@ -508,6 +508,8 @@ def lower_cat(b, node, tensors, dim=0):
         off = tuple(offset if i == dim else 0 for i in range(len(shape)))
         b.kernel("copy", [b.arg(t, dims)], [Arg(out, dims, off)], dict(zip(dims, t.shape, strict=True)))
         offset += t.shape[dim]
+    if 0 in shape:
+        b.empty_value(out)  # every piece empty (MLA's no-RoPE layer concatenates two empty rotary parts)
     return TRef.whole(out, shape)
 
 
