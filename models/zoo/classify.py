@@ -9,8 +9,9 @@ classify. run_one never raises for a model's failure: it records it. `timeout` a
 sweep runner's (a killed subprocess); run_one gives out_of_memory only for a MemoryError it catches itself.
 
 Where an exception comes from decides its class: our typed errors (torch_spyre_emu.errors, aiu_sim's, the numerics
-errors) are `unsupported` (a gap, named); adapter errors are `adapter_error`; anything else raised in our code
-(aiu_sim, torch_spyre_emu, adapters) is `emulator_error` (a bug) with its traceback.
+errors) are `unsupported` (a gap, named), except aiu_sim's ProgramError / ExecutionError (a program our compiler built
+is malformed or cannot run: a bug); adapter errors are `adapter_error`; anything else raised in our code (aiu_sim,
+torch_spyre_emu, adapters) is `emulator_error` (a bug) with its traceback.
 """
 
 from __future__ import annotations
@@ -161,6 +162,7 @@ def _typed(e: BaseException) -> bool:
 def classify_error(e: BaseException) -> tuple[str, list[dict]]:
     """(class, blocking) for an exception of a compiled run."""
     from adapters.errors import AdapterError
+    from aiu_sim.errors import ExecutionError, ProgramError
     from torch_spyre_emu.errors import SpyreUnsupportedOpError
 
     e = _unwrap(e)
@@ -170,6 +172,8 @@ def classify_error(e: BaseException) -> tuple[str, list[dict]]:
         return "adapter_error", [_op_record(op) for op in getattr(e, "ops", [])]
     if isinstance(e, SpyreUnsupportedOpError) and e.ops:
         return "unsupported", _dedup([_op_record(op) for op in e.ops])
+    if isinstance(e, ProgramError | ExecutionError):
+        return "emulator_error", []  # a program our compiler built is malformed or cannot run: our bug, not a gap
     if _typed(e):
         first = str(e).splitlines()[0] if str(e) else type(e).__name__
         # a compile error that names the capability it lacks is ranked with the ops; others by their class

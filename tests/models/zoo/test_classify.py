@@ -121,6 +121,18 @@ def test_an_untyped_error_behind_dynamo_is_unwrapped():
     assert classify_error(e)[0] == "emulator_error"
 
 
+def test_a_program_our_compiler_built_that_cannot_run_is_an_emulator_error():
+    """aiu_sim's ProgramError / ExecutionError in a compiled run: a malformed program is our bug, not a gap (a cat of
+    empty pieces once left its output unwritten and read as 'unsupported')."""
+    from aiu_sim.errors import ConfigError, ExecutionError, ProgramError
+
+    assert classify_error(ExecutionError("step 'd2h_out4' reads buffer 'cat_2' before any step wrote it"))[0] == (
+        "emulator_error"
+    )
+    assert classify_error(ProgramError("kernel k: bad argument"))[0] == "emulator_error"
+    assert classify_error(ConfigError("cores must be 1..64"))[0] == "unsupported"
+
+
 def test_adapter_errors():
     assert classify_error(adapters.AdapterTargetError("bad module"))[0] == "adapter_error"
     e = _raised(lambda: adapters.base.primary_output(None))  # untyped, raised in adapters/
