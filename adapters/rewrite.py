@@ -883,12 +883,19 @@ def _code_uses(code: types.CodeType, names: frozenset[str]) -> frozenset[str]:
 
 
 def _helpers(fn) -> list[types.FunctionType]:
-    """fn's function chain and the same-package module-level helpers it reaches (structure.reachable)."""
+    """fn's function chain and the same-package module-level helpers it reaches, up to structure.HELPER_DEPTH calls
+    deep (forward -> apply_rotary_pos_emb -> _apply_rotary_emb, where OpenAI-privacy-filter calls torch.stack)."""
     out = structure.chain(fn)
-    for f in list(out):
-        helpers = structure.reachable(f, lambda o, f=f: isinstance(o, types.FunctionType) and o is not f)
-        # a decorated helper (functools.wraps: transformers' hub-kernel fallbacks) is scanned with what it wraps
-        out += [g for h in helpers.values() if structure._same_package(f, h) for g in structure.chain(h)]
+    seen = {id(f) for f in out}
+    frontier = list(out)
+    for _ in range(structure.HELPER_DEPTH):
+        found = []
+        for f in frontier:
+            for h in structure.globals_matching(f, lambda o, f=f: structure._same_package(f, o)).values():
+                # a decorated helper (functools.wraps: transformers' hub-kernel fallbacks) is scanned with what it wraps
+                found += [g for g in structure.chain(h) if id(g) not in seen and not seen.add(id(g))]
+        out += found
+        frontier = found
     return out
 
 

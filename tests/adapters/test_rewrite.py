@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import CallNames
 from conftest import assert_bit_identical as _same
 
 import adapters
@@ -405,6 +406,30 @@ def _aten_ops(fn, *args):
     torch.compile(traced, backend=backend, fullgraph=True)(*args)
     torch._dynamo.reset()
     return seen
+
+
+def _interleave(a, b):  # OpenAI-privacy-filter's _apply_rotary_emb: the stack two helpers deep
+    return torch.stack((a, b), dim=-1).flatten(-2)
+
+
+def _rotate(x):
+    return _interleave(x[..., ::2], x[..., 1::2])
+
+
+def test_the_scan_reaches_helpers_of_helpers():
+    """forward -> apply_rotary_pos_emb -> _apply_rotary_emb: a call two same-package helpers deep is found."""
+
+    class Attn(torch.nn.Module):
+        def forward(self, x):
+            return _rotate(x)
+
+    assert "aten.stack" in rewrite.uses(Attn())
+    x = _rand(2, 3, 8)
+    seen = CallNames()
+    with seen, _mode():
+        out = Attn()(x)
+    _same(out, _interleave(x[..., ::2], x[..., 1::2]))
+    assert "stack" not in seen.names and "cat" in seen.names
 
 
 def test_graph_has_the_reexpressions_not_the_gaps():
