@@ -20,6 +20,7 @@ from adapters import (  # noqa: F401  (importing registers the adapters, in appl
     head_dim_pad,
     host_inputs,
     interpolate,
+    linear_split,
     lm_head_pad,
     mla,
     moe,

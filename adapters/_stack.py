@@ -23,6 +23,13 @@ def find_unsupported_fn():
     return find_unsupported
 
 
+def weight_n_check_min() -> int:
+    """The smallest weight-matmul output width the stack checks for whole sticks (support_check)."""
+    from torch_spyre_emu.compiler.passes.support_check import WEIGHT_N_CHECK_MIN
+
+    return WEIGHT_N_CHECK_MIN
+
+
 def elems_per_stick(dtype: torch.dtype) -> int:
     """Elements of `dtype` per device stick (64 for float16), from the stack's dtype table."""
     from torch_spyre_emu.device.host_dtypes import elems_per_stick

@@ -562,7 +562,7 @@ _FEATURES: list[Feature] = [
         "A weight matmul (one operand a parameter) whose N (output stick dim) is not a whole number of sticks is "
         "rejected: the LM head over a vocab such as GPT-2's 50257, but also an MLP projection of a ragged "
         "intermediate size. hf-adapters pad the LM head (pad_lm_head; here adapters/lm_head_pad.py, which bridges "
-        "the LM head only); no adapter pads other weight matmuls yet. Emulation assumption: only N >= 1000 is "
+        "the LM head only; adapters/linear_split.py splits any other nn.Linear at its last whole stick). Emulation assumption: only N >= 1000 is "
         "checked, smaller outputs are padded in-stick as usual. Independently, work division raises when no split "
         "keeps every core under the 256 MiB span (the real EAR failure).",
         "hf_adapters.md §2 (pad_lm_head)",

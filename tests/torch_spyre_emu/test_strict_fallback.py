@@ -263,10 +263,10 @@ def test_an_override_entered_again_reuses_its_programs():
 
 
 def test_weight_n_not_stick_multiple_names_the_bridging_adapters():
-    # an MLP up-projection with a ragged intermediate size: not an LM head, so lm_head_pad cannot help there
+    # an MLP up-projection with a ragged intermediate size: not an LM head, so linear_split (not lm_head_pad) is the bridge
     mlp = torch.nn.Sequential(torch.nn.Linear(64, 1030), torch.nn.ReLU(), torch.nn.Linear(1030, 64)).half()
     (op,) = find_unsupported(mlp, (torch.randn(4, 64, dtype=torch.float16),))
     assert (op.op, op.where, op.capability) == ("aten.bmm", "0", "layout.weight_n_not_stick_multiple")
-    assert "N=1030" in op.reason and "lm_head_pad" in op.reason and "nothing bridges" in op.reason
+    assert "N=1030" in op.reason and "lm_head_pad" in op.reason and "linear_split" in op.reason
     with torch_spyre_emu.capabilities.override({"layout.weight_n_not_stick_multiple": True}):
         assert find_unsupported(mlp, (torch.randn(4, 64, dtype=torch.float16),)) == []

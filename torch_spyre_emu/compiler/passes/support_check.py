@@ -156,8 +156,8 @@ def classify(node: fx.Node, options: CompileOptions) -> tuple[str, str, str]:
                 "layout.weight_n_not_stick_multiple",
                 f"weight matmul with N={n}, not a multiple of {eps} elements (one stick): the weight's output dim "
                 "must be whole sticks. Adapter lm_head_pad bridges it for the LM head (get_output_embeddings), "
-                "head_dim_pad for Q/K/V projections of padded heads; nothing bridges other weight matmuls (an MLP "
-                f"intermediate size): pad that width to a multiple of {eps}",
+                "head_dim_pad for Q/K/V projections of padded heads, linear_split for any other nn.Linear (a "
+                f"whole-stick matmul and a short tail, concatenated); or pad that width to a multiple of {eps}",
             )
 
     # dtypes
