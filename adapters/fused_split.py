@@ -622,6 +622,15 @@ def _computes_linear(m: nn.Linear) -> bool:
     )
 
 
+_PIECE_W = "_fused_split_w"  # the prefix of a fused Linear's piece-weight buffers
+
+
+def has_pieces(m: nn.Module) -> bool:
+    """Does this adapter compute pieces of `m` (a fused Linear) as matmuls of their own? Then `m`'s own matmul is not
+    what runs, and an adapter that would replace `m` (linear_split) leaves it alone."""
+    return any(name.startswith(_PIECE_W) for name, _ in m.named_buffers(recurse=False))
+
+
 _PROBES: weakref.WeakKeyDictionary = (
     weakref.WeakKeyDictionary()
 )  # model -> its plan, from applicable() to patch()
@@ -667,7 +676,7 @@ class FusedLinearSplit(Adapter):
         parts = {}
         for i, (part, (root, rows)) in enumerate(sorted(plan.rows.items())):
             lin = modules[root]
-            w_name, b_name = f"_fused_split_w{i}", f"_fused_split_b{i}" if lin.bias is not None else None
+            w_name, b_name = f"{_PIECE_W}{i}", f"_fused_split_b{i}" if lin.bias is not None else None
             with torch.no_grad():
                 patch.add_buffer(lin, w_name, lin.weight[rows].clone(), f"{root}: rows of piece {part}")
                 if b_name:

@@ -16,7 +16,8 @@ a percent of the tail's elements), which tests/adapters/test_linear_split.py bou
 
 How it recognises its targets: by structure -- a module of type exactly `nn.Linear` (subclasses may change the
 forward) with out_features % 64 != 0 and out_features >= WEIGHT_N_CHECK_MIN. The output embeddings are left to
-lm_head_pad (order 60 replaces them first). Retires when the stack accepts ragged weight widths.
+lm_head_pad (order 60 replaces them first), and a fused Linear whose pieces fused_split computes as matmuls of their
+own (Mamba-2's in_proj) to fused_split (order 92, before this one). Retires when the stack accepts ragged weight widths.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from torch import nn
 
 from adapters._stack import elems_per_stick, weight_n_check_min
 from adapters.base import Adapter
+from adapters.fused_split import has_pieces
 from adapters.patch import Patch
 from adapters.registry import register_adapter
 
@@ -68,13 +70,13 @@ class LinearSplit(Adapter):
     name = "linear_split"
     gap = "layout.weight_n_not_stick_multiple"
     applies_to = frozenset({"any nn.Linear with a ragged output width >= WEIGHT_N_CHECK_MIN (not the LM head)"})
-    order = 61  # after lm_head_pad (60), which takes the output embeddings
+    order = 94  # after lm_head_pad (60), which takes the output embeddings, and fused_split (92), whose pieces stay
     summary = "a ragged-width Linear as a whole-stick matmul and a short tail, concatenated on the device (exact)"
 
     def _targets(self, model: nn.Module) -> list[str]:
         get = getattr(model, "get_output_embeddings", None)
         head = get() if callable(get) else None
-        return [p for p, m in model.named_modules() if _ragged(m) and m is not head]
+        return [p for p, m in model.named_modules() if _ragged(m) and m is not head and not has_pieces(m)]
 
     def applicable(self, model: nn.Module) -> bool:
         return bool(self._targets(model))

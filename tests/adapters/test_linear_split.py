@@ -130,4 +130,13 @@ def test_families_are_equivalent_and_undone_exactly(model_type):
     assert_restored(model, snap)
 
 
+def test_a_fused_linear_whose_pieces_fused_split_computes_is_left_alone():
+    """Mamba-2's in_proj (ragged, >= 1000) is cut by features: fused_split (order 92) computes each piece as a matmul
+    of its own, so the fused matmul never runs and linear_split (94) must not replace the Linear under it."""
+    model = _zoo("mamba2").model.half().eval()
+    with adapters.apply(model) as h:
+        assert "fused_split" in h.report.applied and "linear_split" not in h.report.applied
+        assert all(type(m) is not StickSplitLinear for m in model.modules())
+
+
 pytestmark = pytest.mark.xdist_group("test_linear_split")
