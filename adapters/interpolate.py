@@ -52,13 +52,9 @@ import functools
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
-from adapters import _stack
-from adapters.base import Adapter
-from adapters.patch import Patch
 from adapters.registry import register_adapter
-from adapters.rewrite import _PASS, Rewrite, _arg, _wrapped, uses
+from adapters.rewrite import _PASS, ModeAdapter, Rewrite, _arg
 
 # the modes this form covers, by the number of resized dims (F.interpolate's own mode names)
 _MODES = {1: ("nearest", "nearest-exact", "linear"), 2: ("nearest", "nearest-exact", "bilinear", "bicubic")}
@@ -167,6 +163,11 @@ _GAPS = (
     "aten._upsample_bicubic2d_aa",
 )
 
+def _lacking(caps) -> bool:
+    """The stack lacks one of the upsampling kernels (the form covers them all)."""
+    return not all(caps.supports(g) for g in _GAPS)
+
+
 _REWRITES: tuple[Rewrite, ...] = (
     Rewrite(
         _GAPS[0],
@@ -176,16 +177,13 @@ _REWRITES: tuple[Rewrite, ...] = (
         _NEEDS,
         "one constant matmul per resized dim (A built by stock's kernel on a float64 basis)",
         also=_GAPS[1:],
+        lacking=_lacking,
     ),
 )
 
 
-def _lacking(caps) -> bool:
-    return not all(caps.supports(g) for g in _GAPS)
-
-
 @register_adapter
-class InterpolateAsMatmul(Adapter):
+class InterpolateAsMatmul(ModeAdapter):
     name = "interpolate"
     gap = _GAPS[0]
     also = _GAPS[1:]
@@ -195,20 +193,5 @@ class InterpolateAsMatmul(Adapter):
         "F.interpolate (nearest, linear, bilinear, bicubic, antialias) -> a constant matmul per resized dim:"
         " nearest exact for finite inputs, the others differ from stock by rounding"
     )
-
-    def retired(self, caps) -> bool:
-        return not _lacking(caps)
-
-    def _active(self) -> bool:
-        caps = _stack.capabilities()
-        return _lacking(caps) and all(caps.status(n) != "unsupported" for n in _NEEDS)
-
-    def applicable(self, model: nn.Module) -> bool:
-        return bool(uses(model, _REWRITES))
-
-    def patch(self, model: nn.Module) -> Patch:
-        patch = Patch(self.name)
-        if self._active() and uses(model, _REWRITES):
-            what = f"{type(model).__name__}.forward under F.interpolate -> {_REWRITES[0].how}"
-            patch.override_forward(model, _wrapped(model.forward, list(_REWRITES)), what)
-        return patch
+    rewrites = _REWRITES
+    kind = "F.interpolate as matmuls"

@@ -41,13 +41,9 @@ from __future__ import annotations
 import math
 
 import torch
-from torch import nn
 
-from adapters import _stack
-from adapters.base import Adapter
-from adapters.patch import Patch
 from adapters.registry import register_adapter
-from adapters.rewrite import _PASS, Rewrite, _arg, _wrapped, uses
+from adapters.rewrite import _PASS, ModeAdapter, Rewrite, _arg, active_rewrites
 
 
 def _unary(args, kwargs):
@@ -146,11 +142,11 @@ GAPS: tuple[str, ...] = tuple(r.gap for r in _REWRITES)
 
 def active_forms(caps) -> list[Rewrite]:
     """The forms the stack `caps` calls for: its op unsupported, every op the form uses available."""
-    return [r for r in _REWRITES if r.needed(caps) and all(caps.status(n) != "unsupported" for n in r.needs)]
+    return active_rewrites(caps, _REWRITES)
 
 
 @register_adapter
-class NumericForms(Adapter):
+class NumericForms(ModeAdapter):
     name = "numeric_forms"
     gap = GAPS[0]
     also = GAPS[1:]
@@ -160,23 +156,5 @@ class NumericForms(Adapter):
         "expm1 -> exp - 1, log1p -> log(1 + x), unit lower-triangular solve -> product of (I + P^(2^j)):"
         " the same math, rounding differs from stock"
     )
-
-    def retired(self, caps) -> bool:
-        return not any(r.needed(caps) for r in _REWRITES)
-
-    def _targets(self, model: nn.Module) -> list[Rewrite]:
-        found = uses(model, _REWRITES)
-        return [r for r in active_forms(_stack.capabilities()) if r.gap in found]
-
-    def applicable(self, model: nn.Module) -> bool:
-        return bool(uses(model, _REWRITES))
-
-    def patch(self, model: nn.Module) -> Patch:
-        patch = Patch(self.name)
-        forms = self._targets(model)
-        if forms:
-            what = f"{type(model).__name__}.forward under rounding-level re-expressions: " + "; ".join(
-                f"{r.gap} -> {r.how}" for r in forms
-            )
-            patch.override_forward(model, _wrapped(model.forward, forms), what)
-        return patch
+    rewrites = _REWRITES
+    kind = "rounding-level re-expressions"

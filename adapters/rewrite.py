@@ -774,9 +774,9 @@ _SUBSCRIPT = frozenset({"BINARY_SUBSCR"})
 _STORE_SUBSCRIPT = frozenset({"STORE_SUBSCR"})
 
 
-def active_rewrites(caps) -> list[Rewrite]:
+def active_rewrites(caps, rewrites=REWRITES) -> list[Rewrite]:
     """The rewrites the stack `caps` calls for: its gap unsupported, every op the re-expression uses available."""
-    return [r for r in REWRITES if all(caps.status(n) != "unsupported" for n in r.needs) and r.needed(caps)]
+    return [r for r in rewrites if all(caps.status(n) != "unsupported" for n in r.needs) and r.needed(caps)]
 
 
 class Reexpress(TorchFunctionMode):
@@ -939,8 +939,36 @@ def _wrapped(prev: Callable, mode_rewrites: list[Rewrite]):
     return torch.compiler.disable(forward, recursive=False)
 
 
+class ModeAdapter(Adapter):
+    """An adapter whose bridge is a set of `Rewrite`s answered by the `Reexpress` mode around the model's final
+    forward (this module's adapter, numeric_forms, interpolate): found by the structural scan (`uses`), switched on
+    per rewrite while the stack lacks its gap (`active_rewrites`), retired when it lacks none."""
+
+    rewrites: tuple[Rewrite, ...] = ()
+    kind = "re-expressions"  # what the patch description calls the forms
+
+    def retired(self, caps) -> bool:
+        return not any(r.needed(caps) for r in self.rewrites)
+
+    def _targets(self, model: nn.Module) -> list[Rewrite]:
+        found = uses(model, self.rewrites)
+        return [r for r in active_rewrites(_stack.capabilities(), self.rewrites) if r.gap in found]
+
+    def applicable(self, model: nn.Module) -> bool:
+        return bool(uses(model, self.rewrites))
+
+    def patch(self, model: nn.Module) -> Patch:
+        patch = Patch(self.name)
+        forms = self._targets(model)
+        if forms:
+            prev = model.forward  # an earlier adapter's per-instance forward, else the class's
+            what = f"{type(model).__name__}.forward under {self.kind}: " + "; ".join(f"{r.gap} -> {r.how}" for r in forms)
+            patch.override_forward(model, _wrapped(prev, forms), what)
+        return patch
+
+
 @register_adapter
-class ExactRewrite(Adapter):
+class ExactRewrite(ModeAdapter):
     name = "rewrite"
     gap = GAPS[0]
     also = GAPS[1:]
@@ -959,27 +987,11 @@ class ExactRewrite(Adapter):
         " F.max_pool / F.avg_pool -> im2col + amax / mean"
     )
 
-    def retired(self, caps) -> bool:
-        """Every rewrite's gap is covered by the stack now (for the window write: its own support check says so)."""
-        return not any(r.needed(caps) for r in REWRITES)
-
-    def _targets(self, model: nn.Module) -> list[Rewrite]:
-        found = uses(model)
-        return [r for r in active_rewrites(_stack.capabilities()) if r.gap in found]
+    rewrites = REWRITES
+    kind = "exact re-expressions"
 
     def applicable(self, model: nn.Module) -> bool:
         """The model's code calls one of the ops whose rewrite the stack calls for now (a retired gap's op is not a
         reason to patch; with every gap supported apply() reports the adapter retired)."""
         caps = _stack.capabilities()
         return bool(self._targets(model)) or (self.retired(caps) and bool(uses(model)))
-
-    def patch(self, model: nn.Module) -> Patch:
-        patch = Patch(self.name)
-        rewrites = self._targets(model)
-        if rewrites:
-            prev = model.forward  # an earlier adapter's per-instance forward, else the class's
-            what = f"{type(model).__name__}.forward under exact re-expressions: " + "; ".join(
-                f"{r.gap} -> {r.how}" for r in rewrites
-            )
-            patch.override_forward(model, _wrapped(prev, rewrites), what)
-        return patch
