@@ -19,6 +19,7 @@ exact expression in ops it lowers or runs:
 | `x[mask] = v` (index_put, #1880: a bool mask over leading dims, a number v; the media-token blanking of multimodal models) | `x.copy_(where(mask, v, x))` (masked_fill_ by definition) | where, full, copy |
 | `torch.logsumexp(x, dim)` | `log(sum(exp(x - m), dim)) + m`, `m = where(abs(amax) == inf, 0, amax)` | amax, abs, eq, where, sub, exp, sum, log, add |
 | `x.index_select(d, i)` | `F.embedding(i, x.movedim(d, 0).reshape(n, -1))`, reshaped and moved back | embedding (a CPU fallback), permute, reshape |
+| `torch.gather(x, d, index)`, `x.gather(d, index)` | `F.embedding(index * stride_d + positions, x.reshape(-1, 1))`: each picked element's flat position, the other dims' positions host-built constants | embedding (a CPU fallback), mul, add |
 | `x.scatter(d, index, v)`, `scatter_` (a number v; index as wide as x off `d`: the DSA indexer's mask) | `where((index[..., :, None] == 0..T-1).amax over K, v, x)` | eq, the bool->fp16 cast, amax, ne, where |
 | `F.max_pool1d/2d`, `F.avg_pool1d/2d` called in a model's own code (Funnel, CANINE, PP-OCR) | the pooling adapter's forms (`pooling.functional_pool`): im2col, then amax / mean / sum over the real elements | im2col (a CPU island), constant_pad_nd, amax, mean, sum, div |
 
@@ -38,7 +39,8 @@ What is not rewritten (runs as stock, so the stack still reports it): out=, a no
 stock refuses (overflow), an index key with a bool mask, None, a step or partial slice, or an Ellipsis before an
 index tensor, an `all` over an empty reduction (amin of nothing is an error, `all` of nothing is True), a
 logsumexp of an empty tensor, a scatter of a src tensor, with reduce=, of an index narrower than x off its dim, or
-an empty index, an index_select with a multi-dim or empty index. The scatter form costs K * T compares per row where stock writes K elements.
+an empty index, an index_select with a multi-dim or empty index, a gather with sparse_grad, an index that is not int64
+or is empty. The scatter form costs K * T compares per row where stock writes K elements.
 Differences in error behaviour, documented rather than hidden: with several index tensors, an out-of-range index
 of a later dim that still lands inside the flattened table is checked only in eager runs (a data-dependent check
 cannot be traced); a compiled graph reads that row, where stock raises IndexError. Likewise a scatter index out of
@@ -47,7 +49,7 @@ range is stock's error in eager runs; a compiled graph ignores it.
 How it recognises its target: by what the code calls. The methods of every module class of the model (its own code,
 transformers' or a user's, not torch.nn's) and the same-package helpers they call (`structure.reachable`) are
 scanned for the names these ops are called by (`masked_fill`, `masked_fill_`, `stack`, `new_full`, `glu`, `masked_scatter`, `all`,
-`logsumexp`, `scatter`, `scatter_`, `index_select`, `max_pool1d/2d`, `avg_pool1d/2d`) and for
+`logsumexp`, `scatter`, `scatter_`, `index_select`, `gather`, `max_pool1d/2d`, `avg_pool1d/2d`) and for
 subscripts (`x[...]`: an aten.index when the key holds an integer tensor or a list; `x[...] = y`: a scatter into a
 view). The model's top-level forward then runs under a `torch.overrides.TorchFunctionMode` that re-expresses each
 call of those ops whose capability the stack lacks and passes every other call through unchanged. Dynamo traces
@@ -374,6 +376,36 @@ def getitem(args, kwargs):
     rows = math.prod(sizes)
     table = x.reshape(rows, math.prod(rest) if rest else 1)
     return F.embedding(flat, table).reshape(*flat.shape, *rest)
+
+
+def gather(args, kwargs):
+    """`torch.gather(x, d, index)` / `x.gather(d, index)` (ProphetNet's n-gram logits, UDOP's, ViT-MAE's kept
+    patches) as the element lookup it is: the flat position of every picked element, `index * stride_d` plus the
+    other dims' positions (host-built constants), looked up in x's elements with F.embedding."""
+    if kwargs.keys() - {"input", "dim", "index", "sparse_grad"} or len(args) > 4 or kwargs.get("sparse_grad"):
+        return _PASS
+    x = _arg(args, kwargs, 0, "input")
+    d = _arg(args, kwargs, 1, "dim")
+    index = _arg(args, kwargs, 2, "index")
+    if not isinstance(x, torch.Tensor) or x.is_complex() or x.layout != torch.strided or not isinstance(d, int):
+        return _PASS
+    if not isinstance(index, torch.Tensor) or index.dtype != torch.int64 or index.dim() != x.dim() or x.dim() == 0:
+        return _PASS
+    d = d % x.dim()
+    if index.numel() == 0 or any(index.shape[k] > x.shape[k] for k in range(x.dim()) if k != d):
+        return _PASS  # empty, or a shape stock refuses
+    if not torch.compiler.is_compiling() and (int(index.max()) >= x.shape[d] or int(index.min()) < 0):
+        return _PASS  # stock's out-of-range error, in eager runs (as for x[i])
+    strides = [math.prod(x.shape[k + 1 :]) for k in range(x.dim())]
+    flat = index * strides[d] if strides[d] != 1 else index
+    for k in range(x.dim()):
+        if k == d or index.shape[k] == 1:
+            continue  # position 0 of a size-1 dim adds nothing
+        where = [1] * x.dim()
+        where[k] = index.shape[k]
+        pos = torch.tensor([j * strides[k] for j in range(index.shape[k])], dtype=torch.int64, device=index.device)
+        flat = flat + pos.reshape(where)
+    return F.embedding(flat, x.reshape(-1, 1)).reshape(index.shape)
 
 
 def index_select(args, kwargs):
@@ -711,6 +743,14 @@ REWRITES: tuple[Rewrite, ...] = (
         "embedding lookup of the flattened leading dims; a constant list of positions: cat of selects",
     ),
     Rewrite(
+        "aten.gather",
+        (torch.gather, torch.Tensor.gather),
+        frozenset({"gather"}),
+        gather,
+        ("aten.embedding", "aten.mul", "aten.add", "aten.lift_fresh_copy", "aten.reshape"),
+        "embedding lookup of the picked elements' flat positions (index * stride + host-built positions)",
+    ),
+    Rewrite(
         "aten.index_select",
         (torch.index_select, torch.Tensor.index_select),
         frozenset({"index_select"}),
@@ -974,7 +1014,8 @@ class ExactRewrite(ModeAdapter):
     also = GAPS[1:]
     applies_to = frozenset(
         {
-            "any module whose code calls masked_fill, stack, new_full, all, logsumexp, scatter, index_select, F.max_pool"
+            "any module whose code calls masked_fill, stack, new_full, all, logsumexp, scatter, index_select, gather,"
+            " F.max_pool"
             " / F.avg_pool or indexes a tensor"
         }
     )
@@ -983,7 +1024,8 @@ class ExactRewrite(ModeAdapter):
     )
     summary = (
         "exact re-expressions: masked_fill -> where, stack -> cat, new_full -> full, all -> amin, index -> embedding,"
-        " logsumexp -> amax/exp/sum/log, scatter of a number -> where of index == position, index_select -> embedding,"
+        " logsumexp -> amax/exp/sum/log, scatter of a number -> where of index == position, index_select and gather"
+        " -> embedding,"
         " F.max_pool / F.avg_pool -> im2col + amax / mean"
     )
 
