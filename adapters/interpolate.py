@@ -21,8 +21,8 @@ scale, align_corners, antialias), never on the data. So `interpolate(x)` is `x @
 A is stock's own kernel applied to a float64 basis on the host (an identity image whose other dim keeps its size, which
 every mode maps by the identity), so the source-index rule, the align_corners and scale conventions, the bicubic
 coefficient (-0.75), edge clamping and antialias normalisation are exactly torch's; it is rounded once to the input's
-dtype. The matrix reaches the graph as a constant (`torch.tensor` of a value computed outside the trace:
-`torch.compiler.assume_constant_result`), like the other adapters' host-built constants.
+dtype. The matrix reaches the graph as a constant (`torch.tensor` of a value computed outside the trace, once per
+resize: `torch.compiler.assume_constant_result` over an lru_cache), like the other adapters' host-built constants.
 
 Exactness: nearest and nearest-exact are selections: A holds one 1 per row, so for finite inputs the result is
 bit-identical to stock (up to the sign of a zero); an inf or nan in the input row reaches every output of that row
@@ -43,7 +43,7 @@ TorchFunctionMode (entered outside dynamo by rewrite._wrapped) with only this ha
 `F.interpolate`, which the mode sees.
 
 Retirement: the adapter retires when the stack has every upsampling op; a form is used only if the stack has the
-ops it needs (matmul, transpose, the constant).
+ops it needs (matmul, the constant).
 """
 
 from __future__ import annotations
@@ -62,43 +62,43 @@ _PARAMS = ("input", "size", "scale_factor", "mode", "align_corners", "recompute_
 
 
 @functools.lru_cache(maxsize=512)
-def _matrix_f64(mode, dims, d, n_in, size, scale, align_corners, recompute, antialias) -> torch.Tensor | None:
-    """A (n_out, n_in) of dim `d` (of `dims` resized dims) in float64, or None where it is the identity.
+def _weights(mode, dims, d, n_in, size, scale, align_corners, recompute, antialias):
+    """The weights of dim `d` (of `dims` resized dims) as nested tuples of floats, in the orientation its matmul
+    takes: A.T (n_in, n_out) for the last dim (`x @ A.T`), A (n_out, n_in) for the one before (`A @ x`); None where
+    A is the identity.
 
-    The basis is an identity image: for 2 dims, eye(n_in) with dim d resized and the other dim kept at n_in (size
-    n_in or scale 1, which every mode maps by the identity), so out[o, p] = A[o, p]; for 1 dim, eye(n_in) as a batch.
-    (A batch of one-pixel-wide images is not used: the antialiased kernel mis-weights a width of 1.)"""
-    basis = torch.eye(n_in, dtype=torch.float64)
-    basis = basis.reshape(n_in, 1, n_in) if dims == 1 else basis.reshape(1, 1, n_in, n_in)
-    keep = [n_in] * dims
-    kwargs = {"mode": mode, "recompute_scale_factor": recompute}
-    if size is not None:
-        keep[d] = size
-        kwargs["size"] = tuple(keep)
-    else:
-        scales = [1.0] * dims
-        scales[d] = scale
-        kwargs["scale_factor"] = tuple(scales)
-    if mode not in ("nearest", "nearest-exact"):
-        kwargs["align_corners"] = align_corners
-        kwargs["antialias"] = antialias
-    out = F.interpolate(basis, **kwargs)
-    if dims == 1:
-        a = out.reshape(n_in, -1).T  # out[p, 0, o] = A[o, p]
-    else:
-        a = out[0, 0] if d == 0 else out[0, 0].T  # d = 0: out[o, p]; d = 1: out[p, o]
-    a = a.contiguous()
-    if a.shape == (n_in, n_in) and torch.equal(a, torch.eye(n_in, dtype=torch.float64)):
-        return None
-    return a
+    The basis is an identity image in float64: for 2 dims, eye(n_in) with dim d resized and the other dim kept at
+    n_in (size n_in or scale 1, which every mode maps by the identity), so out[o, p] = A[o, p]; for 1 dim, eye(n_in)
+    as a batch. (A batch of one-pixel-wide images is not used: the antialiased kernel mis-weights a width of 1.)"""
+    with torch._C.DisableTorchFunction():  # a host computation: no mode (this adapter's or another's) may see it
+        basis = torch.eye(n_in, dtype=torch.float64)
+        basis = basis.reshape(n_in, 1, n_in) if dims == 1 else basis.reshape(1, 1, n_in, n_in)
+        keep = [n_in] * dims
+        kwargs = {"mode": mode, "recompute_scale_factor": recompute}
+        if size is not None:
+            keep[d] = size
+            kwargs["size"] = tuple(keep)
+        else:
+            scales = [1.0] * dims
+            scales[d] = scale
+            kwargs["scale_factor"] = tuple(scales)
+        if mode not in ("nearest", "nearest-exact"):
+            kwargs["align_corners"] = align_corners
+            kwargs["antialias"] = antialias
+        out = F.interpolate(basis, **kwargs)
+        if dims == 1:
+            a = out.reshape(n_in, -1).T  # out[p, 0, o] = A[o, p]
+        else:
+            a = out[0, 0] if d == 0 else out[0, 0].T  # d = 0: out[o, p]; d = 1: out[p, o]
+        if a.shape == (n_in, n_in) and torch.equal(a, torch.eye(n_in, dtype=torch.float64)):
+            return None
+        return tuple(map(tuple, (a.T if d == dims - 1 else a).tolist()))
 
 
 @torch.compiler.assume_constant_result  # runs outside the trace; the graph holds its value
-def _matrix_t(mode, dims, d, n_in, size, scale, align_corners, recompute, antialias):
-    """A.T (n_in, n_out) as nested tuples of floats, or None for the identity."""
-    with torch._C.DisableTorchFunction():  # a host computation: no mode (this adapter's or another's) may see it
-        a = _matrix_f64(mode, dims, d, n_in, size, scale, align_corners, recompute, antialias)
-        return None if a is None else tuple(map(tuple, a.T.tolist()))
+def _matrix(mode, dims, d, n_in, size, scale, align_corners, recompute, antialias):
+    """`_weights` (cached), called by a compiled graph as a constant."""
+    return _weights(mode, dims, d, n_in, size, scale, align_corners, recompute, antialias)
 
 
 def _per_dim(value, dims: int):
@@ -138,18 +138,16 @@ def interpolate(args, kwargs):
     for d in reversed(range(dims)):  # the last dim first: x @ A_W.T, then A_H @ (...)
         axis = x.dim() - dims + d
         scale = None if scales[d] is None else float(scales[d])
-        at = _matrix_t(mode, dims, d, x.shape[axis], sizes[d], scale, align, p["recompute_scale_factor"], antialias)
-        if at is None:
+        weights = _matrix(mode, dims, d, x.shape[axis], sizes[d], scale, align, p["recompute_scale_factor"], antialias)
+        if weights is None:
             continue
-        w = torch.tensor(at, dtype=x.dtype, device=x.device)
-        if axis == x.dim() - 1:
-            y = torch.matmul(y, w)
-        else:
-            y = torch.matmul(w.transpose(0, 1), y)  # (n_out, n_in) @ (..., n_in, W): the batch dims broadcast
+        w = torch.tensor(weights, dtype=x.dtype, device=x.device)
+        # the last dim: (..., W) @ A.T; the one before: A @ (..., H, W'), the batch dims broadcast
+        y = torch.matmul(y, w) if d == dims - 1 else torch.matmul(w, y)
     return y if y is not x else x.clone()
 
 
-_NEEDS = ("aten.matmul", "aten.lift_fresh_copy", "aten.permute")
+_NEEDS = ("aten.matmul", "aten.lift_fresh_copy")
 
 _GAPS = (
     "aten.upsample_bilinear2d",
@@ -162,6 +160,7 @@ _GAPS = (
     "aten._upsample_bilinear2d_aa",
     "aten._upsample_bicubic2d_aa",
 )
+
 
 def _lacking(caps) -> bool:
     """The stack lacks one of the upsampling kernels (the form covers them all)."""

@@ -517,10 +517,10 @@ def setitem(args, kwargs):
     block = list(x.shape)  # the written block's shape with each index dim kept at size 1
     for d, a, b, _ in windows:
         block[d] = b - a
-    v = v.expand([s for d, s in enumerate(block) if d not in {w[0] for w in windows if w[3]}])
-    for d, _, _, is_index in windows:
-        if is_index:
-            v = v.unsqueeze(d)
+    index_dims = [d for d, _, _, is_index in windows if is_index]  # ascending, as the key's dims
+    v = v.expand([s for d, s in enumerate(block) if d not in index_dims])
+    for d in index_dims:
+        v = v.unsqueeze(d)
     pad = [0] * (2 * x.dim())  # F.pad's order: the last dim first
     for d, a, b, is_index in windows:
         if not is_index:
@@ -933,7 +933,10 @@ def _helpers(fn) -> list[types.FunctionType]:
         for f in frontier:
             for h in structure.globals_matching(f, lambda o, f=f: structure._same_package(f, o)).values():
                 # a decorated helper (functools.wraps: transformers' hub-kernel fallbacks) is scanned with what it wraps
-                found += [g for g in structure.chain(h) if id(g) not in seen and not seen.add(id(g))]
+                for g in structure.chain(h):
+                    if id(g) not in seen:
+                        seen.add(id(g))
+                        found.append(g)
         out += found
         frontier = found
     return out
