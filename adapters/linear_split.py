@@ -27,8 +27,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from adapters._stack import elems_per_stick, weight_n_check_min
-from adapters.base import Adapter
+from adapters.base import Adapter, parent_and_name
 from adapters.fused_split import has_pieces
+from adapters.lm_head_pad import LMHeadPad
 from adapters.patch import Patch
 from adapters.registry import register_adapter
 
@@ -44,11 +45,11 @@ class StickSplitLinear(nn.Module):
         self.split = n - n % STICK
         self.in_features, self.out_features = linear.in_features, n
         with torch.no_grad():
-            w = linear.weight.detach()
+            w = linear.weight
             grad = linear.weight.requires_grad
             self.weight_sticks = nn.Parameter(w[: self.split].clone(), requires_grad=grad)
             self.weight_tail = nn.Parameter(w[self.split :].clone(), requires_grad=grad)
-            b = None if linear.bias is None else linear.bias.detach()
+            b = linear.bias
             self.bias_sticks = None if b is None else nn.Parameter(b[: self.split].clone(), requires_grad=grad)
             self.bias_tail = None if b is None else nn.Parameter(b[self.split :].clone(), requires_grad=grad)
 
@@ -71,11 +72,10 @@ class LinearSplit(Adapter):
     gap = "layout.weight_n_not_stick_multiple"
     applies_to = frozenset({"any nn.Linear with a ragged output width >= WEIGHT_N_CHECK_MIN (not the LM head)"})
     order = 94  # after lm_head_pad (60), which takes the output embeddings, and fused_split (92), whose pieces stay
-    summary = "a ragged-width Linear as a whole-stick matmul and a short tail, concatenated on the device (exact)"
+    summary = "a ragged-width Linear as a whole-stick matmul and a short tail, concatenated on the device (same dot products)"
 
     def _targets(self, model: nn.Module) -> list[str]:
-        get = getattr(model, "get_output_embeddings", None)
-        head = get() if callable(get) else None
+        head = LMHeadPad._head(model)  # lm_head_pad's
         return [p for p, m in model.named_modules() if _ragged(m) and m is not head and not has_pieces(m)]
 
     def applicable(self, model: nn.Module) -> bool:
@@ -84,8 +84,7 @@ class LinearSplit(Adapter):
     def patch(self, model: nn.Module) -> Patch:
         patch = Patch(self.name)
         for path in self._targets(model):
-            parent_path, _, name = path.rpartition(".")
-            parent = model.get_submodule(parent_path) if parent_path else model
+            parent, name = parent_and_name(model, path)
             linear = getattr(parent, name)
             split = StickSplitLinear(linear)
             what = f"{path}: N {linear.out_features} -> {split.split} + {linear.out_features - split.split}"

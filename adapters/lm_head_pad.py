@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from adapters._stack import elems_per_stick, host
-from adapters.base import Adapter
+from adapters.base import Adapter, parent_and_name
 from adapters.patch import Patch
 from adapters.registry import register_adapter
 
@@ -71,12 +71,7 @@ class LMHeadPad(Adapter):
         patch = Patch(self.name)
         head = self._head(model)
         path = next(p for p, m in model.named_modules() if m is head)
-        parent = model.get_submodule(path.rpartition(".")[0]) if "." in path else model
+        parent, name = parent_and_name(model, path)
         padded = -(-head.out_features // STICK) * STICK
-        patch.swap_module(
-            parent,
-            path.rpartition(".")[2],
-            PaddedLMHead(head, padded),
-            f"{path}: vocab {head.out_features} -> {padded}",
-        )
+        patch.swap_module(parent, name, PaddedLMHead(head, padded), f"{path}: vocab {head.out_features} -> {padded}")
         return patch
