@@ -185,7 +185,7 @@ _OPS: list[OpEntry] = [
     _e("clamp_min", "native", F16),
     _e("clamp_max", "native", F16),
     _e("logical_not", "native", BOOL + F16),
-    _e("topk", "native", F16 + F32, "only largest=True, sorted=True (PR #3713); topkvalue/topkindex"),
+    _e("topk", "native", F16 + F32, "only largest=True, sorted=True (PR #3713), 2-D input (topkvalue/topkindex)"),
     _e("native_layer_norm", "native", FP, "custom ops exx2/layernormscale/layernormnorm (fp32 on the list)"),
     _e("layer_norm", "decomposed", FP, "-> native_layer_norm"),
     _e(

@@ -16,6 +16,7 @@ import warnings
 
 import torch
 
+from torch_spyre_emu import hints
 from torch_spyre_emu.compiler.capture import on_host_device
 from torch_spyre_emu.compiler.context import CompileOptions
 from torch_spyre_emu.compiler.pipeline import Compiled, compile_fn
@@ -74,7 +75,8 @@ def run_op(func, args, kwargs):
         # no tensor inputs (arange, a factory) is not folded away, so its capability still shows
         fold_constants=bool(tensors),
     )
-    key = (func, _key_of(args), _key_of(kwargs), options.key)
+    # an op run inside a spyre_hint scope is traced with that hint (hints.py): a program per hint
+    key = (func, _key_of(args), _key_of(kwargs), options.key, repr(hints.active_hint()))
     hit = _CACHE.get(key)
     if hit is None:
         hit = _CACHE[key] = _compile_keeping_fallback_warnings(func, args, kwargs, tensors, options)

@@ -10,7 +10,7 @@ What the emulator does with them (apply_to_hardware() and lx_planning_enabled(),
 - lx_planning: 0 turns the LX (scratchpad) planning pass off: every buffer stays in DRAM;
 - dxp_lx_frac_avail: the fraction of each core's LX the backend reserves; the planner uses the rest
   (HardwareConfig.lx_allocatable_bytes), when set to other than 0.2;
-- ignore_work_division_hints: accepted either way (the emulator models no hints, so it always ignores them);
+- ignore_work_division_hints: 1 drops spyre_hint(work_div=...) hints (torch_spyre_emu/hints.py);
 - every other option is accepted at its default; another value is a SpyreConfigError naming the option, since the
   emulator does not model it.
 """

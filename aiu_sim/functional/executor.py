@@ -342,6 +342,9 @@ class _State:
             return total / np.float32(exec_reduce.reduce_count(k))
         return total
 
+    def _topk(self, k: Kernel, xs: list[np.ndarray], where: str) -> np.ndarray:
+        return exec_reduce.topk(k, xs[0], k.fn)
+
     def _softmax(self, k: Kernel, xs: list[np.ndarray], where: str) -> np.ndarray:
         x, axes = _rows(k, xs, where)
         return sfp_math.softmax(x, axes)
@@ -374,6 +377,7 @@ COMPUTE: dict[str, Callable[[_State, Kernel, list[np.ndarray], str], np.ndarray]
     "softmax": _State._softmax,
     "layernorm": _State._layernorm,
     "rmsnorm": _State._rmsnorm,
+    "topk": _State._topk,
 }
 
 

@@ -257,6 +257,24 @@ def reduce_extreme(kernel: Kernel, x: np.ndarray, fn: str) -> np.ndarray:
     return np.transpose(out, [(keep + red).index(d) for d in space])
 
 
+def topk(kernel: Kernel, x: np.ndarray, fn: str) -> np.ndarray:
+    """The k largest along the reduce dim, largest first (their values, or their positions as float64), placed along
+    attrs['rank_dim']: exact, a selection. Ties keep the lower position first and NaN ranks above every number, as
+    torch.topk; x holds size 1 on the rank dim (no input is indexed by it)."""
+    space = list(kernel.space)
+    (red,) = kernel.reduce_dims
+    rank = kernel.attrs["rank_dim"]
+    k = kernel.space[rank]
+    keep = [d for d in space if d not in (red, rank)]
+    xp = np.transpose(x, [space.index(d) for d in keep + [rank, red]])[..., 0, :]
+    xp = np.broadcast_to(xp, xp.shape[:-1] + (kernel.space[red],))
+    # lexsort's last key is the primary one: NaN first, then by decreasing value; a stable sort keeps ties in order
+    order = np.lexsort((-np.nan_to_num(xp, nan=0.0), ~np.isnan(xp)), axis=-1)[..., :k]
+    out = np.take_along_axis(xp, order, axis=-1) if fn == "value" else order.astype(np.float64)
+    out = out[..., None]  # the reduce dim, size 1
+    return np.transpose(out, [(keep + [rank, red]).index(d) for d in space])
+
+
 def exact_products_format(fmt: str) -> bool:
     """Whether products of two values of this format are always float32 values: floats of at most 16 bits (DL16 has
     10 significant bits, FP8 at most 4; 10 x 10 bits fit fp32's 24 and their exponents stay far inside its range)."""

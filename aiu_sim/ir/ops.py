@@ -68,6 +68,8 @@ TERNARY_FNS = frozenset({"where", "addcmul", "lerp"})
 REDUCE_FNS = frozenset({"sum", "mean", "max", "min", "sumsq", "argmax", "argmin"})
 # Reductions that pick an element instead of summing: exact, so no accumulation model and no dependence on a split.
 EXTREME_REDUCE_FNS = frozenset({"max", "min", "argmax", "argmin"})
+# topk's two kernels, as torch-spyre's spyre::topkvalue / spyre::topkindex (torch_spyre_api.md §4)
+TOPK_FNS = frozenset({"value", "index"})
 # SFP functions charged the transcendental cost factor (HW §8).
 TRANSCENDENTAL_FNS = frozenset(
     {
@@ -108,6 +110,8 @@ class OpSpec:
     accumulating: bool = False  # sums over reduce_dims into partials: a split may divide a reduce dim
     # moves or re-lays out data, no arithmetic (so a weight's layout copies can run once, at load)
     layout_only: bool = False
+    # picks elements along its reduce dim into a rank dim (attrs["rank_dim"]): neither dim is split or tiled
+    selection: bool = False
     # May join a kernel bundle (compiler/passes/bundle.py). Matmul (PT) and restickify (its own hardware op) are
     # bundles of their own: an assumption, the reference gives no evidence that torch-spyre fuses them.
     fusable: bool = False
@@ -178,6 +182,17 @@ OPS: dict[str, OpSpec] = {
             layout_only=True,
         ),
         OpSpec("fill", "sfp", 0, 'out = attrs["value"]', layout_only=True, fusable=True),
+        OpSpec(
+            "topk",
+            "sfp",
+            1,
+            "the k largest of x along the one reduce dim, largest first: their values (fn 'value') or their "
+            "positions along it (fn 'index'; on ties the first position first, NaN above every number, as "
+            "torch.topk); the output's dim attrs['rank_dim'] (extent k) indexes the rank. A selection: the row is "
+            "read whole by one core, so neither the reduce dim nor the rank dim is split",
+            TOPK_FNS,
+            selection=True,
+        ),
     )
 }
 
@@ -200,9 +215,10 @@ class OpGroup:
     ROW = _having("row")  # softmax, layernorm, rmsnorm
     ACCUMULATING = _having("accumulating")  # matmul, reduce
     LAYOUT = _having("layout_only")  # copy, restickify, fill
+    SELECTION = _having("selection")  # topk
     FUSABLE = _having("fusable")  # all but matmul and restickify
     POINTWISE = ELEMENTWISE | LAYOUT  # no reduce dims: Inductor's pointwise class
-    REDUCTION = ACCUMULATING | ROW  # ops over reduce dims
+    REDUCTION = ACCUMULATING | ROW | SELECTION  # ops over reduce dims
 
 
 def unit_of(op: str) -> str:

@@ -173,6 +173,8 @@ def _check_kernel(k: Kernel, buffers: dict[str, Buffer], config: HardwareConfig)
         raise ProgramError(f"{where}: matmul takes 2 inputs and exactly one reduce dim (K)")
     if not k.outputs:
         raise ProgramError(f"{where}: has no output")
+    if k.op in OpGroup.SELECTION and (len(k.reduce_dims) != 1 or k.attrs.get("rank_dim") not in k.space):
+        raise ProgramError(f"{where}: topk takes one reduce dim and attrs['rank_dim'], a dim of its space")
     for dim, extent in k.space.items():
         if extent < 1:
             raise ProgramError(f"{where}: iteration dim {dim!r} has extent {extent}; must be >= 1")

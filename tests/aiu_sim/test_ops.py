@@ -20,6 +20,7 @@ from aiu_sim.ir.ops import (
     OPS,
     REDUCE_FNS,
     TERNARY_FNS,
+    TOPK_FNS,
     TRANSCENDENTAL_FNS,
     UNARY_FNS,
     OpGroup,
@@ -52,6 +53,7 @@ EXAMPLES = {
     "copy": ("", [X], ((R, C), ("r", "c")), ROWS, (), {}),
     "restickify": ("", [X], ((C, R), ("c", "r")), ROWS, (), {}),
     "fill": ("", [], ((R, C), ("r", "c")), ROWS, (), {"value": 0.5}),
+    "topk": ("value", [X], ((R, 4), ("r", "rank")), {**ROWS, "rank": 4}, ("c",), {"rank_dim": "rank"}),
 }  # fmt: skip
 
 
@@ -112,11 +114,12 @@ def test_every_function_has_an_implementation():
     assert OPS["binary"].fns == BINARY_FNS == set(sfp_math.BINARY)
     assert OPS["ternary"].fns == TERNARY_FNS == set(sfp_math.TERNARY)
     assert OPS["reduce"].fns == REDUCE_FNS
+    assert OPS["topk"].fns == TOPK_FNS
     assert EXTREME_REDUCE_FNS <= REDUCE_FNS
     assert set(sfp_math.REQUIRED_ATTRS) <= UNARY_FNS | BINARY_FNS | TERNARY_FNS
     assert TRANSCENDENTAL_FNS <= UNARY_FNS | BINARY_FNS | TERNARY_FNS
     with_fns = {op for op, spec in OPS.items() if spec.fns}
-    assert with_fns == OpGroup.ELEMENTWISE | {"reduce"}
+    assert with_fns == OpGroup.ELEMENTWISE | {"reduce"} | OpGroup.SELECTION
 
 
 def test_table_is_consistent():
@@ -130,8 +133,9 @@ def test_table_is_consistent():
         assert group <= OpGroup.ALL, f"OpGroup.{name} names ops that are not in OPS: {group - OpGroup.ALL}"
     assert OpGroup.ALL == set(OPS)
     assert OpGroup.PT | OpGroup.SFP == OpGroup.ALL and not OpGroup.PT & OpGroup.SFP
-    # the classes passes ask about do not overlap: an op is elementwise, a row op, accumulating or layout-only
-    classes = [OpGroup.ELEMENTWISE, OpGroup.ROW, OpGroup.ACCUMULATING, OpGroup.LAYOUT]
+    # the classes passes ask about do not overlap: an op is elementwise, a row op, accumulating, layout-only or a
+    # selection
+    classes = [OpGroup.ELEMENTWISE, OpGroup.ROW, OpGroup.ACCUMULATING, OpGroup.LAYOUT, OpGroup.SELECTION]
     assert sum(len(g) for g in classes) == len(OPS) and frozenset().union(*classes) == OpGroup.ALL
     assert OpGroup.POINTWISE.isdisjoint(OpGroup.REDUCTION)
     for trait in TRAITS:

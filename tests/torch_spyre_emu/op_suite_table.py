@@ -42,6 +42,11 @@ class Op:
     ref: Callable | None = None  # the float64 reference, when it is not fn itself
 
 
+def _topk_by_position(x, k, dim):
+    values, indices = torch.sort(x, dim=dim, descending=True, stable=True)
+    return values.narrow(dim, 0, k), indices.narrow(dim, 0, k)
+
+
 def exact(xs, ref, dt):
     return torch.zeros_like(ref)
 
@@ -218,6 +223,26 @@ OPS: list[Op] = [
     Op("min_dim_keepdim", lambda x: torch.min(x, 0, keepdim=True), "min", exact),
     Op("max_all", lambda x: x.max(), "max", exact),
     Op("min_all", lambda x: x.min(), "min", exact),
+    # topk on 2-D inputs (spyre::topkvalue / topkindex); the reference breaks ties by position (torch's CPU kernel
+    # does not say which of two equal values comes first, and DL16 makes more of them)
+    Op(
+        "topk",
+        lambda x: torch.topk(x, 5, -1),
+        "topk",
+        exact,
+        shapes=(S2,),
+        slow_shapes=((64, 128),),
+        ref=lambda x: _topk_by_position(x, 5, -1),
+    ),
+    Op(
+        "topk_dim0",
+        lambda x: torch.topk(x, 3, 0),
+        "topk",
+        exact,
+        shapes=(S2,),
+        slow_shapes=((64, 128),),
+        ref=lambda x: _topk_by_position(x, 3, 0),
+    ),
     Op("aminmax", lambda x: torch.aminmax(x, dim=-1), "aminmax", exact),
     Op("aminmax_all", lambda x: torch.aminmax(x), "aminmax", exact),
     # --- norms (torch's decomposition: fp32 upcast on device, dl16tofp32) -----------------------------------------

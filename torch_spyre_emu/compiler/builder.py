@@ -7,8 +7,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from aiu_sim.ir.program import Arg, Buffer, Kernel
+from aiu_sim.ir.program import Arg, Buffer, Kernel, arg_shape
 from aiu_sim.numerics.formats import host_dtype_name as dtype_name
+from torch_spyre_emu import hints
 from torch_spyre_emu.compiler.views import TRef
 from torch_spyre_emu.device.host_dtypes import TORCH_TO_FORMAT
 from torch_spyre_emu.errors import SpyreCompileError
@@ -37,6 +38,10 @@ class Builder:
     torch_dtypes: dict[str, torch.dtype] = field(default_factory=dict)  # buffer -> the torch dtype it holds
     _counts: dict[str, int] = field(default_factory=dict)
     node_name: str = ""  # the FX node being lowered (for kernel names and error messages)
+    # that node's spyre_hint scope (hints.node_hint) and result shape: kernel() stamps the resolved hint on the
+    # kernels writing the result, for the coarse_tile and work_division passes
+    node_hint: dict | None = None
+    node_shape: tuple[int, ...] = ()
     groups: dict[str, int] = field(
         default_factory=dict
     )  # process group name -> cards (CompileOptions.groups)
@@ -73,6 +78,13 @@ class Builder:
             name, op, inputs, outputs, dict(space), fn=fn, reduce_dims=tuple(reduce_dims), attrs=attrs or {}
         )
         k.attrs.setdefault("source", self.node_name)
+        if self.node_hint and outputs:
+            out = outputs[0]
+            resolved = hints.resolve(
+                self.node_hint, self.node_shape, out.dims, arg_shape(out, self.buffers[out.buffer]), self.node_name
+            )
+            if resolved:
+                k.attrs["hint"] = resolved
         if all(space[d] for d in space if d not in reduce_dims):
             self.steps.append(k)
             return k

@@ -40,6 +40,8 @@ from pathlib import Path
 import torch
 import torch.fx as fx
 
+from torch_spyre_emu import hints
+
 # Bump when what an entry holds changes: old entries then stop matching.
 FORMAT_VERSION = 2
 MAGIC = b"spyre-emu compile cache\n"
@@ -127,15 +129,21 @@ def _tensor_digest(t: torch.Tensor) -> str:
 
 def graph_text(gm: fx.GraphModule) -> str:
     """The graph as dynamo gave it: its code, and what each get_attr / call_module names (a submodule's code, a
-    module's tensors, a tensor's values: they are baked into the program, unlike the lifted parameters)."""
+    module's tensors, a tensor's values: they are baked into the program, unlike the lifted parameters), and the
+    spyre_hint of each hinted node, with the dim names declared so far."""
     parts = [gm.code]
     for node in gm.graph.nodes:
+        hint = hints.node_hint(node)
+        if hint is not None:  # node meta, not code: a spyre_hint scope changes the program
+            parts.append(f"{node.name}: spyre_hint {hint!r}")
         if node.op not in ("get_attr", "call_module"):
             continue
         value = gm
         for atom in str(node.target).split("."):
             value = getattr(value, atom)
         parts.append(f"{node.target}: {_value_text(value)}")
+    if any(hints.node_hint(n) is not None for n in gm.graph.nodes):
+        parts.append(f"declared dims {sorted(hints.declared_dims().items())!r}")
     return "\n".join(parts)
 
 

@@ -163,7 +163,10 @@ def capture(
             with fx_traceback.preserve_node_meta():
                 return _HostDeviceInterpreter(module).run(*args)
     else:
-        run = fn
+
+        def run(*args):
+            with fx_traceback.preserve_node_meta():  # so a spyre_hint scope inside fn reaches the nodes (hints.py)
+                return fn(*args)
 
     functional = torch.func.functionalize(run, remove="mutations")
     try:

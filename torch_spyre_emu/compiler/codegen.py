@@ -16,6 +16,7 @@ import torch.fx as fx
 
 from aiu_sim.ir.program import DeviceToHost, HostOp, HostToDevice
 from aiu_sim.numerics.formats import host_dtype_name
+from torch_spyre_emu import hints
 from torch_spyre_emu.compiler.builder import Builder, HostSpec
 from torch_spyre_emu.compiler.context import CompileOptions, ProgramParts, module_path
 from torch_spyre_emu.compiler.lowering import Unavailable, find_lowering
@@ -66,6 +67,8 @@ def lower_graph(gm: fx.GraphModule, options: CompileOptions) -> Lowered:
     placeholder_i = 0
     for node in gm.graph.nodes:
         b.node_name = node.name
+        b.node_hint = hints.node_hint(node)
+        b.node_shape = tuple(b.node_hint["result_shape"]) if b.node_hint else ()
         if node.op == "placeholder":
             val = node.meta.get("val")
             if isinstance(val, torch.Tensor):

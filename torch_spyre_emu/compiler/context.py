@@ -58,6 +58,10 @@ class CompileOptions:
     accumulation: AccumulationModel = field(default_factory=stack_config.accumulation_model)
     # place buffers in LX (passes/lx_planning.py; torch_spyre._inductor.config.lx_planning)
     lx_planning: bool = field(default_factory=lambda: _inductor_config().lx_planning_enabled())
+    # drop spyre_hint(work_div=...) hints (torch_spyre._inductor.config.ignore_work_division_hints; hints.py)
+    ignore_work_division_hints: bool = field(
+        default_factory=lambda: bool(_inductor_config().ignore_work_division_hints)
+    )
     # placeholder indices of the parameters and of the spyre tensors (both device-resident)
     weight_inputs: frozenset[int] = frozenset()
     device_inputs: frozenset[int] = frozenset()

@@ -48,9 +48,7 @@ NON_NATIVE_LOWERINGS: dict[object, str] = {
 
 # Ops the table calls native that the emulator does not lower yet: codegen runs them as CPU islands with a
 # FallbackWarning (a SpyreCompileError in strict mode), an emulator gap rather than a Spyre one.
-MISSING_LOWERINGS: dict[object, str] = {
-    aten.topk: "no topkvalue/topkindex kernel in aiu_sim yet (PR #3713's custom ops)",
-}
+MISSING_LOWERINGS: dict[object, str] = {}
 
 
 def _check_registration(op) -> None:
@@ -445,6 +443,33 @@ def lower_max_dim(b, node, x, dim=None, keepdim=False):
     values = _reduce_to(b, node, x, "max" if is_max else "min", dim, keepdim, out_val(node, 0))
     indices = _reduce_to(b, node, x, "argmax" if is_max else "argmin", dim, keepdim, out_val(node, 1))
     return values, indices
+
+
+@lowering(aten.topk)
+def lower_topk(b, node, x, k, dim=-1, largest=True, sorted=True):
+    """topk (largest, sorted; the support check sends the rest to the CPU) -> (values, indices): the stack's
+    decomposition into spyre::topkvalue and spyre::topkindex (PR #3713, torch_spyre_api.md §4), one selection
+    kernel each, the rank dim in place of the selected dim."""
+    dims = dims_for(x.rank)
+    axis = dim % x.rank
+    rank = "rank"
+    out_dims = tuple(rank if i == axis else d for i, d in enumerate(dims))
+    space = {**dict(zip(dims, x.shape, strict=True)), rank: int(k)}
+    results = []
+    for i, fn in enumerate(("value", "index")):
+        val = out_val(node, i)
+        out = b.new_buffer(tuple(val.shape), val.dtype, f"topk{fn}")
+        b.kernel(
+            "topk",
+            [b.arg(x, dims)],
+            [Arg(out, out_dims)],
+            space,
+            fn=fn,
+            reduce_dims=(dims[axis],),
+            attrs={"rank_dim": rank},
+        )
+        results.append(TRef.whole(out, tuple(val.shape)))
+    return tuple(results)
 
 
 @lowering(aten._softmax)

@@ -14,11 +14,12 @@ from dataclasses import dataclass, field
 import torch.fx as fx
 
 from aiu_sim.ir.program import KernelProgram, step_reads, step_writes
-from torch_spyre_emu import debug
+from torch_spyre_emu import debug, hints
 from torch_spyre_emu.compiler.capture import capture
 from torch_spyre_emu.compiler.codegen import Lowered, lower_graph, program_parts
 from torch_spyre_emu.compiler.context import CompileOptions, ProgramParts
 from torch_spyre_emu.compiler.passes.bundle import bundle_kernels, sink_to_consumers
+from torch_spyre_emu.compiler.passes.coarse_tile import coarse_tile
 from torch_spyre_emu.compiler.passes.constant_fold import constant_fold
 from torch_spyre_emu.compiler.passes.decompose import decompose
 from torch_spyre_emu.compiler.passes.legalize_dtypes import legalize_dtypes
@@ -43,6 +44,7 @@ KERNEL_PASSES = [
     stickify,
     restickify,
     pad_k,
+    coarse_tile,
     work_division,
     split_weight_prep,
     sink_to_consumers,
@@ -83,6 +85,7 @@ class Compiled:
 
 
 def run_graph_passes(gm: fx.GraphModule, options: CompileOptions) -> fx.GraphModule:
+    hints.stamp_result_shapes(gm)  # before a pass reshapes an op (mm -> bmm) that a hint's dims index
     for p in GRAPH_PASSES:
         gm = p(gm, options)
         debug.after_pass(p.__name__, gm)

@@ -25,7 +25,9 @@ kernel just before it when
 - the bundle holds fewer than MAX_BUNDLE kernels.
 
 Matmul kernels (PT) and restickify (its own hardware op, ReStickifyOpHBM) are bundles of their own: an assumption,
-the reference gives no evidence that torch-spyre fuses them with neighbours. Host steps and collectives end a
+the reference gives no evidence that torch-spyre fuses them with neighbours. The tiles of a coarse-tiled kernel
+(passes/coarse_tile.py) are one bundle, whatever the op: the stack's counted loop of one SDSC in one bundle.mlir;
+their group is the whole loop's. Host steps and collectives end a
 bundle. Bundles are named fused_0, fused_1, ... in program order.
 
 Inductor's scheduler fuses a producer into its consumer even when an independent node sits between them in the
@@ -57,10 +59,18 @@ def _fusable(step) -> bool:
 
 
 def group_of(k: Kernel) -> tuple[int, int]:
-    """(numel, rnumel): the kernel's outer and reduced iteration sizes, Inductor's fusion group."""
-    rnumel = math.prod(k.space[d] for d in k.reduce_dims)
-    numel = math.prod(n for d, n in k.space.items() if d not in k.reduce_dims)
+    """(numel, rnumel): the kernel's outer and reduced iteration sizes, Inductor's fusion group (for a tile of a
+    coarse-tiled kernel, its whole loop's: passes/coarse_tile.py)."""
+    space = k.attrs.get("loop_space", k.space)
+    rnumel = math.prod(space[d] for d in k.reduce_dims)
+    numel = math.prod(n for d, n in space.items() if d not in k.reduce_dims)
     return numel, rnumel
+
+
+def _same_loop(prev: _Bundle, step: Kernel) -> bool:
+    """`step` is the next tile of the coarse-tiled kernel whose tile ends `prev`: one counted loop, one bundle."""
+    loop = step.attrs.get("tile_of")
+    return loop is not None and prev.members[-1].attrs.get("tile_of") == loop
 
 
 def merged_group(first: tuple[int, int], then: tuple[int, int]) -> tuple[int, int] | None:
@@ -84,11 +94,16 @@ class _Bundle:
     first: int  # step indices of the first and last member
     last: int
     writes: set[str]
+    closed: bool = False  # the tiles of a kernel that is not fusable (a tiled matmul): no other kernel joins
 
 
 def _join(prev: _Bundle, new: _Bundle, step: Kernel) -> tuple[int, int] | str:
     """The group of `new` (whose last kernel is `step`) fused into `prev`, the bundle just before it, or the rule
     that refuses it: the one place that decides."""
+    if _same_loop(prev, step):
+        return prev.group
+    if prev.closed:
+        return f"{prev.members[-1].name} is a tile of a kernel that is not fusable: its loop is a bundle of its own"
     if not {a.buffer for a in step.inputs} & prev.writes:
         return f"no producer -> consumer edge: {step.name} reads nothing the bundle before writes (no horizontal fusion)"
     group = merged_group(prev.group, new.group)
@@ -110,9 +125,10 @@ def bundle_kernels(parts: ProgramParts, options: CompileOptions) -> ProgramParts
     # about that kernel itself (later members retry the join; one that succeeds removes the entry)
     refused: dict[int, str] = {}
     for i, step in enumerate(steps):
-        if not _fusable(step):
+        tile_of = step.attrs.get("tile_of") if isinstance(step, Kernel) else None
+        if not _fusable(step) and tile_of is None:
             continue  # host steps, matmuls and restickifies are not fused: the index gap ends the bundle
-        new = _Bundle([step], group_of(step), i, i, {a.buffer for a in step.outputs})
+        new = _Bundle([step], group_of(step), i, i, {a.buffer for a in step.outputs}, not _fusable(step))
         # fuse into the bundle just before, then into each adjacent bundle before that whose results it also reads
         while done and done[-1].last + 1 == new.first:
             prev = done[-1]
@@ -122,7 +138,14 @@ def bundle_kernels(parts: ProgramParts, options: CompileOptions) -> ProgramParts
                 break
             done.pop()
             refused.pop(new.first, None)
-            new = _Bundle(prev.members + new.members, joined, prev.first, new.last, prev.writes | new.writes)
+            new = _Bundle(
+                prev.members + new.members,
+                joined,
+                prev.first,
+                new.last,
+                prev.writes | new.writes,
+                prev.closed,
+            )
         done.append(new)
     index = 0
     for b in done:

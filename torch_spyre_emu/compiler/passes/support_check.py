@@ -84,9 +84,13 @@ def classify(node: fx.Node, options: CompileOptions) -> tuple[str, str, str]:
         return collectives.classify(node, caps, ins)
     if status == "unsupported":
         if entry is None and key.removeprefix("spyre.") in SPYRE_CUSTOM_OPS_NOT_MODELLED:
-            return status, key, (
-                "torch-spyre lowers this custom op, but its math is not public, so the emulator does not model it "
-                "(an emulator gap, not a Spyre one); use the aten ops it stands for"
+            return (
+                status,
+                key,
+                (
+                    "torch-spyre lowers this custom op, but its math is not public, so the emulator does not model it "
+                    "(an emulator gap, not a Spyre one); use the aten ops it stands for"
+                ),
             )
         return status, key, entry.note if entry else "no lowering exists for this op"
 
@@ -96,6 +100,14 @@ def classify(node: fx.Node, options: CompileOptions) -> tuple[str, str, str]:
         sorted_ = node.kwargs.get("sorted", node.args[4] if len(node.args) > 4 else True)
         if not (largest and sorted_):
             return "fallback", key, "topk is only supported with largest=True, sorted=True (PR #3713)"
+        if ins and ins[0].dim() != 2:
+            return (
+                "fallback",
+                key,
+                f"topk runs on the device on 2-D inputs, as spyre::topkvalue / topkindex take (torch_spyre_api.md "
+                f"§4), this one is {ins[0].dim()}-D (an assumption: whether the stack reshapes other ranks is not "
+                "public)",
+            )
     if target is aten.gelu.default and node.kwargs.get("approximate", "none") == "none":
         if not caps.supports("ops.gelu_erf"):
             return "fallback", "ops.gelu_erf", "gelu(approximate='none') (erf form) is not native"

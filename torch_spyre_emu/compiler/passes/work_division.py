@@ -11,6 +11,10 @@
 3. work distribution (everything else): split output dims, largest first, then at most one reduction dim; every
    core gets the same number of sticks (splits divide the stick / element counts).
 
+A `spyre_hint(work_div={d: n})` on the op (hints.py; kernel attrs["hint"]) fixes the split of those dims: pass 1
+may still split the other dims for the span, pass 2 does not run, and pass 3 gives the remaining cores to the other
+dims ("hint"). `ignore_work_division_hints` drops such hints.
+
 The result is written to each kernel's `split` and `cores`; `attrs["work_division"]` says which pass decided.
 """
 
@@ -23,6 +27,7 @@ from aiu_sim.ir.ops import OpGroup
 from aiu_sim.ir.program import Buffer, Kernel, arg_bytes, core_slices, stick_dims
 from torch_spyre_emu.compiler.context import CompileOptions, ProgramParts
 from torch_spyre_emu.errors import SpyreCompileError
+from torch_spyre_emu.hints import SpyreHintError
 
 PEAK_FLOPS_DL16 = 98.304e12  # work_division.py "DL16 peak"
 HBM_BYTES_PER_S = 204.8e9
@@ -39,13 +44,27 @@ def units(k: Kernel, dim: str, buffers: dict[str, Buffer]) -> int:
     return math.ceil(k.space[dim] / sticky[dim]) if dim in sticky else k.space[dim]
 
 
+def rank_dim(k: Kernel) -> str | None:
+    """A topk kernel's rank dim: not split (aiu_sim/ir/ops.py: one core selects a row's k largest)."""
+    return k.attrs.get("rank_dim") if k.op in OpGroup.SELECTION else None
+
+
 def divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
 # --- pass 1 -------------------------------------------------------------------------------------------------------
-def span_reduction(k: Kernel, buffers: dict[str, Buffer], span_bytes: int, max_cores: int) -> dict[str, int]:
-    split: dict[str, int] = {}
+def span_reduction(
+    k: Kernel,
+    buffers: dict[str, Buffer],
+    span_bytes: int,
+    max_cores: int,
+    fixed: dict[str, int] | None = None,
+) -> dict[str, int]:
+    """The minimum split bringing every DRAM argument's per-core span under span_bytes; `fixed` dims (a hint's)
+    keep their split and are not split further."""
+    fixed = fixed or {}
+    split: dict[str, int] = dict(fixed)
 
     def worst() -> int:
         probe = Kernel(k.name, k.op, k.inputs, k.outputs, k.space, k.fn, k.reduce_dims, dict(split))
@@ -62,7 +81,13 @@ def span_reduction(k: Kernel, buffers: dict[str, Buffer], span_bytes: int, max_c
 
     while worst() > span_bytes:
         # split the largest outer (non-reduce) dim further, to the next divisor of its units
-        cands = [d for d in k.space if d not in k.reduce_dims or k.op in OpGroup.ACCUMULATING]
+        cands = [
+            d
+            for d in k.space
+            if (d not in k.reduce_dims or k.op in OpGroup.ACCUMULATING)
+            and d not in fixed
+            and d != rank_dim(k)
+        ]
         best = None
         for d in sorted(cands, key=lambda d: -units(k, d, buffers)):
             u = units(k, d, buffers)
@@ -77,7 +102,7 @@ def span_reduction(k: Kernel, buffers: dict[str, Buffer], span_bytes: int, max_c
                 "with small prime factors (e.g. pad the LM head vocab)"
             )
         split[best[0]] = best[1]
-    return split
+    return {d: p for d, p in split.items() if d not in fixed}
 
 
 # --- pass 2 -------------------------------------------------------------------------------------------------------
@@ -138,11 +163,15 @@ def matmul_split(k: Kernel, buffers: dict[str, Buffer], max_cores: int) -> dict[
 
 # --- pass 3 -------------------------------------------------------------------------------------------------------
 def distribute(
-    k: Kernel, buffers: dict[str, Buffer], max_cores: int, start: dict[str, int]
+    k: Kernel,
+    buffers: dict[str, Buffer],
+    max_cores: int,
+    start: dict[str, int],
+    fixed: frozenset[str] = frozenset(),
 ) -> dict[str, int]:
     split = dict(start)
     left = max_cores // max(1, math.prod(split.values()))
-    out_dims = [d for d in k.space if d not in k.reduce_dims]
+    out_dims = [d for d in k.space if d not in k.reduce_dims and d not in fixed and d != rank_dim(k)]
     for d in sorted(out_dims, key=lambda d: -units(k, d, buffers)):
         if left <= 1:
             break
@@ -162,24 +191,53 @@ def distribute(
 def work_division(parts: ProgramParts, options: CompileOptions) -> ProgramParts:
     buffers = parts.buffers
     hw = options.hardware
-    max_cores = hw.num_cores
     for k in parts.steps:
         if not isinstance(k, Kernel):
             continue
-        committed = span_reduction(k, buffers, hw.core_span_bytes, max_cores)
-        decided = "span" if committed else None
-        split = committed
-        if k.op == "matmul" and not committed:
-            mm = matmul_split(k, buffers, max_cores)
-            d3 = distribute(k, buffers, max_cores, {})
-            if mm is not None and math.prod(mm.values() or [1]) >= math.prod(d3.values() or [1]):
-                split, decided = mm, "matmul_cost_model"
-            else:
-                split, decided = d3, "work_distribution"
-        else:
-            split = distribute(k, buffers, max_cores, committed)
-            decided = decided or "work_distribution"
+        hinted = {} if options.ignore_work_division_hints else k.attrs.get("hint", {}).get("work_div", {})
+        split, decided = _decide(k, buffers, hw, hinted)
         k.split = {d: p for d, p in split.items() if p > 1}
         k.cores = tuple(range(k.num_slices))
         k.attrs["work_division"] = decided
     return parts
+
+
+def _decide(k: Kernel, buffers: dict[str, Buffer], hw: HardwareConfig, hinted: dict[str, int]):
+    """The kernel's split and the pass that decided it."""
+    max_cores = hw.num_cores
+    if hinted:
+        check_hint(k, buffers, hinted, max_cores)
+        committed = span_reduction(k, buffers, hw.core_span_bytes, max_cores, hinted)
+        return distribute(k, buffers, max_cores, {**hinted, **committed}, frozenset(hinted)), "hint"
+    committed = span_reduction(k, buffers, hw.core_span_bytes, max_cores)
+    if committed:
+        return distribute(k, buffers, max_cores, committed), "span"
+    if k.op == "matmul":
+        mm = matmul_split(k, buffers, max_cores)
+        d3 = distribute(k, buffers, max_cores, {})
+        if mm is not None and math.prod(mm.values() or [1]) >= math.prod(d3.values() or [1]):
+            return mm, "matmul_cost_model"
+        return d3, "work_distribution"
+    return distribute(k, buffers, max_cores, {}), "work_distribution"
+
+
+def check_hint(k: Kernel, buffers: dict[str, Buffer], hinted: dict[str, int], max_cores: int) -> None:
+    """A work_div hint must split each dim into equal whole sticks (elements off the stick) and fit the cores."""
+    where = k.attrs.get("source", k.name)
+    for d, n in hinted.items():
+        if d == rank_dim(k) and n > 1:
+            raise SpyreHintError(
+                f"{where}: work_div on dim {d}, topk's rank dim, which one core selects whole"
+            )
+        u = units(k, d, buffers)
+        if u % n:
+            what = "sticks" if d in stick_dims(k, buffers) else "elements"
+            raise SpyreHintError(
+                f"{where}: work_div={n} does not divide dim {d} ({k.space[d]} elements, {u} {what}); each core "
+                f"gets equal whole {what}: use one of {[p for p in divisors(u) if p <= max_cores]}"
+            )
+    if math.prod(hinted.values()) > max_cores:
+        raise SpyreHintError(
+            f"{where}: work_div {dict(hinted)} needs {math.prod(hinted.values())} cores, more than the "
+            f"{max_cores} of sencores; lower a count"
+        )
