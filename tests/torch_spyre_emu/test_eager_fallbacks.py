@@ -154,3 +154,49 @@ def test_a_cast_to_another_card_casts_on_the_cpu_and_lands_there(monkeypatch):
     y, messages = _fallbacks(lambda: x.to("spyre:2", torch.float32))
     assert len(messages) == 1 and y.device == torch.device("spyre", 2) and y.dtype == torch.float32
     assert torch.equal(y.cpu(), x.cpu().float())
+
+
+# --- register_fallback ----------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def _registered():
+    """Deregister what the test registers (the real API has no undo; registrations are process-wide)."""
+    from torch_spyre_emu.device import op_dispatch
+
+    before = len(op_dispatch._USER_FALLBACK_LIBS)
+    yield
+    while len(op_dispatch._USER_FALLBACK_LIBS) > before:
+        op_dispatch._USER_FALLBACK_LIBS.pop()._destroy()
+
+
+def test_register_fallback_runs_an_unsupported_op_on_the_cpu(_registered):
+    from torch_spyre.ops.fallbacks import register_fallback
+
+    x = _x(4, 64)
+    with pytest.raises(SpyreUnsupportedOpError, match="sinh"):
+        torch.sinh(x)
+    register_fallback([torch.ops.aten.sinh])  # a packet: every overload, .out included
+    want = torch.sinh(x.cpu()).to("spyre").cpu()  # computed on the CPU, stored on the device
+    y, messages = _fallbacks(lambda: torch.sinh(x))
+    assert messages == ["aten.sinh.default is falling back to cpu"]
+    assert y.device == x.device and y.dtype == torch.float16 and torch.equal(y.cpu(), want)
+    out = torch.empty(4, 64, dtype=torch.float16).to("spyre")
+    result, messages = _fallbacks(lambda: torch.sinh(x, out=out))
+    assert result is out and torch.equal(out.cpu(), want)
+    assert messages == ["aten.sinh.out is falling back to cpu"]
+
+
+def test_register_fallback_one_overload_and_its_errors(_registered):
+    from torch_spyre.ops.fallbacks import register_fallback
+
+    register_fallback(torch.ops.aten.sinh.default)
+    assert torch.equal(
+        _fallbacks(lambda: torch.sinh(_x(2, 64)))[0].cpu().isfinite(), torch.ones(2, 64, dtype=bool)
+    )
+    with pytest.raises(torch_spyre_emu.errors.SpyreDeviceError, match="falls back to 'cpu' only"):
+        register_fallback(torch.ops.aten.sinh, device="cuda")
+    with pytest.raises(torch_spyre_emu.errors.SpyreDeviceError, match="not an aten op"):
+        register_fallback("sinh")
+    with torch_spyre_emu.strict(), pytest.raises(SpyreUnsupportedOpError, match="strict mode"):
+        torch.sinh(_x(2, 64))

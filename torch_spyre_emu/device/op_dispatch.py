@@ -66,6 +66,75 @@ def cpu_fallback(op, args, kwargs):
     return kwargs[out_names[0]] if len(out_names) == 1 else tuple(kwargs[n] for n in out_names)
 
 
+# register_fallback's registrations: one torch.library per call, kept alive here (dropping a Library deregisters it)
+_USER_FALLBACK_LIBS: list[torch.library.Library] = []
+
+
+def register_fallback(ops, device: str = "cpu") -> None:
+    """Run `ops` (aten OpOverloads, or packets: every overload) on `device` when they meet spyre tensors in eager
+    code, as torch-spyre's ops/fallbacks.register_fallback does (torch_spyre_api.md §5): the arguments copied to the
+    CPU, the op run there keeping its dtypes, the results moved back to the arguments' spyre device, out= and in-place
+    arguments written through CPU buffers, a FallbackWarning on each call ("once" filter). Compiled code keeps the
+    capability table's decision (the real function registers an eager kernel only). Mixed spyre devices among the
+    arguments raise, as in the real stack; so does a device other than "cpu"."""
+    if device != "cpu":
+        raise SpyreDeviceError(f"register_fallback(device={device!r}): the emulator falls back to 'cpu' only")
+    overloads = []
+    for op in ops if isinstance(ops, list | tuple | set | frozenset) else [ops]:
+        if isinstance(op, torch._ops.OpOverloadPacket):
+            overloads += [getattr(op, name) for name in op.overloads()]
+        elif isinstance(op, torch._ops.OpOverload):
+            overloads.append(op)
+        else:
+            raise SpyreDeviceError(
+                f"register_fallback: {op!r} is not an aten op (torch.ops.aten.X or .X.overload)"
+            )
+    libs: dict[str, torch.library.Library] = {}
+    for op in overloads:
+        ns = op.namespace
+        lib = libs.setdefault(ns, torch.library.Library(ns, "IMPL"))
+
+        def kernel(*args, op=op, **kwargs):
+            return run_on_cpu(op, args, kwargs)
+
+        lib.impl(_impl_name(op), kernel, "PrivateUse1", allow_override=True)
+    _USER_FALLBACK_LIBS.extend(libs.values())
+
+
+def run_on_cpu(op, args, kwargs):
+    """`op` on CPU copies of its arguments, with a FallbackWarning; results (and out= / in-place arguments) back on
+    the arguments' spyre device."""
+    from torch_spyre_emu import config
+    from torch_spyre_emu.errors import SpyreUnsupportedOpError, warn_fallback
+
+    devices = {
+        t.device for t in torch.utils._pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)
+    }
+    spyre = {d for d in devices if d.type == "spyre"}
+    if len(spyre) > 1:
+        raise SpyreDeviceError(
+            f"{op}: arguments on several devices {sorted(map(str, spyre))}; move them to one"
+        )
+    if config.strict:
+        raise SpyreUnsupportedOpError(
+            f"{op} is registered as a CPU fallback and strict mode forbids fallbacks"
+        )
+    warn_fallback(op)
+    target = next(iter(spyre), torch.device("spyre"))
+    cpu_args, cpu_kwargs = torch.utils._pytree.tree_map_only(torch.Tensor, lambda t: t.cpu(), (args, kwargs))
+    with torch.no_grad():
+        result = op(*cpu_args, **cpu_kwargs)
+    mutated = _mutated_args(op)
+    if mutated:  # out= / in-place: the CPU copies were written; copy them into the spyre tensors
+        for pos, name, _ in mutated:
+            copy_into(
+                _arg(op, args, kwargs, pos, name), _arg(op, cpu_args, cpu_kwargs, pos, name).to(target), op
+            )
+        outs = [_arg(op, args, kwargs, pos, name) for pos, name, _ in mutated]
+        return outs[0] if len(outs) == 1 else tuple(outs)
+    return torch.utils._pytree.tree_map_only(torch.Tensor, lambda t: t.to(target), result)
+
+
 # The functional overloads whose packet has such a fallback overload: torch's CompositeExplicitAutograd kernel would
 # run them as pieces (repeat: expand, empty, unfold views and a device-to-device copy_, which runs no program, so
 # neither the compiled path's decomposition nor its time); they go to run_op whole, as kernels.WHOLE_OPS do.
