@@ -359,3 +359,35 @@ def test_an_empty_tensor_made_and_filled_in_a_graph_runs_no_kernel():
         doubled, empty = compiled(f)(x)
     assert torch.equal(doubled, (x.to("spyre") * 2).cpu())
     assert empty.shape == (0, 64) and empty.dtype == torch.float16
+
+
+def test_dtype_op_table_is_the_digests_cast_table_and_each_pair_runs_on_the_device():
+    import warnings
+
+    from torch_spyre._inductor.dtype_ops import IDENTITY_OP, DtypeOpTable
+    from torch_spyre_emu.errors import FallbackWarning
+
+    f16, bf16, f32 = torch.float16, torch.bfloat16, torch.float32
+    assert IDENTITY_OP == "identity"
+    assert dict(DtypeOpTable) == {
+        (f16, bf16): "identity",
+        (bf16, f16): "identity",
+        (f16, torch.bool): "identity",
+        (torch.bool, f16): "identity",
+        (f16, f32): "dl16tofp32",
+        (bf16, f32): "dl16tofp32",
+        (f32, f16): "fp32todl16",
+        (f32, bf16): "fp32todl16",
+        (torch.float8_e4m3fn, f16): "fp8todl16",
+    }
+    for src, dst in DtypeOpTable:
+        x = torch.randn(4, 64).to(src).to("spyre")
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", FallbackWarning)
+            y = torch.compile(lambda t, dst=dst: t.to(dst))(x)
+        assert y.dtype == dst
+        if src == f32:  # fp32todl16 rounds to DL16, then to the host format: one bf16 ulp of double rounding
+            rtol = 2**-9 if dst == f16 else 2**-7
+            torch.testing.assert_close(y.cpu().float(), x.cpu().to(dst).float(), rtol=rtol, atol=0)
+        else:
+            assert torch.equal(y.cpu(), x.cpu().to(dst))

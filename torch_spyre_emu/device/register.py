@@ -19,6 +19,7 @@ from torch_spyre_emu.device import kernels as device_kernels
 from torch_spyre_emu.errors import FallbackWarning, SpyreDeviceError
 
 DEVICE_NAME = "spyre"
+DYNAMO_RECOMPILE_LIMIT = 1024  # torch_spyre_api.md §0: dynamo cache_size_limit=1024
 _lock = threading.Lock()
 
 
@@ -72,3 +73,6 @@ def register() -> None:
         distributed.register_backend()  # "spyreccl" for torch.distributed, as torch-spyre registers it at import
         # torch-spyre's ops/fallbacks.py shows each fallback message once (torch_spyre_api.md §5)
         warnings.filterwarnings("once", category=FallbackWarning)
+        # torch_spyre/__init__.py raises dynamo's cache_size_limit (recompile_limit) to 1024 at import
+        # (torch_spyre_api.md §0): per-dtype or per-layer recompiles of one code object are the norm on the stack
+        torch._dynamo.config.recompile_limit = DYNAMO_RECOMPILE_LIMIT
