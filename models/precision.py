@@ -626,7 +626,8 @@ def device_run(model_fp32: torch.nn.Module, st: Setting, ids: torch.Tensor, stri
                         warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
 
         # Graph breaks (a what-if Linear island in every layer) make each layer a resumed frame that dynamo
-        # compiles once per module; past its recompile limit (8) it would run the rest eagerly and the study would
+        # compiles once per module; past its recompile limit (1024 once spyre is registered, as the real stack sets
+        # it; 8 in a plain torch) it would run the rest eagerly and the study would
         # no longer compare compiled device numbers. So: a limit for every module, and an error if even that is hit.
         limit = max(torch._dynamo.config.recompile_limit, 2 * sum(1 for _ in model.modules()))
         try:
