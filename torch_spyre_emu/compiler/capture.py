@@ -93,9 +93,13 @@ def as_fake_inputs(mode: FakeTensorMode, inputs: Sequence[object]) -> list[objec
 
 def on_host_device(x):
     """A spyre device argument as the CPU: everything is traced as CPU tensors (the inputs' fakes are CPU tensors),
-    so a factory's device=spyre (torch.arange(n, device=x.device) with a spyre x) must make a CPU fake too."""
-    if (isinstance(x, torch.device) and x.type == "spyre") or (isinstance(x, str) and x.startswith("spyre")):
+    so a factory's device=spyre (torch.arange(n, device=x.device) with a spyre x) must make a CPU fake too. A string
+    stays a string: torch.autocast("spyre") reaches the graph as _enter_autocast("spyre", ...), which takes a device
+    type name, and becomes CPU autocast (device/autocast.py applies the CPU policy's list, so both agree)."""
+    if isinstance(x, torch.device) and x.type == "spyre":
         return torch.device("cpu")
+    if isinstance(x, str) and x.startswith("spyre"):
+        return "cpu"
     return x
 
 

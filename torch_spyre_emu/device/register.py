@@ -14,7 +14,7 @@ import torch
 from torch.utils.backend_registration import _setup_privateuseone_for_python_backend
 
 from torch_spyre_emu import distributed, inductor, logging_config
-from torch_spyre_emu.device import custom_ops, model_loading, spyre_module, tensor_api
+from torch_spyre_emu.device import autocast, custom_ops, model_loading, spyre_module, tensor_api
 from torch_spyre_emu.device import kernels as device_kernels
 from torch_spyre_emu.errors import FallbackWarning, SpyreDeviceError
 
@@ -65,6 +65,7 @@ def register() -> None:
             rename=DEVICE_NAME, backend_module=spyre_module, hook=_hooks, device_guard=_guard
         )
         device_kernels.install()
+        autocast.install()  # torch.autocast("spyre")
         tensor_api.install()
         custom_ops.install()  # torch.ops.spyre.*
         model_loading.patch_module_to_for_spyre()  # Module.to("spyre"): Linear weights in dim_order [1, 0]
