@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from aiu_sim.config import STICK_BYTES, HardwareConfig
 from aiu_sim.errors import ProgramError
 from aiu_sim.ir.layout import StickLayout, default_layout, elems_per_stick
-from aiu_sim.ir.ops import unit_of
+from aiu_sim.ir.ops import OpGroup, unit_of
 from aiu_sim.numerics.formats import FORMATS
 
 
@@ -269,6 +269,12 @@ def opens_bundle(step: Kernel, previous: Step | None) -> bool:
 # ---------------------------------------------------------------------------------------------------------------
 # Per-core work: which slice of the iteration space each core owns and which sticks each argument touches there.
 # The executor, the timing engine and validation all use these two functions, so they cannot disagree.
+
+
+def rank_dim(kernel: Kernel) -> str | None:
+    """A selection kernel's rank dim (attrs["rank_dim"], OpGroup.SELECTION): one core selects a row's k largest, so
+    it is never split or tiled. None for every other op."""
+    return kernel.attrs.get("rank_dim") if kernel.op in OpGroup.SELECTION else None
 
 
 def stick_dims(kernel: Kernel, buffers: dict[str, Buffer]) -> dict[str, int]:

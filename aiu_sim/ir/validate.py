@@ -18,6 +18,7 @@ from aiu_sim.ir.program import (
     KernelProgram,
     arg_bytes,
     core_slices,
+    rank_dim,
     stick_dims,
 )
 from aiu_sim.numerics.formats import STICK_BYTES
@@ -224,6 +225,8 @@ def _check_arg(k: Kernel, where: str, arg, buffers: dict[str, Buffer]) -> None:
 
 
 def _check_split(k: Kernel, where: str, buffers: dict[str, Buffer], config: HardwareConfig) -> None:
+    if k.split.get(rank_dim(k), 1) > 1:
+        raise ProgramError(f"{where}: the rank dim of a selection is not split (one core selects a row's k largest)")
     sticky = stick_dims(k, buffers)
     for dim, pieces in k.split.items():
         if dim not in k.space:
@@ -235,6 +238,10 @@ def _check_split(k: Kernel, where: str, buffers: dict[str, Buffer], config: Hard
                 f"{where}: split of dim {dim!r} into {pieces} does not divide its {units} {what}; "
                 "splits must give every core the same whole number of sticks"
             )
+    if k.split.get(rank_dim(k), 1) > 1:
+        raise ProgramError(
+            f"{where}: the rank dim of a selection is not split (one core selects a row's k largest)"
+        )
     split_reductions = [d for d in k.reduce_dims if k.split.get(d, 1) > 1]
     if len(split_reductions) > 1:
         raise ProgramError(f"{where}: at most one reduction dim may be split, got {split_reductions}")

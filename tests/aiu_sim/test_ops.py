@@ -192,3 +192,30 @@ def test_no_op_class_is_spelled_outside_the_table():
     assert not hits, (
         "classes of kernel ops written out by hand; ask aiu_sim.ir.ops.OpGroup instead:\n" + "\n".join(hits)
     )
+
+
+def test_a_selection_keeps_its_rank_dim_whole_and_names_it():
+    from aiu_sim.errors import ProgramError
+
+    fn, ins, (out_shape, out_dims), space, reduce_dims, attrs = EXAMPLES["topk"]
+    buffers = [Buffer("X", "dl16", (R, C)), Buffer("OUT", "dl16", out_shape)]
+
+    def build(**kw):
+        k = Kernel("k", "topk", [Arg("X", ins[0][2])], [Arg("OUT", out_dims)], space, fn, reduce_dims, **kw)
+        return KernelProgram("p", buffers, [k])
+
+    build(attrs=attrs, split={"r": 2})  # rows may be split
+    with pytest.raises(ProgramError, match="rank dim of a selection is not split"):
+        build(attrs=attrs, split={"rank": 2})
+    with pytest.raises(ProgramError, match="topk takes one reduce dim and attrs\\['rank_dim'\\]"):
+        build(attrs={})
+
+
+def test_topk_kernel_orders_ties_by_position_and_nan_first():
+    from aiu_sim.functional import reduce as exec_reduce
+
+    k = Kernel("k", "topk", [], [], {"r": 1, "rank": 3, "c": 5}, "index", ("c",), attrs={"rank_dim": "rank"})
+    x = np.array([[1.0, np.nan, 3.0, 3.0, -1.0]])[:, None, :]  # (r, rank=1, c)
+    assert exec_reduce.topk(k, x, "index")[0, :, 0].tolist() == [1.0, 2.0, 3.0]
+    v = exec_reduce.topk(k, x, "value")[0, :, 0]
+    assert np.isnan(v[0]) and v[1:].tolist() == [3.0, 3.0]

@@ -14,9 +14,8 @@ import dataclasses
 import itertools
 import math
 
-from aiu_sim.ir.program import Kernel, split_ranges, stick_dims
+from aiu_sim.ir.program import Kernel, rank_dim, split_ranges, stick_dims
 from torch_spyre_emu.compiler.context import CompileOptions, ProgramParts
-from torch_spyre_emu.compiler.passes.work_division import rank_dim
 from torch_spyre_emu.hints import SpyreHintError
 
 

@@ -24,7 +24,7 @@ import math
 
 from aiu_sim.config import HardwareConfig
 from aiu_sim.ir.ops import OpGroup
-from aiu_sim.ir.program import Buffer, Kernel, arg_bytes, core_slices, stick_dims
+from aiu_sim.ir.program import Buffer, Kernel, arg_bytes, core_slices, rank_dim, stick_dims
 from torch_spyre_emu.compiler.context import CompileOptions, ProgramParts
 from torch_spyre_emu.errors import SpyreCompileError
 from torch_spyre_emu.hints import SpyreHintError
@@ -42,11 +42,6 @@ def units(k: Kernel, dim: str, buffers: dict[str, Buffer]) -> int:
     """Stick count on stick dims, element count otherwise."""
     sticky = stick_dims(k, buffers)
     return math.ceil(k.space[dim] / sticky[dim]) if dim in sticky else k.space[dim]
-
-
-def rank_dim(k: Kernel) -> str | None:
-    """A topk kernel's rank dim: not split (aiu_sim/ir/ops.py: one core selects a row's k largest)."""
-    return k.attrs.get("rank_dim") if k.op in OpGroup.SELECTION else None
 
 
 def divisors(n: int) -> list[int]:
