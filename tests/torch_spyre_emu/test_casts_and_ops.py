@@ -391,3 +391,30 @@ def test_dtype_op_table_is_the_digests_cast_table_and_each_pair_runs_on_the_devi
             torch.testing.assert_close(y.cpu().float(), x.cpu().to(dst).float(), rtol=rtol, atol=0)
         else:
             assert torch.equal(y.cpu(), x.cpu().to(dst))
+
+
+@pytest.mark.parametrize("mode", ["floor", "trunc"])
+def test_div_with_a_rounding_mode_is_the_floor_divide_gap_in_the_support_check(mode):
+    """Caught by the support check (so find_unsupported and plans list it), not at lowering."""
+    from torch_spyre_emu.compiler import find_unsupported
+    from torch_spyre_emu.errors import SpyreUnsupportedOpError
+
+    class Div(torch.nn.Module):
+        def forward(self, x):
+            return torch.div(x, 3, rounding_mode=mode)
+
+    x = torch.randn(4, 64, dtype=torch.float16)
+    found = find_unsupported(Div(), (x,))
+    assert [(u.op, u.capability, u.status) for u in found] == [("aten.div", "aten.floor_divide", "unsupported")]
+    assert f"rounding_mode={mode!r}" in found[0].reason
+    with pytest.raises(SpyreUnsupportedOpError, match="floor_divide"):
+        torch.compile(Div())(x.to("spyre"))
+
+
+def test_integer_div_with_a_rounding_mode_stays_a_cpu_fallback():
+    from torch_spyre_emu.errors import FallbackWarning
+
+    x = torch.arange(64, dtype=torch.int32).reshape(1, 64)
+    with pytest.warns(FallbackWarning, match="aten.div"):
+        got = torch.compile(lambda t: torch.div(t, 3, rounding_mode="floor"))(x.to("spyre"))
+    assert torch.equal(got.cpu(), torch.div(x, 3, rounding_mode="floor"))

@@ -108,6 +108,16 @@ def classify(node: fx.Node, options: CompileOptions) -> tuple[str, str, str]:
                 f"§4), this one is {ins[0].dim()}-D (an assumption: whether the stack reshapes other ranks is not "
                 "public)",
             )
+    if (
+        target in (aten.div.Tensor_mode, aten.div.Scalar_mode)
+        and node.kwargs.get("rounding_mode") is not None
+        and ins
+        and ins[0].is_floating_point()
+    ):
+        # Inductor lowers these to floordiv / truncdiv, which have no OpFunc: the floor_divide gap (#4643). On
+        # integers the dtype rule below sends div to the CPU, as before
+        mode = node.kwargs["rounding_mode"]
+        return "unsupported", "aten.floor_divide", f"div(rounding_mode={mode!r}) has no OpFunc (#4643)"
     if target is aten.gelu.default and node.kwargs.get("approximate", "none") == "none":
         if not caps.supports("ops.gelu_erf"):
             return "fallback", "ops.gelu_erf", "gelu(approximate='none') (erf form) is not native"
