@@ -111,11 +111,11 @@ def classify(node: fx.Node, options: CompileOptions) -> tuple[str, str, str]:
     if (
         target in (aten.div.Tensor_mode, aten.div.Scalar_mode)
         and node.kwargs.get("rounding_mode") is not None
-        and ins
-        and ins[0].is_floating_point()
+        and entry is not None
+        and all(dtype_name(t.dtype) in entry.dtypes for t in ins)
     ):
-        # Inductor lowers these to floordiv / truncdiv, which have no OpFunc: the floor_divide gap (#4643). On
-        # integers the dtype rule below sends div to the CPU, as before
+        # Inductor lowers these to floordiv / truncdiv, which have no OpFunc: the floor_divide gap (#4643). A dtype
+        # div does not take on the device (integers, float64 host values) goes to the CPU by the dtype rule below
         mode = node.kwargs["rounding_mode"]
         return "unsupported", "aten.floor_divide", f"div(rounding_mode={mode!r}) has no OpFunc (#4643)"
     if target is aten.gelu.default and node.kwargs.get("approximate", "none") == "none":
