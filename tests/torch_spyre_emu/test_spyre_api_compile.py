@@ -32,6 +32,20 @@ def test_plain_torch_compile_on_a_model_moved_to_spyre_runs_the_emulated_stack()
     assert torch.equal(plain.cpu(), aliased.cpu())
 
 
+def test_module_compile_in_place_runs_the_emulated_stack():
+    """nn.Module.compile() compiles __call__ in place; dynamo then meets the device's own Python (kernels torch calls
+    from C++) in its eager stretches, which must not be compiled (register.NOT_TRACED). It used to fail a guard on
+    weakref.finalize's registry 'on the same frame it was created'."""
+    model = _mlp().to("spyre")
+    x = torch.randn(4, 64, dtype=torch.float16).to("spyre")
+    torch._dynamo.reset()
+    want = torch.compile(model)(x)
+    torch._dynamo.reset()
+    model.compile()
+    got = model(x)
+    assert got.device.type == "spyre" and torch.equal(got.cpu(), want.cpu())  # the same programs' numbers
+
+
 def test_plain_torch_compile_of_a_function_on_spyre_tensors():
     a = torch.randn(8, 64, dtype=torch.float16).to("spyre")
     torch._dynamo.reset()

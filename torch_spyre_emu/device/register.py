@@ -20,6 +20,12 @@ from torch_spyre_emu.errors import FallbackWarning, SpyreDeviceError
 
 DEVICE_NAME = "spyre"
 DYNAMO_RECOMPILE_LIMIT = 1024  # torch_spyre_api.md §0: dynamo cache_size_limit=1024
+# The device's own Python, which dynamo must never compile as a frame of its own: run from an eager stretch of a
+# compiled function (torch calls our kernels from C++), dynamo would otherwise compile the simulator, the emulated
+# stack and the storage finalizers, and guards on their bookkeeping (weakref.finalize's registry) fail on the frame
+# that made them (nn.Module.compile() of a spyre model hit this). On a card this is C++. None of it is user code
+# that a compiled function calls, so nothing traced loses an inlined call.
+NOT_TRACED = ("aiu_sim", "torch_spyre_emu.compiler", "torch_spyre_emu.eager", "torch_spyre_emu.device.lifetime")
 _lock = threading.Lock()
 
 
@@ -77,3 +83,5 @@ def register() -> None:
         # torch_spyre/__init__.py raises dynamo's cache_size_limit (recompile_limit) to 1024 at import
         # (torch_spyre_api.md §0): per-dtype or per-layer recompiles of one code object are the norm on the stack
         torch._dynamo.config.recompile_limit = DYNAMO_RECOMPILE_LIMIT
+        for package in NOT_TRACED:
+            torch._dynamo.trace_rules.add(package)

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import ctypes
 import mmap
-import weakref
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
+from torch_spyre_emu.device import lifetime
 from torch_spyre_emu.device import memory as device_memory
 from torch_spyre_emu.device.layout import SpyreTensorLayout
 from torch_spyre_emu.errors import SpyreDeviceError
@@ -121,7 +121,7 @@ def attach(t: torch.Tensor, storage: DeviceStorage) -> None:
     setattr(holder, _ATTR, storage)
     allocated = device_memory.allocation_bytes(storage.nbytes)
     device_memory.record_alloc(storage.device_index, allocated)
-    weakref.finalize(holder, device_memory.record_free, storage.device_index, allocated)
+    lifetime.on_free(holder, device_memory.record_free, storage.device_index, allocated)
 
 
 def has_device_data(t: torch.Tensor) -> bool:
