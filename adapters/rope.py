@@ -266,8 +266,8 @@ def interleaved_rotate_matrix(dim: int) -> torch.Tensor:
 
 def _rotate_templates() -> list[tuple[object, object]]:
     """(template rotate_half, matrix builder) still needed: Llama's half split (a gap while aten.slice is) and the
-    two interleaved copies of transformers (strided slices and aten.stack, which the capability table does not
-    list, so it reads as unsupported)."""
+    two interleaved copies of transformers (strided slices, a CPU fallback while aten.slice is, and aten.stack, which
+    the default table decomposes; a what-if table may mark it unsupported)."""
     from transformers.models.cohere import modeling_cohere
     from transformers.models.glm import modeling_glm
     from transformers.models.llama import modeling_llama

@@ -322,6 +322,14 @@ _OPS: list[OpEntry] = [
         S4,
     ),
     _e("cat", "decomposed", FP + INT + BOOL, "copies into windows of one output"),
+    # stack is in no June op table, but it never reaches the stack's lowerings: Inductor's decomposition table (as
+    # core-aten's) rewrites it to unsqueeze + cat before lowering, and ATen's eager stack kernel calls cat
+    _e(
+        "stack",
+        "decomposed",
+        FP + INT + BOOL,
+        "unsqueeze + cat (Inductor's and core-aten's decomposition; ATen's eager kernel): inferred from torch's code",
+    ),
     _e(
         "pow",
         "decomposed",
@@ -428,12 +436,6 @@ _OPS: list[OpEntry] = [
         "STACK §4 (op enablement)",
     ),
     _e("isinf", "unsupported", (), "in no June op table: emulation assumption, a gap"),
-    _e(
-        "stack",
-        "unsupported",
-        (),
-        "in no June op table (cat is a decomposition, stack is not): emulation assumption",
-    ),
     _e(
         "new_full",
         "unsupported",

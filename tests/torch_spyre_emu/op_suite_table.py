@@ -385,6 +385,8 @@ OPS: list[Op] = [
         lambda s: [(s, "normal"), ((*s[:-1], 30), "normal")],
     ),
     Op("cat_first", lambda x, y: torch.cat([x, y], 0), "cat", exact, binary()),
+    Op("stack", lambda x, y: torch.stack([x, y], 0), "stack", exact, binary()),
+    Op("stack_last", lambda x, y: torch.stack([x, y], -1), "stack", exact, binary()),
     Op("pad", lambda x: F.pad(x, (2, 3)), "constant_pad_nd", exact),
     Op("pad_negative", lambda x: F.pad(x, (-2, -3)), "constant_pad_nd", exact),
     Op("pad_mixed", lambda x: F.pad(x, (3, -5), value=1.5), "constant_pad_nd", exact),

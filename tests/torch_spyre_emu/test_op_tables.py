@@ -279,6 +279,11 @@ SAMPLES = {
     aten.zero: [(lambda x: x.clone().zero_() + x, (_t(3, 64),), ())],
     aten.aminmax: [(lambda x: torch.aminmax(x, dim=-1), (_t(3, 64),), ())],
     aten.repeat: [(lambda x: x.repeat(2, 1, 3), (_t(3, 64),), ())],
+    # Inductor's decomposition table (and ATen's eager kernel): unsqueeze each input, then cat
+    aten.stack: [
+        (lambda x, y: torch.stack([x, y], 0), (_t(3, 64), _t(3, 64)), ()),
+        (lambda x, y: torch.stack([x, y], -1), (_t(3, 64), _t(3, 64)), ()),
+    ],
     # torch._refs' vector norm (Inductor's): fp32 upcast on device; ords other than 0/1/2/inf end in a pow
     aten.linalg_vector_norm: [
         (

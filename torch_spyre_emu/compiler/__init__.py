@@ -11,6 +11,8 @@ CPU outputs; spyre-tensor inputs give spyre-tensor outputs.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import itertools
 
 import torch
@@ -195,8 +197,9 @@ def _run_upcast(gm: fx.GraphModule):
     def run(*args):
         if not any(isinstance(a, torch.Tensor) and a.dtype in _HALF for a in args):
             return gm.forward(*args)
-        try:
-            out = gm.forward(*(up(a) for a in args))
+        try:  # fx prints the generated code of a failing graph to stderr: muted, since the failure is expected
+            with contextlib.redirect_stderr(io.StringIO()):
+                out = gm.forward(*(up(a) for a in args))
         except Exception:  # a graph that is not dtype-generic (an explicit fp16 operand meets an fp32 one)
             return gm.forward(*args)
         leaves, spec = torch.utils._pytree.tree_flatten(out)
