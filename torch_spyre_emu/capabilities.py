@@ -51,6 +51,9 @@ BOOL = ("bool",)  # stored as SEN169_FP16, STACK §3
 ALL = FP + INT + BOOL + ("int8", "float8_e4m3fn", "float8_e5m2")
 
 S17 = "STACK §1.7 (docs user_guide/supported_operations.md, June 2026)"
+# Fallbacks torch-spyre registers without a FallbackWarning: "normal_ and random_.from are listed too but do not
+# warn" (torch_spyre_api.md §5); uniform_, drawn on the host like them (§1 RNG), is assumed to be silent as well.
+SILENT_FALLBACKS = frozenset({"aten.normal", "aten.random", "aten.uniform"})
 S3 = "STACK §3 (_inductor/constants.py SPYRE_FP32_OPS)"
 S3_CASTS = "STACK §3 on-device casts (_inductor/dtype_ops.py)"
 S4 = "STACK §4 known gaps"
@@ -131,7 +134,14 @@ _OPS: list[OpEntry] = [
     _e("le", "native", F16 + INT),
     _e("lt", "native", F16 + INT),
     _e("gt", "native", F16 + INT),
-    _e("where", "native", FP + INT + BOOL, "dtypes are those of the selected values"),
+    _e(
+        "where",
+        "native",
+        FP + INT + BOOL,
+        "dtypes are those of the selected values. The one-argument where(cond) (indices of the true elements, a "
+        "data-dependent shape) is a CPU fallback overload, as ops/fallbacks.py registers where.default "
+        "(torch_spyre_api.md §5; device.op_dispatch.EAGER_FALLBACK_OVERLOADS); compiled, it breaks the graph",
+    ),
     _e("logical_and", "native", BOOL + F16),
     _e("maximum", "native", FP),
     _e("minimum", "native", FP),

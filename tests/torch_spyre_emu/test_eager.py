@@ -1,5 +1,6 @@
 """Eager ops on spyre tensors go through the compiler path one op at a time, cached by signature."""
 
+import contextlib
 import warnings
 
 import numpy as np
@@ -15,6 +16,15 @@ from torch_spyre_emu.errors import FallbackWarning, SpyreCompileError, SpyreUnsu
 
 register()
 
+
+
+@contextlib.contextmanager
+def _silent_host_draw():
+    """torch-spyre registers normal_ / random_.from as CPU fallbacks that do not warn (torch_spyre_api.md §5)."""
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        yield
+    assert not [w for w in seen if issubclass(w.category, FallbackWarning)], [str(w.message) for w in seen]
 
 def test_eager_add_is_dl16_exact_and_stays_on_device():
     x = torch.randn(16, 100, dtype=torch.float16)
@@ -103,7 +113,7 @@ def test_eager_random_ops_are_host_draws_from_the_spyre_generator(name, make, dr
     assert torch_spyre_emu.capabilities().status(f"aten.{name}") == "fallback"
     torch.spyre.manual_seed(5)
     host_state = torch.get_rng_state()
-    with pytest.warns(FallbackWarning, match=rf"aten\.{name}"):
+    with _silent_host_draw():
         first = make()
     assert first.device.type == "spyre" and first.dtype == torch.float32
     assert torch.equal(first.cpu(), draw(generator=torch.Generator().manual_seed(5)))
@@ -126,7 +136,7 @@ def test_eager_randint_is_the_host_draw_of_the_spyre_generator(low):
     """torch.randint reaches spyre as aten.random_.from, an overload torch.fx cannot write (`from` is a keyword); it
     runs as random.to(high - low) + low, which draws the same numbers."""
     torch.spyre.manual_seed(7)
-    with pytest.warns(FallbackWarning, match=r"aten\.random"):
+    with _silent_host_draw():
         got = torch.randint(low, 10, (4, 64), device="spyre")
     assert got.device.type == "spyre" and got.dtype == torch.int64
     assert torch.equal(got.cpu(), torch.randint(low, 10, (4, 64), generator=torch.Generator().manual_seed(7)))
@@ -142,7 +152,7 @@ def test_an_overload_torch_fx_cannot_write_is_a_typed_error_saying_what_to_do():
 
 def test_eager_randn_in_half_precision_is_the_host_draw_rounded_to_dl16():
     torch.spyre.manual_seed(3)
-    with pytest.warns(FallbackWarning, match=r"aten\.normal"):
+    with _silent_host_draw():
         halves = torch.randn(4, 64, dtype=torch.float16, device="spyre")
     assert halves.dtype == torch.float16
     drawn = torch.randn(4, 64, dtype=torch.float16, generator=torch.Generator().manual_seed(3))

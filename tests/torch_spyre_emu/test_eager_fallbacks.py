@@ -73,6 +73,47 @@ def test_compiled_repeat_out_is_repeat_on_the_device():
     assert torch.equal(out.cpu(), x.cpu().repeat(2, 1))
 
 
+# --- where(cond): a single-overload fallback with a data-dependent shape ------------------------------------------
+
+
+def _mask_source():
+    return torch.tensor([[0.0, 1.5, -2.0, 3.0], [4.0, 0.0, 0.0, -1.0]], dtype=torch.float16)
+
+
+def test_one_argument_where_falls_back_to_the_cpu_with_the_real_message():
+    x = _mask_source()
+    got, messages = _fallbacks(lambda: torch.where(x.to("spyre") > 0))
+    assert messages == ["aten.where.default is falling back to cpu"]
+    assert all(t.device.type == "spyre" and t.dtype == torch.int64 for t in got)
+    assert [t.cpu().tolist() for t in got] == [t.tolist() for t in torch.where(x > 0)]
+    with torch_spyre_emu.strict(), pytest.raises(SpyreUnsupportedOpError, match=r"where\.default.*torch\.where\(m"):
+        torch.where(x.to("spyre") > 0)
+
+
+def test_three_argument_where_stays_on_the_device():
+    x = _mask_source().to("spyre")
+    with torch_spyre_emu.strict():
+        y, messages = _fallbacks(lambda: torch.where(x > 0, x, 0.0))
+    assert messages == [] and torch.equal(y.cpu(), torch.where(x.cpu() > 0, x.cpu(), 0.0))
+
+
+@pytest.mark.parametrize("backend", ["spyre", "inductor"])
+def test_compiled_one_argument_where_breaks_the_graph_and_falls_back(backend):
+    """Dynamo does not capture where(cond) (its shape depends on the data): it runs eagerly, as the fallback, between
+    two device graphs. It used to come back as zeros: dynamo compiled the eager kernels' own Python, and their
+    writes into device storage were lost (device.register.NOT_TRACED)."""
+    x = _mask_source()
+
+    def f(a):
+        rows, cols = torch.where(a * 2 > 1)
+        return rows * 4 + cols
+
+    torch._dynamo.reset()
+    got, messages = _fallbacks(lambda: torch.compile(f, backend=backend)(x.to("spyre")))
+    assert messages == ["aten.where.default is falling back to cpu"]
+    assert got.device.type == "spyre" and got.cpu().tolist() == f(x).tolist()
+
+
 # --- spyre -> spyre .to(device, dtype) ------------------------------------------------------------------------------
 
 

@@ -38,32 +38,16 @@ def random_from_to(self, low, high, *, generator=None):
 _RANDOM_FROM_ = getattr(torch.ops.aten.random_, "from")
 
 # Overloads torch-spyre's ops/fallbacks.py registers as CPU fallbacks one at a time while the rest of their packet
-# runs on the device (torch_spyre_api.md §5: "single overloads: repeat.out, ..."). Eagerly such an overload runs as
-# register_fallback runs it: on CPU copies of its arguments, out= through a CPU buffer, the result copied back, with a
-# FallbackWarning (strict mode raises). Not timed: it runs no device program, so it leaves no profile. Compiled code
-# never meets it: functionalization turns repeat.out into repeat.default, which the compiler decomposes.
-EAGER_FALLBACK_OVERLOADS = (torch.ops.aten.repeat.out,)
-
-
-def cpu_fallback(op, args, kwargs):
-    """Run `op` (an .out overload) on the CPU for spyre tensors, as torch-spyre's register_fallback does."""
-    from torch_spyre_emu import config
-    from torch_spyre_emu.errors import SpyreUnsupportedOpError, warn_fallback
-
-    if config.strict:
-        raise SpyreUnsupportedOpError(
-            f"{op} is a CPU fallback in torch-spyre (ops/fallbacks.py) and strict mode forbids fallbacks; call the "
-            "functional form (e.g. x.repeat(...)), which runs on the device, or leave strict mode"
-        )
-    warn_fallback(op)
-    out_names = [name for _, name, kwarg_only in _mutated_args(op) if kwarg_only]
-    on_cpu = torch.utils._pytree.tree_map_only(torch.Tensor, lambda t: t.cpu(), (args, kwargs))
-    cpu_args, cpu_kwargs = on_cpu
-    with torch.no_grad():
-        op(*cpu_args, **cpu_kwargs)
-    for name in out_names:
-        copy_into(kwargs[name], cpu_kwargs[name].to(kwargs[name].device), op)
-    return kwargs[out_names[0]] if len(out_names) == 1 else tuple(kwargs[n] for n in out_names)
+# runs on the device (torch_spyre_api.md §5: "single overloads: repeat.out, ..., where.default, ..."). Eagerly such an
+# overload runs as register_fallback runs it: on CPU copies of its arguments, out= through a CPU buffer, the result
+# copied back, with a FallbackWarning (strict mode raises, with the hint given here). Not timed: it runs no device
+# program, so it leaves no profile. Compiled code never meets repeat.out (functionalization makes it repeat.default,
+# which the compiler decomposes); where.default (one argument: the indices of the true elements, a data-dependent
+# shape) breaks the dynamo graph and so runs eagerly, here.
+EAGER_FALLBACK_OVERLOADS = {
+    torch.ops.aten.repeat.out: "call the functional form (x.repeat(...)), which runs on the device",
+    torch.ops.aten.where.default: "the result's shape depends on the data; keep a bool mask and use torch.where(m, a, b)",
+}
 
 
 # register_fallback's registrations: one torch.library per call, kept alive here (dropping a Library deregisters it)
@@ -101,9 +85,9 @@ def register_fallback(ops, device: str = "cpu") -> None:
     _USER_FALLBACK_LIBS.extend(libs.values())
 
 
-def run_on_cpu(op, args, kwargs):
+def run_on_cpu(op, args, kwargs, strict_hint: str = ""):
     """`op` on CPU copies of its arguments, with a FallbackWarning; results (and out= / in-place arguments) back on
-    the arguments' spyre device."""
+    the arguments' spyre device. In strict mode a typed error, ending with `strict_hint` (what to do instead)."""
     from torch_spyre_emu import config
     from torch_spyre_emu.errors import SpyreUnsupportedOpError, warn_fallback
 
@@ -117,7 +101,8 @@ def run_on_cpu(op, args, kwargs):
         )
     if config.strict:
         raise SpyreUnsupportedOpError(
-            f"{op} is registered as a CPU fallback and strict mode forbids fallbacks"
+            f"{op} is a CPU fallback and strict mode forbids fallbacks; "
+            + (strict_hint or "leave strict mode to run it on the CPU")
         )
     warn_fallback(op)
     target = next(iter(spyre), torch.device("spyre"))
@@ -146,10 +131,10 @@ def _register_overload_fallbacks() -> torch.library.Library:
     CompositeExplicitAutograd kernel, repeat.out -> repeat + copy, would otherwise run it on the device), and one
     for each of EAGER_WHOLE_OVERLOADS, to run_op."""
     lib = torch.library.Library("aten", "IMPL")
-    for op in EAGER_FALLBACK_OVERLOADS:
+    for op, hint in EAGER_FALLBACK_OVERLOADS.items():
 
-        def kernel(*args, op=op, **kwargs):
-            return cpu_fallback(op, args, kwargs)
+        def kernel(*args, op=op, hint=hint, **kwargs):
+            return run_on_cpu(op, args, kwargs, f"{hint} (torch-spyre's ops/fallbacks.py registers it)")
 
         lib.impl(_impl_name(op), kernel, "PrivateUse1")
     for op in EAGER_WHOLE_OVERLOADS:

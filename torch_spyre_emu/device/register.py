@@ -25,7 +25,27 @@ DYNAMO_RECOMPILE_LIMIT = 1024  # torch_spyre_api.md §0: dynamo cache_size_limit
 # stack and the storage finalizers, and guards on their bookkeeping (weakref.finalize's registry) fail on the frame
 # that made them (nn.Module.compile() of a spyre model hit this). On a card this is C++. None of it is user code
 # that a compiled function calls, so nothing traced loses an inlined call.
-NOT_TRACED = ("aiu_sim", "torch_spyre_emu.compiler", "torch_spyre_emu.eager", "torch_spyre_emu.device.lifetime")
+# The device kernels and the storage they write belong here too: dynamo compiles the Python that an eager op called
+# from a graph break reaches, and its numpy writes into device storage, traced as torch ops on copies, were lost (a
+# compiled `torch.where(m)` got zeros). tensor_api (Tensor.to and friends) stays traceable: user code calls it.
+NOT_TRACED = (
+    "aiu_sim",
+    "torch_spyre_emu.compiler",
+    "torch_spyre_emu.eager",
+    *(
+        f"torch_spyre_emu.device.{m}"
+        for m in (
+            "lifetime",
+            "op_dispatch",
+            "kernels",
+            "storage",
+            "tensor",
+            "host_dtypes",
+            "memory",
+            "custom_ops",
+        )
+    ),
+)
 _lock = threading.Lock()
 
 

@@ -27,7 +27,7 @@ import torch.fx as fx
 
 from aiu_sim.ir.layout import elems_per_stick
 from aiu_sim.numerics.formats import host_dtype_name as dtype_name
-from torch_spyre_emu.capabilities import cast_key
+from torch_spyre_emu.capabilities import SILENT_FALLBACKS, cast_key
 from torch_spyre_emu.compiler import collectives
 from torch_spyre_emu.compiler.context import (
     CompileOptions,
@@ -232,7 +232,7 @@ def support_check(gm: fx.GraphModule, options: CompileOptions) -> fx.GraphModule
             f"graph {options.name!r} has {len(errors)} op(s) that do not run on Spyre in {mode}:\n  {lines}\n{hint}",
             errors,
         )
-    for u in _dedup([u for u in found if u.status == "fallback"]):
+    for u in _dedup([u for u in found if u.status == "fallback" and u.capability not in SILENT_FALLBACKS]):
         # torch-spyre's form, "{op} is falling back to cpu" (torch_spyre_api.md §5), one warning per op
         warnings.warn(fallback_message(u.op, "cpu", _detail(u, options)), FallbackWarning, stacklevel=2)
     return gm
