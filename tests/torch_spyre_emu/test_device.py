@@ -347,8 +347,26 @@ def test_in_place_and_out_results_are_written_back(fake_eager):
     out = torch.empty(3, 4, device="spyre")
     torch.add(s, s, out=out)
     assert torch.allclose(out.cpu(), x + x)
-    with pytest.raises(SpyreDeviceError, match="cannot be resized"):
-        torch.add(s, s, out=torch.empty(2, device="spyre"))
+    with pytest.warns(UserWarning, match="was resized since it had shape"):  # as torch's resize_output on CPU
+        torch.add(s, s, out=(small := torch.empty(2, device="spyre")))
+    assert small.shape == (3, 4) and torch.allclose(small.cpu(), x + x)
+
+
+def test_resize_sizes_storage_by_the_stacks_rule_and_keeps_values():
+    """Tensor.resize_ (torch_spyre_api.md §3: resize_ sizes storage as empty does): a shrink keeps the storage, a grow
+    reallocates with the new shape's layout and keeps the old values in storage order, as a CPU tensor does."""
+    t = torch.arange(4 * 64, dtype=torch.float16).reshape(4, 64).to("spyre")
+    t.resize_(2, 64)
+    assert t.shape == (2, 64) and t.untyped_storage().nbytes() == 4 * 128
+    assert t.device_tensor_layout() == SpyreTensorLayout([2, 64], torch.float16)
+    assert torch.equal(t.cpu(), torch.arange(128, dtype=torch.float16).reshape(2, 64))
+    t.resize_(6, 64)
+    assert t.untyped_storage().nbytes() == 6 * 128
+    assert torch.equal(t.cpu()[:4], torch.arange(256, dtype=torch.float16).reshape(4, 64))
+    assert t.device_tensor_layout() == SpyreTensorLayout([6, 64], torch.float16)
+    e = torch.empty(0, dtype=torch.float16, device="spyre").resize_(5, 100, 150)
+    assert e.untyped_storage().nbytes() == 100 * 3 * 5 * 128  # stick-padded: 150 -> 192 per row
+    assert e.device_tensor_layout() == SpyreTensorLayout([5, 100, 150], torch.float16)
 
 
 def test_dtype_conversion_on_device_is_compute(fake_eager):

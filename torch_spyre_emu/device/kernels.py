@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from torch_spyre_emu.device import host_dtypes, op_dispatch
-from torch_spyre_emu.device.tensor import check_device, new_tensor, payload
+from torch_spyre_emu.device.tensor import check_device, new_tensor, payload, resize
 from torch_spyre_emu.errors import SpyreDeviceError
 
 aten = torch.ops.aten
@@ -118,11 +118,10 @@ def local_scalar_dense(self):
 
 
 def resize_(self, size, memory_format=None):
-    if tuple(size) == tuple(self.shape):
+    """Tensor.resize_ (torch-spyre sizes the storage as for a new tensor: tensor.resize)."""
+    if tuple(size) == tuple(self.shape) and memory_format in (None, torch.preserve_format):
         return self
-    raise SpyreDeviceError(
-        f"spyre tensors cannot be resized ({tuple(self.shape)} -> {tuple(size)}); allocate a new tensor instead"
-    )
+    return resize(self, size, _strides_for(size, memory_format))
 
 
 def view_dtype(self, dtype):

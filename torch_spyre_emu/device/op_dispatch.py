@@ -9,6 +9,7 @@ same functional op the compiled path sees, and the result is written back into t
 from __future__ import annotations
 
 import functools
+import warnings
 
 import torch
 
@@ -262,18 +263,19 @@ def copy_into(dst: torch.Tensor, src: torch.Tensor, op=None) -> None:
             f"run_op({op}) must return spyre tensors (made with torch_spyre_emu.device.tensor.from_payload), got "
             f"{type(src).__name__}{'' if not isinstance(src, torch.Tensor) else ' on ' + str(src.device)}"
         )
-    if dst.numel() == 0 and tuple(dst.shape) != tuple(src.shape):
-        # torch's composite kernels call X.out(empty tensor) (e.g. abs, logical_and): an empty out tensor takes
-        # the result's shape, as resize_output allows; it is repointed at the result's device storage.
-        if dst.dtype != src.dtype:
-            src = run_on_device(torch.ops.aten._to_copy.default, (src,), {"dtype": dst.dtype})
-        torch.ops.aten.set_.source_Tensor(dst, src)
-        return
     if tuple(dst.shape) != tuple(src.shape):
-        raise SpyreDeviceError(
-            f"{op} produced shape {tuple(src.shape)} but its out tensor has shape {tuple(dst.shape)}; spyre "
-            "tensors cannot be resized, so pass an out tensor of the right shape"
-        )
+        # an out tensor of another shape takes the result's, as torch's resize_output does (warning, as on the
+        # CPU, unless it was empty: torch's composite kernels call X.out(empty tensor), e.g. abs, logical_and)
+        if dst.numel():
+            warnings.warn(
+                f"An output with one or more elements was resized since it had shape {list(dst.shape)}, which does "
+                f"not match the required output shape {list(src.shape)}. This behavior is deprecated, and in a "
+                "future PyTorch release outputs will not be resized unless they have zero elements. You can "
+                "explicitly reuse an out tensor t by resizing it, inplace, to zero elements with t.resize_(0).",
+                UserWarning,
+                stacklevel=2,
+            )
+        dst.resize_(src.shape)
     if dst.dtype != src.dtype:
         src = run_on_device(torch.ops.aten._to_copy.default, (src,), {"dtype": dst.dtype})
     payload(dst)[...] = payload(src)

@@ -91,11 +91,31 @@ def check_layout(layout: SpyreTensorLayout, shape, dtype: torch.dtype) -> None:
     host_dim_map(layout, tuple(shape))
 
 
+def _span(shape, strides) -> int:
+    """Elements of storage a tensor of `shape`/`strides` reaches from its offset (0 for an empty tensor)."""
+    return 1 + sum((n - 1) * s for n, s in zip(shape, strides, strict=True)) if math.prod(shape) else 0
+
+
 def storage_nbytes(shape, strides, dtype: torch.dtype, layout: SpyreTensorLayout) -> int:
     """torch-spyre's storage size rule (torch_spyre_api.md §3, csrc/spyre_mem.cpp): the larger of the stick-padded
     device bytes (128 B per stick) and the host bytes the tensor's elements span."""
-    span = 1 + sum((n - 1) * st for n, st in zip(shape, strides, strict=True)) if math.prod(shape) else 0
-    return max(layout.nbytes, span * dtype.itemsize)
+    return max(layout.nbytes, _span(shape, strides) * dtype.itemsize)
+
+
+def _allocate(
+    shape, strides, dtype: torch.dtype, layout: SpyreTensorLayout, card: int, elements: int
+) -> tuple[torch.UntypedStorage, device_storage.DeviceStorage]:
+    """A device allocation for a `shape`/`strides` tensor in `layout`, holding `elements` zero values: the torch
+    storage (an opaque host token of the storage's size: its data_ptr is no device address, as in torch-spyre)
+    and the DeviceStorage to attach to it."""
+    nbytes = storage_nbytes(shape, strides, dtype, layout)
+    if _log.isEnabledFor(logging.DEBUG):
+        _log.debug("allocate %s %s: %d bytes, %s", list(shape), dtype, nbytes, layout)
+    token = device_storage.HostToken(nbytes)
+    buffer = np.zeros(elements, dtype=host_dtypes.payload_numpy_dtype(dtype))
+    return token.storage(card), device_storage.DeviceStorage(
+        buffer, layout, tuple(shape), tuple(strides), card, nbytes=nbytes, token=token
+    )
 
 
 def new_tensor(
@@ -113,21 +133,41 @@ def new_tensor(
         layout = default_layout(shape, dtype)
     else:
         check_layout(layout, shape, dtype)
-    nbytes = storage_nbytes(shape, strides, dtype, layout)
-    if _log.isEnabledFor(logging.DEBUG):
-        _log.debug("allocate %s %s: %d bytes, %s", list(shape), dtype, nbytes, layout)
-    token = device_storage.HostToken(nbytes)
-    # The torch storage is an opaque host token of the storage's size (its data_ptr is no device address, as in
-    # torch-spyre): sizes, strides and nbytes() are as the real stack reports them.
+    holder, storage = _allocate(shape, strides, dtype, layout, card, _span(shape, strides))
     t = torch.ops.aten.set_.source_Storage_storage_offset.redispatch(
-        _CPU, device_storage.empty_on(card, dtype), token.storage(card), 0, list(shape), list(strides)
+        _CPU, device_storage.empty_on(card, dtype), holder, 0, list(shape), list(strides)
     )
-    span = 1 + sum((n - 1) * s for n, s in zip(shape, strides, strict=True)) if math.prod(shape) else 0
-    buffer = np.zeros(span, dtype=host_dtypes.payload_numpy_dtype(dtype))
-    device_storage.attach(
-        t,
-        device_storage.DeviceStorage(buffer, layout, shape, strides, card, nbytes=nbytes, token=token),
+    device_storage.attach(t, storage)
+    return t
+
+
+def resize(t: torch.Tensor, shape, strides=None) -> torch.Tensor:
+    """Tensor.resize_ on a spyre tensor, in place: torch-spyre sizes a resized storage by the same rule as a new
+    one (torch_spyre_api.md §3, csrc/spyre_mem.cpp). A size whose bytes fit the current storage only changes the
+    tensor's metadata; a larger one gets a new allocation in the new shape's default layout, holding the old
+    storage's values in storage order (the elements a CPU tensor's resize_ keeps; which bytes a card keeps across a
+    re-layout is not public, an emulator assumption). New elements read as zero."""
+    shape = tuple(int(s) for s in shape)
+    strides = contiguous_strides(shape) if strides is None else tuple(int(s) for s in strides)
+    if any(n < 0 for n in shape):
+        raise SpyreDeviceError(f"resize_: negative size in {list(shape)}")
+    old = device_storage.get(t)
+    owner = _is_storage_base(t, old)
+    offset = t.storage_offset()
+    elements = offset + _span(shape, strides)
+    layout = default_layout(shape, t.dtype)
+    if elements <= old.buffer.size and storage_nbytes(shape, strides, t.dtype, layout) <= old.nbytes:
+        if owner:  # the allocation's own tensor: its layout is now the new shape's (views keep theirs)
+            old.layout, old.base_shape, old.base_strides = layout, shape, strides
+        return torch.ops.aten.set_.source_Storage_storage_offset.redispatch(
+            _CPU, t, t.untyped_storage(), offset, list(shape), list(strides)
+        )
+    holder, fresh = _allocate(shape, strides, t.dtype, layout, old.device_index, max(elements, old.buffer.size))
+    fresh.buffer[: old.buffer.size] = old.buffer
+    t = torch.ops.aten.set_.source_Storage_storage_offset.redispatch(
+        _CPU, t, holder, offset, list(shape), list(strides)
     )
+    device_storage.attach(t, fresh)
     return t
 
 
