@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 import torch_spyre_emu  # noqa: F401  (registers the device)
 from aiu_sim.numerics import host as numerics_host
-from torch_spyre_emu.errors import SpyreUnsupportedOpError
+from torch_spyre_emu.errors import FallbackWarning, SpyreDeviceError, SpyreUnsupportedOpError
 
 spyre = torch.spyre
 
@@ -498,6 +498,7 @@ def test_custom_op_norms_take_a_one_dim_normalized_shape():
     ref = torch.nn.functional.layer_norm(x, [64])
     assert torch.equal(torch.ops.spyre.layer_norm(x, [64]).cpu(), ref.cpu())
     assert torch.ops.spyre.rms_norm(x, [64], None, 1e-5).shape == (4, 64)
+    assert torch.equal(torch.ops.spyre.rms_norm(x, [64]).cpu(), (x * torch.rsqrt((x * x).mean(-1, True) + 1e-5)).cpu())
     with pytest.raises(RuntimeError, match="1-D normalized_shape"):
         torch.ops.spyre.layer_norm(_half(2, 4, 64), [4, 64])
 
@@ -529,6 +530,73 @@ def test_custom_op_overwrite_mutates_and_overwrite_f_is_functional():
     base = torch.zeros(8, 64, dtype=torch.float16).to("spyre")
     new = torch.ops.spyre.overwrite_f(x, base, [0], [4])
     assert torch.equal(new.cpu()[4:], x.cpu()) and not base.cpu().any()
+
+
+@pytest.mark.parametrize(
+    "name, custom, stock",
+    [
+        ("silu", lambda x: torch.ops.spyre.silu(x), lambda x: F.silu(x)),
+        (
+            "layer_norm",
+            lambda x: torch.ops.spyre.layer_norm(x, [64], x[0], x[1]),
+            lambda x: F.layer_norm(x, [64], x[0], x[1]),
+        ),
+        (  # the stack's rms_norm kernel stays in fp16 (torch's composite F.rms_norm upcasts to fp32)
+            "rms_norm",
+            lambda x: torch.ops.spyre.rms_norm(x, [64], x[0], 1e-6),
+            lambda x: x * torch.rsqrt((x * x).mean(-1, keepdim=True) + 1e-6) * x[0],
+        ),
+        ("topkvalue", lambda x: torch.ops.spyre.topkvalue(x, 3, 1), lambda x: torch.topk(x, 3, 1).values),
+        ("topkindex", lambda x: torch.ops.spyre.topkindex(x, 3, 1), lambda x: torch.topk(x, 3, 1).indices),
+    ],
+)
+def test_custom_ops_with_eager_bodies_compile_as_their_aten_ops(name, custom, stock):
+    """torch-spyre lowers its norms, top-k and silu when compiled (API digest §4): the same device values as the
+    aten op, with no CPU island, and the same values as the op's eager call."""
+    x = _half(4, 64)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FallbackWarning)
+        got = torch.compile(custom)(x)
+    torch._dynamo.reset()
+    want = torch.compile(stock)(x)
+    assert got.device.type == "spyre" and torch.equal(got.cpu(), want.cpu()), name
+    assert torch.equal(custom(x).cpu(), got.cpu()), name
+
+
+def test_custom_op_shape_rules_hold_when_compiled():
+    with pytest.raises(Exception, match="1-D normalized_shape"):
+        torch.compile(lambda x: torch.ops.spyre.layer_norm(x, [4, 64]))(_half(2, 4, 64))
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match="2-D input"):
+        torch.compile(lambda x: torch.ops.spyre.topkindex(x, 3, 2))(_half(2, 4, 64))
+
+
+def test_overwrite_and_copy_from_d2d_compile_on_the_device():
+    """The writing custom ops compile (captured as their functional form plus a copy); overwrite_f runs on the
+    device (pad + where, no slice island) and places a block exactly, over one or two dims."""
+    x, base = _half(2, 3, 32), _half(2, 5, 64)
+    want = base.cpu().clone()
+    want[:, 1:4, 16:48] = x.cpu()
+
+    def write(a, b):
+        torch.ops.spyre.overwrite(a, b, [1, 2], [1, 16])
+        return b * 1
+
+    def copy(a, b):
+        torch.ops.spyre.copy_from_d2d(a, b)
+        return b + 0
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FallbackWarning)
+        got = torch.compile(lambda a, b: torch.ops.spyre.overwrite_f(a, b, [1, 2], [1, 16]))(x, base)
+        assert torch.equal(got.cpu(), want)
+        assert torch.equal(torch.ops.spyre.overwrite_f(x, base, [1, 2], [1, 16]).cpu(), want)
+        out = base.clone()
+        assert torch.equal(torch.compile(write)(x, out).cpu(), want) and torch.equal(out.cpu(), want)
+        dst = torch.zeros_like(base)
+        assert torch.equal(torch.compile(copy)(base, dst).cpu(), base.cpu()) and torch.equal(dst.cpu(), base.cpu())
+    with pytest.raises(SpyreDeviceError, match="does not fit dim 1"):
+        torch.ops.spyre.overwrite_f(_half(2, 3, 64), base, [1], [3])
 
 
 def test_custom_op_copy_from_d2d_writes_dst():

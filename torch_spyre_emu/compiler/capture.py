@@ -27,6 +27,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
 
 from torch_spyre_emu.compiler.collectives import inplace_as_functional
+from torch_spyre_emu.device import custom_ops
 from torch_spyre_emu.errors import SpyreCompileError, SpyreUnsupportedOpError
 
 aten = torch.ops.aten
@@ -127,6 +128,11 @@ class _HostDeviceInterpreter(fx.Interpreter):
         rewritten = inplace_as_functional(target, args, kwargs)
         if rewritten is not None:
             return rewritten
+        # nor a custom op that writes an argument (torch.ops.spyre.overwrite): its functional body + a copy
+        packet = getattr(target, "overloadpacket", target)
+        as_copy = custom_ops.WRITES_AS_COPY.get(getattr(packet, "_qualified_op_name", None))
+        if as_copy is not None:
+            return as_copy(*args, **kwargs)
         return super().call_function(target, args, kwargs)
 
     def call_method(self, target, args, kwargs):

@@ -83,7 +83,9 @@ _SHAPES = {
     "layernormscale": _same,
     "layernormnorm": lambda x, mean, norm_mean, weight, bias: torch.empty_like(x),
     "batched_matmul": lambda x, y: torch.empty(
-        (*torch.broadcast_shapes(x.shape[:-2], y.shape[:-2]), x.shape[-2], y.shape[-1]), dtype=x.dtype, device=x.device
+        (*torch.broadcast_shapes(x.shape[:-2], y.shape[:-2]), x.shape[-2], y.shape[-1]),
+        dtype=x.dtype,
+        device=x.device,
     ),
     "restickify": _same,
     "qfp8ch": lambda x: torch.empty_like(x, dtype=torch.float8_e4m3fn),
@@ -92,12 +94,22 @@ _SHAPES = {
 }
 
 
-def _one_dim(name: str, normalized_shape) -> None:
+def one_dim(name: str, normalized_shape) -> list[int]:
     if len(normalized_shape) != 1:
         raise RuntimeError(
             f"spyre::{name} takes a 1-D normalized_shape (the last dim), got {list(normalized_shape)}; use "
             "torch.nn.functional for other shapes"
         )
+    return list(normalized_shape)
+
+
+def rms_norm_math(x, dims, weight=None, eps=1e-5):
+    """(x * rsqrt(mean(x * x over dims) + eps) * weight, the rsqrt) in x's own dtype: the stack's rms_norm, with no
+    fp32 upcast (torch's composite F.rms_norm upcasts). One definition for the custom op and the compiler's
+    rms_norm decompositions."""
+    rstd = torch.rsqrt(torch.mean(x * x, dim=dims, keepdim=True) + eps)
+    out = x * rstd
+    return (out * weight if weight is not None else out), rstd
 
 
 def _two_d(name: str, x) -> None:
@@ -132,7 +144,9 @@ def _pair(value, default):
 
 def _overwrite_into(inp, out, dims, offsets) -> None:
     if len(dims) != len(offsets):
-        raise SpyreDeviceError(f"overwrite: dims {list(dims)} and offsets {list(offsets)} must have the same length")
+        raise SpyreDeviceError(
+            f"overwrite: dims {list(dims)} and offsets {list(offsets)} must have the same length"
+        )
     view = out
     for d, o in zip(dims, offsets, strict=True):
         view = view.narrow(d, o, inp.shape[d])
@@ -140,9 +154,25 @@ def _overwrite_into(inp, out, dims, offsets) -> None:
 
 
 def _overwrite_f(inp, out, dims, offsets):
-    result = out.clone()
-    _overwrite_into(inp, result, dims, offsets)
-    return result
+    """`out` with the block at `offsets` along `dims` replaced by `inp`. Built from ops the device runs (zero-pad
+    `inp` and a ones block into place, then a where), not from slices of `out`, which the stack runs on the CPU: so
+    the same body serves eager calls and the compiled graph, and selects values exactly."""
+    if len(dims) != len(offsets):
+        raise SpyreDeviceError(
+            f"overwrite_f: dims {list(dims)} and offsets {list(offsets)} must have the same length"
+        )
+    pads = [0] * (2 * out.dim())  # F.pad's order: last dim first, (before, after) per dim
+    for d, o in zip(dims, offsets, strict=True):
+        d = d % out.dim()
+        if not 0 <= o <= out.shape[d] - inp.shape[d]:
+            raise SpyreDeviceError(
+                f"overwrite_f: a block of {inp.shape[d]} at offset {o} does not fit dim {d} of size {out.shape[d]}"
+            )
+        at = 2 * (out.dim() - 1 - d)
+        pads[at : at + 2] = [o, out.shape[d] - o - inp.shape[d]]
+    block = inp.to(out.dtype)
+    inside = torch.nn.functional.pad(torch.ones_like(block), pads) > 0
+    return torch.where(inside, torch.nn.functional.pad(block, pads), out)
 
 
 def _copy_from_d2d(src, dst) -> None:
@@ -152,13 +182,10 @@ def _copy_from_d2d(src, dst) -> None:
 _BODIES = {
     "silu": lambda x: torch.nn.functional.silu(x),
     "layer_norm": lambda x, ns, w=None, b=None, eps=1e-5: (
-        _one_dim("layer_norm", ns),
+        one_dim("layer_norm", ns),
         torch.nn.functional.layer_norm(x, list(ns), w, b, eps),
     )[1],
-    "rms_norm": lambda x, ns, w=None, eps=1e-5: (
-        _one_dim("rms_norm", ns),
-        torch.nn.functional.rms_norm(x, list(ns), w, eps),
-    )[1],
+    "rms_norm": lambda x, ns, w=None, eps=1e-5: (one_dim("rms_norm", ns), rms_norm_math(x, (-1,), w, eps)[0])[1],
     "topkvalue": lambda x, k, dim: (_two_d("topkvalue", x), torch.topk(x, k, dim).values)[1],
     "topkindex": lambda x, k, dim: (_two_d("topkindex", x), torch.topk(x, k, dim).indices)[1],
     "empty": lambda size, device, dtype=None: torch.empty(list(size), device=device, dtype=dtype),
@@ -174,9 +201,27 @@ _BODIES = {
     ),
     "reshape_via_cpu": _on_cpu("reshape_via_cpu", lambda x, shape: x.reshape(list(shape)).contiguous()),
     "to_dtype_cpu": _on_cpu("to_dtype_cpu", lambda x, dtype: x.to(dtype)),
-    "max_dim_int64_fallback": _on_cpu("max_dim_int64_fallback", lambda x, dim, keepdim=False: tuple(x.max(dim, keepdim))),
-    "min_dim_int64_fallback": _on_cpu("min_dim_int64_fallback", lambda x, dim, keepdim=False: tuple(x.min(dim, keepdim))),
+    "max_dim_int64_fallback": _on_cpu(
+        "max_dim_int64_fallback", lambda x, dim, keepdim=False: tuple(x.max(dim, keepdim))
+    ),
+    "min_dim_int64_fallback": _on_cpu(
+        "min_dim_int64_fallback", lambda x, dim, keepdim=False: tuple(x.min(dim, keepdim))
+    ),
 }
+
+
+# The writing custom ops as a functional body plus a copy into the tensor they write: torch.func.functionalize refuses
+# custom ops that write an argument, so the compiler's capture runs these instead (compiler/capture.py).
+def _overwrite_as_copy(inp, out, dims, offsets) -> None:
+    out.copy_(_overwrite_f(inp, out, dims, offsets))
+
+
+WRITES_AS_COPY = {"spyre::overwrite": _overwrite_as_copy, "spyre::copy_from_d2d": _copy_from_d2d}
+
+
+# The ops with eager bodies that torch-spyre also lowers when compiled: compiled, each is its body, i.e. the aten ops
+# it stands for, so it lowers, falls back or is refused as those do (compiler/passes/decompose.py).
+COMPILED_AS_BODY = ("silu", "layer_norm", "rms_norm", "topkvalue", "topkindex", "overwrite_f")
 
 
 def installed() -> bool:

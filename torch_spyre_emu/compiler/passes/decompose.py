@@ -113,19 +113,14 @@ def sdpa_math_op(
     return out, torch.softmax(torch.zeros(1, dtype=q.dtype), 0)  # attn weights output; dead in inference
 
 
-def rms_norm(x, normalized_shape, weight=None, eps=None):
-    dims = tuple(range(-len(normalized_shape), 0))
-    eps = torch.finfo(x.dtype).eps if eps is None else eps
-    out = x * torch.rsqrt(torch.mean(x * x, dim=dims, keepdim=True) + eps)
-    return out * weight if weight is not None else out
-
-
 def fused_rms_norm(x, normalized_shape, weight=None, eps=None):
     dims = tuple(range(-len(normalized_shape), 0))
     eps = torch.finfo(x.dtype).eps if eps is None else eps
-    rstd = torch.rsqrt(torch.mean(x * x, dim=dims, keepdim=True) + eps)
-    out = x * rstd
-    return (out * weight if weight is not None else out), rstd
+    return custom_ops.rms_norm_math(x, dims, weight, eps)
+
+
+def rms_norm(x, normalized_shape, weight=None, eps=None):
+    return fused_rms_norm(x, normalized_shape, weight, eps)[0]
 
 
 # pow(x, e) for the exponents the stack rewrites into native ops; other exponents stay pow (a CPU fallback).
@@ -255,6 +250,8 @@ _SPYRE_AS_ATEN = {
     "logical_not": lambda x: aten.logical_not(x),
     "batched_matmul": lambda x, y: torch.matmul(x, y),
     "restickify": lambda x: aten.clone(x),
+    # the ops with eager bodies (norms with a 1-D normalized_shape, 2-D top-k, silu, overwrite_f) are those bodies
+    **{name: custom_ops._BODIES[name] for name in custom_ops.COMPILED_AS_BODY},
 }
 SPYRE_CUSTOM_OPS_NOT_MODELLED = frozenset(COMPILE_ONLY) - frozenset(_SPYRE_AS_ATEN)
 
