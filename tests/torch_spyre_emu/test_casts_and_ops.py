@@ -418,3 +418,26 @@ def test_integer_div_with_a_rounding_mode_stays_a_cpu_fallback():
     with pytest.warns(FallbackWarning, match="aten.div"):
         got = torch.compile(lambda t: torch.div(t, 3, rounding_mode="floor"))(x.to("spyre"))
     assert torch.equal(got.cpu(), torch.div(x, 3, rounding_mode="floor"))
+
+
+def test_a_python_number_operand_takes_the_scalar_overload_as_in_compiled_code():
+    """`x % 2` reaches the device's boxed fallback as remainder.Tensor(x, 2) (torch unwraps the wrapped number):
+    eagerly it is the same typed gap as compiled (remainder.Scalar), not a RuntimeError from the call."""
+    x = torch.randn(4, 64, dtype=torch.float16).to("spyre")
+    for run in (lambda: x % 2, lambda: torch.compile(lambda t: t % 2)(x)):
+        with pytest.raises(SpyreUnsupportedOpError, match="aten.remainder"):
+            run()
+    with pytest.raises(SpyreUnsupportedOpError, match="eager_remainder_Scalar"):
+        x.remainder_(2)
+    assert torch.equal(torch.pow(2, x).cpu(), torch.compile(lambda t: torch.pow(2, t))(x).cpu())
+
+
+def test_a_number_with_no_scalar_overload_becomes_a_0d_cpu_tensor_again():
+    from torch_spyre_emu.device.op_dispatch import _unwrapped_numbers
+
+    aten = torch.ops.aten
+    x = torch.ones(2, dtype=torch.float16)
+    op, args = _unwrapped_numbers(aten.hypot.default, (x, 2))  # hypot has only (Tensor, Tensor)
+    assert op is aten.hypot.default and args[1].dim() == 0 and args[1].dtype == torch.int64
+    assert _unwrapped_numbers(aten.remainder.Tensor, (x, 2.5)) == (aten.remainder.Scalar, (x, 2.5))
+    assert _unwrapped_numbers(aten.add.Tensor, (x, x)) == (aten.add.Tensor, (x, x))

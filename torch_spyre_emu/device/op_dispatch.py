@@ -313,6 +313,45 @@ def inplace_view(op, args, kwargs):
     return torch.ops.aten.set_.source_Tensor.redispatch(_SET, self, source)
 
 
+@functools.cache
+def _tensor_positions(op) -> tuple[int, ...]:
+    """Positions of `op`'s plain Tensor arguments (not Tensor? or Tensor[])."""
+    return tuple(
+        i for i, a in enumerate(op._schema.arguments) if str(a.type) == "Tensor" and not a.kwarg_only
+    )
+
+
+@functools.cache
+def _scalar_overload(op, positions: tuple[int, ...]):
+    """The overload of op's packet that takes a Scalar at `positions` and is otherwise op's signature, or None."""
+    # (a Scalar argument's type prints as "number"; an .out overload differs by its kwarg-only out)
+    want = [
+        ("number" if i in positions else str(a.type), a.kwarg_only)
+        for i, a in enumerate(op._schema.arguments)
+    ]
+    for name in op.overloadpacket.overloads():
+        candidate = getattr(op.overloadpacket, name)
+        if [(str(a.type), a.kwarg_only) for a in candidate._schema.arguments] == want:
+            return candidate
+    return None
+
+
+def _unwrapped_numbers(op, args):
+    """A wrapped number (the 2 of `x % 2`, a 0-d CPU tensor) reaches a boxed fallback as a Python number, where
+    op's schema has a Tensor (remainder.Tensor(x, 2)), which calling op would refuse. The call goes to the overload
+    that takes a Scalar there (remainder.Scalar), as in dynamo's graphs, else the number becomes a 0-d CPU tensor
+    again (which type promotion treats as the wrapped number)."""
+    numbers = tuple(
+        i for i in _tensor_positions(op) if i < len(args) and isinstance(args[i], int | float | bool)
+    )
+    if not numbers:
+        return op, args
+    scalar = _scalar_overload(op, numbers)
+    if scalar is not None:
+        return scalar, args
+    return op, tuple(torch.tensor(a) if i in numbers else a for i, a in enumerate(args))
+
+
 def fallback(keyset, op, *args, **kwargs):
     """PrivateUse1 boxed fallback: views stay local, everything else computes through run_op."""
     if op.overloadpacket is torch.ops.aten.set_:  # repoint at a (spyre) storage: metadata only
@@ -321,4 +360,5 @@ def fallback(keyset, op, *args, **kwargs):
         return inplace_view(op, args, kwargs)
     if op.is_view:
         return meta_view(op, args, kwargs)
+    op, args = _unwrapped_numbers(op, args)
     return run_on_device(op, args, kwargs)
