@@ -441,3 +441,16 @@ def test_a_number_with_no_scalar_overload_becomes_a_0d_cpu_tensor_again():
     assert op is aten.hypot.default and args[1].dim() == 0 and args[1].dtype == torch.int64
     assert _unwrapped_numbers(aten.remainder.Tensor, (x, 2.5)) == (aten.remainder.Scalar, (x, 2.5))
     assert _unwrapped_numbers(aten.add.Tensor, (x, x)) == (aten.add.Tensor, (x, x))
+
+
+def test_clamp_with_tensor_bounds_is_maximum_and_minimum_on_the_device():
+    """Inductor decomposes clamp into clamp_min/clamp_max, whose tensor bounds lower as maximum/minimum (native
+    OpFuncs): exact selections of the device values, eager and compiled alike."""
+    x, lo = torch.randn(8, 100, dtype=torch.float16), torch.randn(100, dtype=torch.float16) * 0.3
+    dx, dlo, dhi = x.to("spyre"), lo.to("spyre"), (lo + 0.5).to("spyre")
+    for f in (lambda t, a, b: t.clamp(min=a), lambda t, a, b: t.clamp(a, b), lambda t, a, b: t.clamp(max=b)):
+        want = f(dx.cpu(), dlo.cpu(), dhi.cpu())  # the CPU op on the device's (DL16) values
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", FallbackWarning)
+            assert torch.equal(f(dx, dlo, dhi).cpu(), want)
+            assert torch.equal(torch.compile(f)(dx, dlo, dhi).cpu(), want)

@@ -192,7 +192,9 @@ def lower_clamp(b, node, x, lo=None, hi=None):
     if node.target.overloadpacket is aten.clamp_max:
         lo, hi = None, lo
     if isinstance(lo, TRef) or isinstance(hi, TRef):
-        raise SpyreCompileError(f"{node.name}: clamp with tensor bounds is not lowered; use scalar bounds")
+        # Inductor's decomposition (clamp -> clamp_min, clamp_max) lowers a tensor bound as maximum / minimum
+        out = x if lo is None else pointwise(b, node, "binary", "maximum", [x, lo])
+        return out if hi is None else pointwise(b, node, "binary", "minimum", [out, hi])
     return pointwise(b, node, "unary", "clamp", [x], {"min": lo, "max": hi})
 
 
