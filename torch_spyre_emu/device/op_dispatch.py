@@ -338,18 +338,36 @@ def _scalar_overload(op, positions: tuple[int, ...]):
 
 def _unwrapped_numbers(op, args):
     """A wrapped number (the 2 of `x % 2`, a 0-d CPU tensor) reaches a boxed fallback as a Python number, where
-    op's schema has a Tensor (remainder.Tensor(x, 2)), which calling op would refuse. The call goes to the overload
-    that takes a Scalar there (remainder.Scalar), as in dynamo's graphs, else the number becomes a 0-d CPU tensor
-    again (which type promotion treats as the wrapped number)."""
+    op's schema has a Tensor. torch lets a few ops take a number there (add, mul, div, ...); any other op
+    (remainder.Tensor(x, 2)) refuses the call, so it goes to the overload that takes a Scalar there
+    (remainder.Scalar), else the number becomes a 0-d CPU tensor again, which type promotion treats as the
+    wrapped number."""
     numbers = tuple(
         i for i in _tensor_positions(op) if i < len(args) and isinstance(args[i], int | float | bool)
     )
-    if not numbers:
+    if not numbers or _takes_numbers(op, numbers, args):
         return op, args
     scalar = _scalar_overload(op, numbers)
     if scalar is not None:
         return scalar, args
     return op, tuple(torch.tensor(a) if i in numbers else a for i, a in enumerate(args))
+
+
+_TAKES_NUMBERS: dict[tuple, bool] = {}
+
+
+def _takes_numbers(op, numbers: tuple[int, ...], args) -> bool:
+    """Whether op's call accepts the Python numbers at positions `numbers`: tried once per op and number types,
+    with meta stand-ins for the tensors (the check is on argument types, made before any kernel runs)."""
+    key = (op, numbers, tuple(type(args[i]) for i in numbers))
+    if key not in _TAKES_NUMBERS:
+        stand_ins = [torch.empty_like(a, device="meta") if isinstance(a, torch.Tensor) else a for a in args]
+        try:
+            op(*stand_ins)
+            _TAKES_NUMBERS[key] = True
+        except Exception as error:  # noqa: BLE001 (a refusal after the arguments were accepted means they were)
+            _TAKES_NUMBERS[key] = "Expected a value of type" not in str(error)
+    return _TAKES_NUMBERS[key]
 
 
 def fallback(keyset, op, *args, **kwargs):
