@@ -6,7 +6,11 @@ FallbackWarning. Only the paths listed in ../shared/reference/torch_spyre_api.md
 """
 
 import torch_spyre_emu  # noqa: F401  (registers the spyre device)
-from torch_spyre import profiler
+
+# The submodules the real package's import loads (its autoload registers ops, Inductor, logging and the loader), so
+# `import torch_spyre; torch_spyre._inductor.config` works as there.
+from torch_spyre import _C, _inductor, logging_config, model_utils, ops, profiler, streams  # noqa: F401
+from torch_spyre.ops import fallbacks  # noqa: F401
 from torch_spyre_emu.device.spyre_module import *  # noqa: F403
 from torch_spyre_emu.device.spyre_module import __all__  # noqa: F401
 

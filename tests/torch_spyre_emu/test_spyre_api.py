@@ -45,6 +45,15 @@ def test_fallback_warning_is_one_class_importable_where_the_real_stack_defines_i
     assert FallbackWarning is Ours and issubclass(FallbackWarning, UserWarning)
 
 
+def test_import_torch_spyre_loads_the_submodules_the_real_package_loads():
+    code = (
+        "import torch_spyre; c = torch_spyre._inductor.config; "
+        "print(c.sencores, torch_spyre.ops.fallbacks.FallbackWarning.__name__, torch_spyre._C.DataFormats(0).name, "
+        "torch_spyre.model_utils.load_model_to_spyre.__name__, torch_spyre.logging_config.get_log_level.__name__)"
+    )
+    assert _run(code).split() == ["32", "FallbackWarning", "SEN169_FP16", "load_model_to_spyre", "get_log_level"]
+
+
 # --- §1 device state ------------------------------------------------------------------------------------------
 
 
@@ -171,6 +180,27 @@ def test_memory_stats_count_stick_padded_storage_rounded_to_128_bytes():
     del x, i
     gc.collect()
     assert spyre.memory_allocated() == base
+
+
+def test_torch_accelerator_reaches_the_spyre_allocator_and_synchronize():
+    """torch.accelerator's memory functions and synchronize work on spyre as on a card (torch-spyre's allocator is a
+    DeviceAllocator with process-wide stats), with the same numbers as torch.spyre's."""
+    assert torch.accelerator.current_accelerator().type == "spyre"
+    gc.collect()
+    base = torch.accelerator.memory_allocated()
+    assert base == spyre.memory_allocated()
+    x = torch.empty(3, 100, dtype=torch.float16, device="spyre")
+    assert torch.accelerator.memory_allocated() == torch.accelerator.memory_reserved() == base + 768
+    assert torch.accelerator.memory_stats()["allocated_bytes.all.current"] == base + 768
+    torch.accelerator.reset_peak_memory_stats()
+    assert torch.accelerator.max_memory_allocated() == spyre.max_memory_allocated() == base + 768
+    free, total = torch.accelerator.get_memory_info()
+    assert free == total - (base + 768)
+    torch.accelerator.synchronize()
+    torch.accelerator.empty_cache()
+    with pytest.raises(RuntimeError, match="does not exist"):
+        torch.accelerator.synchronize(9)
+    del x
 
 
 # --- §2 layouts -----------------------------------------------------------------------------------------------
