@@ -381,3 +381,11 @@ def test_autograd_through_spyre(fake_eager):
     (w * 2).sum().backward()
     assert w.grad.device.type == "spyre"
     assert torch.equal(w.grad.cpu(), torch.full((3, 3), 2.0))
+
+
+def test_empty_takes_the_contiguous_memory_format_only():
+    """torch-spyre's empty requires a strided, non-pinned, contiguous tensor (torch_spyre_api.md §3)."""
+    with pytest.raises(SpyreDeviceError, match="memory_format=torch.channels_last is not supported"):
+        torch.empty(1, 3, 4, 64, dtype=torch.float16, device="spyre", memory_format=torch.channels_last)
+    x = torch.empty(1, 3, 4, 64, dtype=torch.float16, device="spyre", memory_format=torch.contiguous_format)
+    assert x.is_contiguous() and torch.empty_like(x).stride() == x.stride()

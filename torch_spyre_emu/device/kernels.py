@@ -40,8 +40,14 @@ def _filled(size, dtype, fill_value, device, strides=None) -> torch.Tensor:
 
 
 def empty_memory_format(size, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
+    """torch-spyre's empty takes a strided, non-pinned, contiguous tensor only (torch_spyre_api.md §3)."""
     _check_layout(layout)
-    return _filled(size, dtype, 0, device, _strides_for(size, memory_format))
+    if memory_format not in (None, torch.contiguous_format):
+        raise SpyreDeviceError(
+            f"spyre tensors are allocated contiguous: torch.empty with memory_format={memory_format} is not "
+            "supported; allocate a contiguous tensor (a permute gives the other dim order as a view)"
+        )
+    return _filled(size, dtype, 0, device)
 
 
 def empty_strided(size, stride, dtype=None, layout=None, device=None, pin_memory=None):
