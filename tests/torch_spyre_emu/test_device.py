@@ -389,3 +389,19 @@ def test_empty_takes_the_contiguous_memory_format_only():
         torch.empty(1, 3, 4, 64, dtype=torch.float16, device="spyre", memory_format=torch.channels_last)
     x = torch.empty(1, 3, 4, 64, dtype=torch.float16, device="spyre", memory_format=torch.contiguous_format)
     assert x.is_contiguous() and torch.empty_like(x).stride() == x.stride()
+
+
+def test_to_host_with_non_blocking_or_copy_is_a_blocking_copy():
+    """`.to("cpu", non_blocking=True)` works (torch would pin a host buffer, which a Python backend cannot
+    allocate; torch-spyre's copies block anyway), and `copy=True` is accepted on spyre tensors as on any other."""
+    x = torch.randn(3, 64, dtype=torch.float16)
+    s = x.to("spyre")
+    for got in (
+        s.to("cpu", non_blocking=True),
+        s.to(torch.device("cpu"), torch.float16, True),
+        s.to("cpu", non_blocking=True, copy=True),
+        s.to("cpu", copy=True),
+    ):
+        assert got.device.type == "cpu" and torch.equal(got, s.cpu())
+    assert s.to("cpu", torch.float32, non_blocking=True).dtype == torch.float32
+    assert s.to("spyre", copy=True) is not s and torch.equal(s.to("spyre", copy=True).cpu(), s.cpu())

@@ -153,13 +153,18 @@ def _indexed(original):
     return call
 
 
+def _parse_to(args, kwargs):
+    """(device, dtype, non_blocking, memory_format) of a `.to()` call (torch's parser, which refuses `copy=`)."""
+    return torch._C._nn._parse_to(*args, **{k: v for k, v in kwargs.items() if k != "copy"})
+
+
 def _spyre_to_spyre_cast(self: torch.Tensor, args, kwargs) -> torch.Tensor | None:
     """`.to(device, dtype)` from spyre to spyre with a new dtype, as torch-spyre does it: a warning and a cast
     through the CPU (torch_spyre_api.md §3), the CPU's cast of the values the device holds. None for any other
     `.to()`. A `.to(dtype)` that names no device is not this case: it stays an on-device cast where torch-spyre's
     dtype-op table has one (capabilities().casts), as in compiled code (an assumption: the digest names the
     `.to(device, dtype)` form only)."""
-    device, dtype, _, memory_format = torch._C._nn._parse_to(*args, **kwargs)
+    device, dtype, _, memory_format = _parse_to(args, kwargs)
     if device is None or device.type != "spyre" or dtype is None or dtype == self.dtype:
         return None
     if not device_storage.has_device_data(self):
@@ -182,6 +187,18 @@ def _spyre_to_spyre_cast(self: torch.Tensor, args, kwargs) -> torch.Tensor | Non
     return self.cpu().to(dtype, **options).to(device)
 
 
+def _blocking_to_host(self: torch.Tensor, args, kwargs) -> tuple[tuple, dict] | None:
+    """A spyre -> CPU `.to(..., non_blocking=True)` as a blocking copy: torch pins the host buffer of a non-blocking
+    device -> host copy, which needs a pinned-memory allocator that a Python backend cannot register, and
+    torch-spyre's copies block anyway (copy_tensor). The arguments of that blocking call; None for any other
+    `.to()`."""
+    device, dtype, non_blocking, memory_format = _parse_to(args, kwargs)
+    if not non_blocking or device is None or device.type != "cpu":
+        return None
+    options = {"dtype": dtype, "memory_format": memory_format, "copy": kwargs.get("copy", False)}
+    return (device,), {k: v for k, v in options.items() if v is not None}
+
+
 def _to(original):
     original = _indexed(original)
 
@@ -192,11 +209,14 @@ def _to(original):
                 cast = _spyre_to_spyre_cast(self, args, kwargs)
                 if cast is not None:
                     return cast
+                blocking = _blocking_to_host(self, args, kwargs)
+                if blocking is not None:
+                    return original(self, *blocking[0], **blocking[1])
             return original(self, *args, **kwargs)
         # As torch-spyre: allocate on the current device whatever device is named, copy (blocking) into it; a
         # spyre tensor already in that layout is returned as it is unless copy=True.
         copy_requested = bool(kwargs.pop("copy", False))
-        _, dtype, _, _ = torch._C._nn._parse_to(*args, **kwargs)
+        _, dtype, _, _ = _parse_to(args, kwargs)
         dtype = dtype or self.dtype
         if (
             not copy_requested
