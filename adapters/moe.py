@@ -456,8 +456,8 @@ def dense_moa_reduce(self, layer_input, topo_info):
 class DenseExperts(Adapter):
     name = "moe_dense"
     # the routing ops of the three stock experts implementations and of JetMoE's that the capability table lists
-    # (grouped_mm and index_add are absent from it, so they read as unsupported and never retire this adapter on
-    # their own), and the scatter/gather of the routers it moves to the host
+    # (grouped_mm is absent from it, so it reads as unsupported and never retires this adapter on its own; index_add
+    # is decomposed into an index_put, as Inductor does), and the scatter/gather of the routers it moves to the host
     gap = "aten.histc"
     also = ("aten.sort", "aten.index", "aten.index_put", "aten.gather", "aten.masked_fill", "aten.scatter")
     applies_to = frozenset(

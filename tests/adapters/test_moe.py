@@ -228,7 +228,8 @@ def test_jetmoe_blocks_have_no_routing_gap_in_strict_mode():
             torch._dynamo.reset()
     finally:
         moe.float()
-    assert {"aten.index_add", "aten.sort"} <= before, before
+    # index_add is no capability of its own: Inductor decomposes it (select_decomp_table) into an index_put
+    assert {"aten.index_put", "aten.sort"} <= before and "aten.index_add" not in before, before
     assert not after, after
 
 
