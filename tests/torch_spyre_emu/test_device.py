@@ -405,3 +405,13 @@ def test_to_host_with_non_blocking_or_copy_is_a_blocking_copy():
         assert got.device.type == "cpu" and torch.equal(got, s.cpu())
     assert s.to("cpu", torch.float32, non_blocking=True).dtype == torch.float32
     assert s.to("spyre", copy=True) is not s and torch.equal(s.to("spyre", copy=True).cpu(), s.cpu())
+
+
+def test_an_eager_op_refuses_a_cpu_operand_beside_spyre_tensors():
+    """As on a card (and CUDA): every tensor of an op on its device, except 0-d CPU scalars and indices."""
+    s = torch.ones(2, 3, device="spyre")
+    with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device"):
+        torch.cat([s, torch.ones(2, 3)])
+    with pytest.raises(RuntimeError, match="spyre:0 and cpu"):
+        torch.where(torch.ones(2, 3, dtype=torch.bool), s, 0.0)
+    assert (s * torch.tensor(2.0)).device.type == "spyre"  # a CPU scalar tensor is fine

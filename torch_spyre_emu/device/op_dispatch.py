@@ -370,6 +370,26 @@ def _takes_numbers(op, numbers: tuple[int, ...], args) -> bool:
     return _TAKES_NUMBERS[key]
 
 
+# Ops whose tensor arguments may sit on the CPU beside a device tensor, as on CUDA: an indexing op's indices.
+_CPU_OPERANDS_ALLOWED = frozenset({torch.ops.aten.index, torch.ops.aten.index_put, torch.ops.aten.index_put_})
+
+
+def _check_one_device(op, args, kwargs) -> None:
+    """torch's rule for an op on a device: every tensor argument on that device, except 0-d CPU tensors (scalars)
+    and an indexing op's indices. The emulator could run a CPU operand as a host input, but a card's stack (and
+    CUDA) refuses it, so code written here must not depend on it."""
+    if op.overloadpacket in _CPU_OPERANDS_ALLOWED:
+        return
+    tensors = [t for t in torch.utils._pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+    host = next((t for t in tensors if t.device.type == "cpu" and t.dim() > 0), None)
+    device = next((t.device for t in tensors if t.device.type == "spyre"), None)
+    if host is not None and device is not None:
+        raise SpyreDeviceError(
+            f"Expected all tensors to be on the same device, but found at least two devices, {device} and cpu! "
+            f"({op} got a {tuple(host.shape)} CPU tensor; move it with .to('spyre'))"
+        )
+
+
 def fallback(keyset, op, *args, **kwargs):
     """PrivateUse1 boxed fallback: views stay local, everything else computes through run_op."""
     if op.overloadpacket is torch.ops.aten.set_:  # repoint at a (spyre) storage: metadata only
@@ -379,4 +399,5 @@ def fallback(keyset, op, *args, **kwargs):
     if op.is_view:
         return meta_view(op, args, kwargs)
     op, args = _unwrapped_numbers(op, args)
+    _check_one_device(op, args, kwargs)
     return run_on_device(op, args, kwargs)
