@@ -166,6 +166,13 @@ OPS: list[Op] = [
     Op("clamp", lambda x: torch.clamp(x, -0.5, 0.7), "clamp", pointwise),
     Op("clamp_min", lambda x: torch.clamp_min(x, -0.25), "clamp_min", exact),
     Op("clamp_max", lambda x: torch.clamp(x, max=0.3), "clamp_max", pointwise),
+    Op(  # tensor bounds: Inductor's clamp_min / clamp_max, i.e. maximum then minimum (exact selections)
+        "clamp_tensor",
+        lambda x, lo, hi: torch.clamp(x, lo, hi),
+        "clamp",
+        exact,
+        lambda s: [(s, "normal"), ((last(s),), "normal"), (s, "normal")],
+    ),
     # --- binary -----------------------------------------------------------------------------------------------
     Op("add", lambda *a: torch.add(*a), "add", pointwise, binary()),
     Op(
