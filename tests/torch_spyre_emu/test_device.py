@@ -415,3 +415,15 @@ def test_an_eager_op_refuses_a_cpu_operand_beside_spyre_tensors():
     with pytest.raises(RuntimeError, match="spyre:0 and cpu"):
         torch.where(torch.ones(2, 3, dtype=torch.bool), s, 0.0)
     assert (s * torch.tensor(2.0)).device.type == "spyre"  # a CPU scalar tensor is fine
+
+
+def test_an_in_place_op_left_with_its_defaults_reaches_its_functional_overload():
+    """A boxed call drops trailing defaults (bernoulli_(p=0.5)), which the functional overload (bernoulli.p) needs:
+    the stack then judges the op (no random op lowers: a typed gap), instead of a schema error from the call."""
+    from torch_spyre_emu.errors import SpyreUnsupportedOpError
+
+    with pytest.raises(SpyreUnsupportedOpError, match="aten.bernoulli"):
+        torch.empty(4, device="spyre").bernoulli_()
+    t = torch.ones(4, 6).to("spyre")
+    with pytest.raises(SpyreUnsupportedOpError, match="index_put"):  # CPU indices are allowed, the op is the gap
+        t[torch.tensor([0, 2])] = 0.0

@@ -231,6 +231,14 @@ def _functional_args(op, functional, args, kwargs):
     dtype and device passed as the options it would otherwise default (int64/float32, cpu)."""
     out_names = [name for _, name, kwarg_only in _mutated_args(op) if kwarg_only]
     fkwargs = {k: v for k, v in kwargs.items() if k not in out_names}
+    # a boxed call leaves out trailing positional defaults (bernoulli_(p=0.5)); the functional overload may have
+    # no default there (bernoulli.p), so they are passed
+    defaults = []
+    for a in op._schema.arguments[len(args) :]:
+        if a.kwarg_only or not a.has_default_value() or a.name in kwargs:
+            break
+        defaults.append(a.default_value)
+    args = (*args, *defaults)
     options = {a.name for a in functional._schema.arguments} - {a.name for a in op._schema.arguments}
     if options and len(out_names) == 1:
         out = kwargs[out_names[0]]
@@ -371,7 +379,10 @@ def _takes_numbers(op, numbers: tuple[int, ...], args) -> bool:
 
 
 # Ops whose tensor arguments may sit on the CPU beside a device tensor, as on CUDA: an indexing op's indices.
-_CPU_OPERANDS_ALLOWED = frozenset({torch.ops.aten.index, torch.ops.aten.index_put, torch.ops.aten.index_put_})
+_CPU_OPERANDS_ALLOWED = frozenset(
+    getattr(torch.ops.aten, name)
+    for name in ("index", "index_put", "index_put_", "_index_put_impl_", "_unsafe_index", "_unsafe_index_put")
+)
 
 
 def _check_one_device(op, args, kwargs) -> None:
