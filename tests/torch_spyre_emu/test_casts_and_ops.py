@@ -473,3 +473,15 @@ def test_an_op_the_table_does_not_name_is_judged_by_inductors_decomposition():
         functional.elu(x)
     with pytest.raises(SpyreUnsupportedOpError, match=r"aten.log2 \("):
         torch.compile(torch.log2)(x)
+
+
+def test_ops_torch_cannot_trace_functionally_or_that_inductor_pools_are_typed_gaps():
+    """cummax's kernel writes through aten::_cummax_helper (functionalize refuses it); max_pool3d's Inductor
+    decomposition asks torch._inductor.lowering: both are the typed unsupported error, eager and compiled."""
+    x = torch.randn(4, 5, dtype=torch.float16).to("spyre")
+    with pytest.raises(SpyreUnsupportedOpError, match="_cummax_helper"):
+        torch.cummax(x, 1)
+    with pytest.raises(SpyreUnsupportedOpError, match="aten.cummin"):
+        torch.compile(lambda t: torch.cummin(t, 1))(x)
+    with pytest.raises(SpyreUnsupportedOpError, match="max_pool"):
+        F.max_pool3d(torch.randn(1, 1, 4, 4, 4, dtype=torch.float16).to("spyre"), 2)

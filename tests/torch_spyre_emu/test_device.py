@@ -404,6 +404,10 @@ def test_to_host_with_non_blocking_or_copy_is_a_blocking_copy():
     ):
         assert got.device.type == "cpu" and torch.equal(got, s.cpu())
     assert s.to("cpu", torch.float32, non_blocking=True).dtype == torch.float32
+    assert s.to("cpu", torch.float32, True, True).dtype == torch.float32  # positional non_blocking and copy
+    assert s.to(torch.float32, False, True).device.type == "spyre"
+    with pytest.raises(SpyreDeviceError, match="spyre tensors are strided: a torch.sparse_csr tensor"):
+        torch.eye(3).to_sparse_csr().to("spyre")
     assert s.to("spyre", copy=True) is not s and torch.equal(s.to("spyre", copy=True).cpu(), s.cpu())
 
 

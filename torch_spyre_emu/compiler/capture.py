@@ -87,6 +87,7 @@ def decomposition_table() -> dict:
 
 @functools.cache
 def _inductor_decompositions() -> dict:
+    import torch._inductor.lowering  # noqa: F401  (some decompositions, max pooling's, ask it at trace time)
     from torch._inductor.decomposition import select_decomp_table
 
     return {op: fn for op, fn in select_decomp_table().items() if isinstance(op, torch._ops.OpOverload)}
@@ -225,6 +226,15 @@ def capture(
             where=target.group(1) if target else "",
         ) from e
     except Exception as e:
+        helper = _UNFUNCTIONALIZABLE.search(str(e))
+        if helper is not None:
+            # an op whose kernel writes through an out-style helper (cummax -> aten::_cummax_helper): torch cannot
+            # functionalize it, and Inductor, which would have to, has no lowering for it on Spyre either
+            raise SpyreUnsupportedOpError(
+                f"{helper.group(1).replace('::', '.')} (the kernel of an op in this graph: it writes its results "
+                "into argument tensors, which torch cannot trace functionally) is unsupported on Spyre: no "
+                "lowering exists for it; compute the op on the CPU (.cpu()) or patch the model to avoid it"
+            ) from e
         blocking = _unsupported_higher_order_ops(fn)
         if not blocking:
             raise
@@ -244,6 +254,9 @@ def capture(
     if gm.graph.eliminate_dead_code():
         gm.recompile()
     return gm
+
+
+_UNFUNCTIONALIZABLE = re.compile(r"Found a custom \(non-ATen\) operator whose output has alias annotations: (\w+::\w+)")
 
 
 def _unsupported_higher_order_ops(fn) -> list:

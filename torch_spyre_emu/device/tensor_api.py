@@ -153,9 +153,25 @@ def _indexed(original):
     return call
 
 
+def _split_copy(args, kwargs) -> tuple[tuple, dict, bool]:
+    """A `.to()` call's arguments without its `copy` flag, and the flag: keyword, or positional after
+    non_blocking (to(dtype | tensor, non_blocking, copy) and to(device, dtype, non_blocking, copy))."""
+    kwargs = dict(kwargs)
+    copy_flag = kwargs.pop("copy", False)
+    at = 2 if args and isinstance(args[0], torch.dtype | torch.Tensor) else 3
+    if len(args) > at:
+        args, copy_flag = args[:at], args[at]
+    return tuple(args), kwargs, bool(copy_flag)
+
+
 def _parse_to(args, kwargs):
-    """(device, dtype, non_blocking, memory_format) of a `.to()` call (torch's parser, which refuses `copy=`)."""
-    return torch._C._nn._parse_to(*args, **{k: v for k, v in kwargs.items() if k != "copy"})
+    """(device, dtype, non_blocking, memory_format) of a `.to()` call, by torch's parser (which refuses `copy`);
+    None for a call it cannot read, which then goes to torch's own .to() as it is."""
+    args, kwargs, _ = _split_copy(args, kwargs)
+    try:
+        return torch._C._nn._parse_to(*args, **kwargs)
+    except (RuntimeError, TypeError):
+        return None
 
 
 def _spyre_to_spyre_cast(self: torch.Tensor, args, kwargs) -> torch.Tensor | None:
@@ -164,7 +180,10 @@ def _spyre_to_spyre_cast(self: torch.Tensor, args, kwargs) -> torch.Tensor | Non
     `.to()`. A `.to(dtype)` that names no device is not this case: it stays an on-device cast where torch-spyre's
     dtype-op table has one (capabilities().casts), as in compiled code (an assumption: the digest names the
     `.to(device, dtype)` form only)."""
-    device, dtype, _, memory_format = _parse_to(args, kwargs)
+    parsed = _parse_to(args, kwargs)
+    if parsed is None:
+        return None
+    device, dtype, _, memory_format = parsed
     if device is None or device.type != "spyre" or dtype is None or dtype == self.dtype:
         return None
     if not device_storage.has_device_data(self):
@@ -192,11 +211,21 @@ def _blocking_to_host(self: torch.Tensor, args, kwargs) -> tuple[tuple, dict] | 
     device -> host copy, which needs a pinned-memory allocator that a Python backend cannot register, and
     torch-spyre's copies block anyway (copy_tensor). The arguments of that blocking call; None for any other
     `.to()`."""
-    device, dtype, non_blocking, memory_format = _parse_to(args, kwargs)
+    parsed = _parse_to(args, kwargs)
+    if parsed is None:
+        return None
+    device, dtype, non_blocking, memory_format = parsed
     if not non_blocking or device is None or device.type != "cpu":
         return None
-    options = {"dtype": dtype, "memory_format": memory_format, "copy": kwargs.get("copy", False)}
+    options = {"dtype": dtype, "memory_format": memory_format, "copy": _split_copy(args, kwargs)[2]}
     return (device,), {k: v for k, v in options.items() if v is not None}
+
+
+def _refuse_non_strided(self: torch.Tensor, parsed) -> None:
+    if parsed is not None and parsed[0] is not None and parsed[0].type == "spyre":
+        raise SpyreDeviceError(
+            f"spyre tensors are strided: a {self.layout} tensor cannot move to spyre; call .to_dense() first"
+        )
 
 
 def _to(original):
@@ -204,6 +233,8 @@ def _to(original):
 
     @functools.wraps(original)
     def to(self, *args, device_layout=None, **kwargs):
+        if self.layout != torch.strided:
+            _refuse_non_strided(self, _parse_to(args, kwargs))
         if device_layout is None:
             if self.device.type == "spyre" and (args or kwargs) and not torch.compiler.is_compiling():
                 cast = _spyre_to_spyre_cast(self, args, kwargs)
@@ -216,7 +247,7 @@ def _to(original):
         # As torch-spyre: allocate on the current device whatever device is named, copy (blocking) into it; a
         # spyre tensor already in that layout is returned as it is unless copy=True.
         copy_requested = bool(kwargs.pop("copy", False))
-        _, dtype, _, _ = _parse_to(args, kwargs)
+        _, dtype, _, _ = torch._C._nn._parse_to(*args, **kwargs)
         dtype = dtype or self.dtype
         if (
             not copy_requested
