@@ -485,3 +485,27 @@ def test_ops_torch_cannot_trace_functionally_or_that_inductor_pools_are_typed_ga
         torch.compile(lambda t: torch.cummin(t, 1))(x)
     with pytest.raises(SpyreUnsupportedOpError, match="max_pool"):
         F.max_pool3d(torch.randn(1, 1, 4, 4, 4, dtype=torch.float16).to("spyre"), 2)
+
+
+def test_layout_changing_ops_are_typed_gaps_eager_and_compiled():
+    """Spyre tensors are strided: to_sparse is refused up front (traced inside dynamo's fake run it crashed torch)."""
+    x = torch.randn(5, 5, dtype=torch.float16).to("spyre")
+    for run in (lambda: x.to_sparse(), lambda: torch.compile(lambda t: t.to_sparse())(x), lambda: x.to_sparse_csr()):
+        with pytest.raises(SpyreUnsupportedOpError, match="spyre tensors are strided"):
+            run()
+
+
+def test_native_layer_norm_statistics_are_a_clear_compile_error():
+    """The device's layer norm gives the normalized output only (the stack's layernorm custom ops); asking for
+    native_layer_norm's saved mean / rstd is a typed error, not a placeholder object in the result."""
+    from torch_spyre_emu.errors import SpyreCompileError
+
+    x, w, b = (torch.randn(*s, dtype=torch.float16).to("spyre") for s in ((4, 64), (64,), (64,)))
+    for run in (
+        lambda: torch.native_layer_norm(x, [64], w, b, 1e-5),
+        lambda: torch.compile(lambda *a: torch.native_layer_norm(*a, [64], w, b, 1e-5))(x),
+    ):
+        with pytest.raises(SpyreCompileError, match="layer_norm mean, which the Spyre lowering does not produce"):
+            run()
+    first = torch.compile(lambda t: torch.native_layer_norm(t, [64], w, b, 1e-5)[0])(x)
+    assert torch.equal(first.cpu(), F.layer_norm(x, [64], w, b).cpu())

@@ -170,3 +170,15 @@ def test_logging_api_and_defaults():
             lc.set_log_level(level, name)
     with pytest.raises(ValueError, match="unknown spyre log component"):
         lc.enable("spyre.nope")
+
+
+def test_compiled_code_under_torch_testings_rng_freeze():
+    """torch.testing's wrapper_set_seed / freeze_rng_state (upstream OpInfo tests wrap random ops in it) calls
+    torch.spyre.get/set_rng_state around the compiled call; dynamo runs them as calls, as it would the real
+    stack's C++ bindings (traced, set_rng_state broke the graph on a state tensor dynamo could not fake)."""
+    from torch.testing._utils import wrapper_set_seed
+
+    x = torch.randn(4, 64, dtype=torch.float16).to("spyre")
+    torch._dynamo.reset()
+    got = torch.compile(lambda t: wrapper_set_seed(torch.add, t, 1))(x)
+    assert torch.equal(got.cpu(), (x + 1).cpu())

@@ -97,6 +97,7 @@ def lower_graph(gm: fx.GraphModule, options: CompileOptions) -> Lowered:
         elif node.op == "call_function":
             env[node] = _lower_node(b, node, env, options)
         elif node.op == "output":
+            fx.node.map_arg(node.args[0], lambda n, out=node: _use(env, n, out))  # no output the lowering lacks
             names, template, dtypes, bufs, shapes = _lower_outputs(
                 b, node.args[0], env, options.outputs_on_device
             )
@@ -146,7 +147,10 @@ def _lower_node(b: Builder, node: fx.Node, env: dict, options: CompileOptions):
 def _use(env: dict, n: fx.Node, user: fx.Node):
     v = env[n]
     if isinstance(v, Unavailable):
-        raise SpyreCompileError(f"{user.name} uses {v.what}, which the Spyre lowering does not produce")
+        raise SpyreCompileError(
+            f"{user.name} uses {v.what}, which the Spyre lowering does not produce; use only the op's first output "
+            "(F.layer_norm, not torch.native_layer_norm's saved statistics)"
+        )
     return v
 
 

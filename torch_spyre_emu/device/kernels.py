@@ -173,7 +173,7 @@ _KERNELS = {
 # Ops torch implements as composite kernels (CompositeImplicit/Explicit) whose pieces differ from what the compiler
 # lowers: layer_norm would become native_batch_norm, SDPA the fp32-upcasting math path, embedding index_select. On
 # spyre tensors they go to run_op whole, as one op, exactly like the compiled path sees them.
-WHOLE_OPS = ("layer_norm", "scaled_dot_product_attention", "embedding")
+WHOLE_OPS = ("layer_norm", "native_layer_norm", "scaled_dot_product_attention", "embedding")
 
 
 def _whole(name: str):

@@ -9,12 +9,13 @@ same functional op the compiled path sees, and the result is written back into t
 from __future__ import annotations
 
 import functools
+import re
 import warnings
 
 import torch
 
 from torch_spyre_emu.device import storage as device_storage
-from torch_spyre_emu.errors import SpyreDeviceError
+from torch_spyre_emu.errors import SpyreDeviceError, SpyreUnsupportedOpError
 
 _META = torch._C.DispatchKeySet(torch._C.DispatchKey.Meta)
 # set_ runs the CPU kernel: it only sets metadata when the storage is large enough (spyre storages always are), while
@@ -401,8 +402,18 @@ def _check_one_device(op, args, kwargs) -> None:
         )
 
 
+# Ops that make a tensor of another layout (sparse, mkldnn, nested): spyre tensors are strided, and tracing one of
+# them inside dynamo's fake-tensor run crashes torch (a segfault in _to_sparse), so they are refused up front.
+_OTHER_LAYOUTS = re.compile(r"sparse|mkldnn|nested|padded_tensor")
+
+
 def fallback(keyset, op, *args, **kwargs):
     """PrivateUse1 boxed fallback: views stay local, everything else computes through run_op."""
+    if _OTHER_LAYOUTS.search(op.overloadpacket.__name__):
+        raise SpyreUnsupportedOpError(
+            f"{op}: spyre tensors are strided, so {op.overloadpacket.__name__} (another layout) is unsupported on "
+            "Spyre; convert on the CPU (.cpu()) instead"
+        )
     if op.overloadpacket is torch.ops.aten.set_:  # repoint at a (spyre) storage: metadata only
         return op.redispatch(_SET, *args, **kwargs)
     if torch.Tag.inplace_view in op.tags:
