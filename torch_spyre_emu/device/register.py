@@ -44,12 +44,6 @@ NOT_TRACED = (
             "memory",
             "custom_ops",
             "accelerator",
-            # torch.spyre.*: C++ bindings on a card, which dynamo calls without tracing; traced, set_rng_state
-            # (which torch.testing's freeze_rng_state calls around compiled code) broke the graph on a state tensor
-            # that dynamo could not fake
-            "spyre_module",
-            "memory_api",
-            "streams",
         )
     ),
 )
@@ -113,3 +107,5 @@ def register() -> None:
         torch._dynamo.config.recompile_limit = DYNAMO_RECOMPILE_LIMIT
         for package in NOT_TRACED:
             torch._dynamo.trace_rules.add(package)
+        for name in spyre_module.NOT_TRACED_FUNCTIONS:
+            setattr(spyre_module, name, torch.compiler.disable(getattr(spyre_module, name)))

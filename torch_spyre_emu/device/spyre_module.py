@@ -254,6 +254,13 @@ def get_generator(device=None) -> torch.Generator:
         return _generators[index]
 
 
+# The RNG-state functions are C++ bindings on a card, which dynamo calls without tracing (register() wraps them in
+# torch.compiler.disable, once the Tensor patches are in: importing dynamo earlier made it treat the patched
+# Tensor.to as a skipped builtin). Traced, set_rng_state (torch.testing's freeze_rng_state calls it around compiled
+# code) broke the graph on a state tensor dynamo could not fake ("you set no_dispatch()").
+NOT_TRACED_FUNCTIONS = ("get_rng_state", "set_rng_state", "get_rng_state_all", "set_rng_state_all")
+
+
 def get_rng_state(device="spyre") -> torch.Tensor:
     """The generator state of `device` as a uint8 CPU tensor."""
     return get_generator(device).get_state()

@@ -174,13 +174,12 @@ def _parse_to(args, kwargs):
         return None
 
 
-def _spyre_to_spyre_cast(self: torch.Tensor, args, kwargs) -> torch.Tensor | None:
+def _spyre_to_spyre_cast(self: torch.Tensor, parsed) -> torch.Tensor | None:
     """`.to(device, dtype)` from spyre to spyre with a new dtype, as torch-spyre does it: a warning and a cast
     through the CPU (torch_spyre_api.md §3), the CPU's cast of the values the device holds. None for any other
     `.to()`. A `.to(dtype)` that names no device is not this case: it stays an on-device cast where torch-spyre's
     dtype-op table has one (capabilities().casts), as in compiled code (an assumption: the digest names the
-    `.to(device, dtype)` form only)."""
-    parsed = _parse_to(args, kwargs)
+    `.to(device, dtype)` form only). `parsed`: the call's _parse_to."""
     if parsed is None:
         return None
     device, dtype, _, memory_format = parsed
@@ -206,12 +205,11 @@ def _spyre_to_spyre_cast(self: torch.Tensor, args, kwargs) -> torch.Tensor | Non
     return self.cpu().to(dtype, **options).to(device)
 
 
-def _blocking_to_host(self: torch.Tensor, args, kwargs) -> tuple[tuple, dict] | None:
+def _blocking_to_host(parsed, args, kwargs) -> tuple[tuple, dict] | None:
     """A spyre -> CPU `.to(..., non_blocking=True)` as a blocking copy: torch pins the host buffer of a non-blocking
     device -> host copy, which needs a pinned-memory allocator that a Python backend cannot register, and
     torch-spyre's copies block anyway (copy_tensor). The arguments of that blocking call; None for any other
-    `.to()`."""
-    parsed = _parse_to(args, kwargs)
+    `.to()`. `parsed`: the call's _parse_to."""
     if parsed is None:
         return None
     device, dtype, non_blocking, memory_format = parsed
@@ -237,10 +235,11 @@ def _to(original):
             _refuse_non_strided(self, _parse_to(args, kwargs))
         if device_layout is None:
             if self.device.type == "spyre" and (args or kwargs) and not torch.compiler.is_compiling():
-                cast = _spyre_to_spyre_cast(self, args, kwargs)
+                parsed = _parse_to(args, kwargs)
+                cast = _spyre_to_spyre_cast(self, parsed)
                 if cast is not None:
                     return cast
-                blocking = _blocking_to_host(self, args, kwargs)
+                blocking = _blocking_to_host(parsed, args, kwargs)
                 if blocking is not None:
                     return original(self, *blocking[0], **blocking[1])
             return original(self, *args, **kwargs)
