@@ -182,3 +182,31 @@ def test_compiled_code_under_torch_testings_rng_freeze():
     torch._dynamo.reset()
     got = torch.compile(lambda t: wrapper_set_seed(torch.add, t, 1))(x)
     assert torch.equal(got.cpu(), (x + 1).cpu())
+
+
+def test_the_device_python_adds_no_graph_break_to_a_compiled_decoder():
+    """A tiny Llama with the adapters, compiled whole, breaks only where the adapters put host code: none of the
+    device's own Python (the patched Tensor.to, torch.spyre) splits the graph. Importing dynamo before the Tensor
+    patches once made it treat the patched Tensor.to as a skipped builtin, which doubled the graphs."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    import adapters
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        vocab_size=256,
+    )
+    model = LlamaForCausalLM(cfg).eval().half()
+    adapters.apply(model)
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    with torch.no_grad():
+        ids = torch.arange(16).unsqueeze(0)
+        torch.compile(model, backend="spyre", dynamic=False)(input_ids=ids, use_cache=False)
+    breaks = [str(k) for k in torch._dynamo.utils.counters["graph_break"]]
+    assert breaks and all("disable()" in b for b in breaks), breaks  # the adapters' host functions only
