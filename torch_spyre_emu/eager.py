@@ -20,7 +20,13 @@ from torch_spyre_emu import hints
 from torch_spyre_emu.compiler.capture import on_host_device
 from torch_spyre_emu.compiler.context import CompileOptions
 from torch_spyre_emu.compiler.pipeline import Compiled, compile_fn
-from torch_spyre_emu.errors import FallbackWarning, SpyreDeviceError, user_stacklevel
+from torch_spyre_emu.errors import (
+    FallbackWarning,
+    SpyreDeviceError,
+    SpyreError,
+    SpyreUnsupportedOpError,
+    user_stacklevel,
+)
 
 aten = torch.ops.aten
 _CACHE: dict[tuple, tuple[Compiled, list[str]]] = {}  # signature -> (program, its FallbackWarning messages)
@@ -95,11 +101,30 @@ def _compile_keeping_fallback_warnings(func, args, kwargs, tensors, options) -> 
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", FallbackWarning)
             compiled = compile_fn(_traced_op(func, args, kwargs), tensors, options)
+    except SpyreError:
+        raise
+    except Exception as e:
+        if _accelerator_only(func):
+            raise SpyreUnsupportedOpError(
+                f"{func} (a kernel torch has for accelerators only: the stack cannot trace it on the CPU) is "
+                "unsupported on Spyre: no lowering exists for it; run the module on the CPU or patch the model"
+            ) from e
+        raise
     finally:  # also when compilation raises (strict mode)
         for w in caught:
             if not issubclass(w.category, FallbackWarning):
                 warnings.warn_explicit(w.message, w.category, w.filename, w.lineno, source=w.source)
     return compiled, [str(w.message) for w in caught if issubclass(w.category, FallbackWarning)]
+
+
+def _accelerator_only(func) -> bool:
+    """An aten op with neither a CPU nor a composite kernel (LSTM's _thnn_fused_lstm_cell): torch runs it on
+    accelerators only, so tracing it on CPU fake tensors fails in torch's own code."""
+    name = getattr(func, "name", lambda: "")()
+    return bool(name) and not any(
+        torch._C._dispatch_has_kernel_for_dispatch_key(name, key)
+        for key in ("CPU", "CompositeImplicitAutograd", "CompositeExplicitAutograd")
+    )
 
 
 def _item(t: torch.Tensor):

@@ -509,3 +509,19 @@ def test_native_layer_norm_statistics_are_a_clear_compile_error():
             run()
     first = torch.compile(lambda t: torch.native_layer_norm(t, [64], w, b, 1e-5)[0])(x)
     assert torch.equal(first.cpu(), F.layer_norm(x, [64], w, b).cpu())
+
+
+def test_a_write_into_a_view_below_functionalization_is_an_error_not_garbage():
+    """F.pad's circular mode copies into slices of an empty tensor below functionalization; the capture once turned
+    those copies into dead functional ops and returned the empty tensor (zeros). Now it is a typed compile error;
+    eager, op by op, it runs."""
+    from torch_spyre_emu.errors import SpyreCompileError
+
+    x = torch.arange(6.0, dtype=torch.float16).reshape(1, 2, 3)
+
+    def pad(t):
+        return F.pad(t, (1, 2), mode="circular")
+
+    with pytest.raises(SpyreCompileError, match="writes into .* reads again afterwards"):
+        torch.compile(pad)(x.to("spyre"))
+    assert torch.equal(pad(x.to("spyre")).cpu(), pad(x))

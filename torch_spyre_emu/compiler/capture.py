@@ -338,16 +338,34 @@ def drop_leftover_inplace(gm: fx.GraphModule) -> None:
         if twin is None:
             continue
         mutated = node.args[0]
-        later = [u for u in mutated.users if u is not node and order[u] > order[node]]
-        if later or mutated.op == "placeholder":
+        aliases = _aliases(mutated)
+        later = [u for a in aliases for u in a.users if u is not node and order[u] > order[node]]
+        if later or any(a.op == "placeholder" for a in aliases):
             raise SpyreCompileError(
-                f"{node.target} mutates {mutated.name}, which is read again afterwards; the graph is not functional "
-                "(please report: capture should have removed this mutation)"
+                f"{node.target} writes into {mutated.name}, a tensor (or a view of one) the graph reads again "
+                "afterwards: a decomposition that torch runs below functionalization mutates it (F.pad's circular "
+                "mode does), and the graph cannot be made functional; compute that op on the CPU or avoid it"
             )
         node.target = twin
         changed = True
     if changed:
         gm.recompile()
+
+
+def _aliases(node: fx.Node) -> set[fx.Node]:
+    """`node`, the tensor it is a view of (through any chain of views), and every view of that base: a write into
+    one is a write into all (F.pad's circular mode copies into slices of an empty tensor it then returns)."""
+    base = node
+    while base.op == "call_function" and getattr(base.target, "is_view", False) and base.args:
+        base = base.args[0]
+    out, todo = set(), [base]
+    while todo:
+        n = todo.pop()
+        if n in out:
+            continue
+        out.add(n)
+        todo.extend(u for u in n.users if u.op == "call_function" and getattr(u.target, "is_view", False))
+    return out
 
 
 def retrace(gm: fx.GraphModule, table: dict) -> fx.GraphModule:
