@@ -9,6 +9,9 @@ inside the stack. Each op takes its first sample that runs on the CPU.
 This sweep found a segfault (to_sparse traced in dynamo's fake run), schema errors from the eager dispatch (x % 2,
 bernoulli_()), functionalization errors (cummax) and a placeholder object returned as a result (native_layer_norm's
 statistics). The default run takes every fifth op; the whole table is marked slow.
+
+torch's ModuleInfo samples (module_db) run the same way, every module in the default run; they found a compiled
+circular F.pad that returned zeros and untyped errors from GRU/LSTM's accelerator-only fused cells.
 """
 
 from __future__ import annotations
@@ -131,3 +134,53 @@ def test_fp32_values_match_the_cpu(key):
     assert len(got) == len(want)
     for g, w in zip(got, want, strict=True):
         torch.testing.assert_close(g.cpu(), w, atol=1e-3, rtol=1e-3, equal_nan=True)
+
+
+# --- torch's ModuleInfo samples (common_modules.module_db): nn modules, as upstream's test_modules runs them -------
+common_modules = pytest.importorskip("torch.testing._internal.common_modules")
+MODULES = {info.module_cls.__name__: info for info in common_modules.module_db}
+MODULE_NAMES = sorted(MODULES)  # all in the default run: about 110 modules, 20 s on two workers
+
+
+def _module_sample(name, dtype):
+    info = MODULES[name]
+    try:
+        inputs = info.module_inputs_func(info, device="cpu", dtype=dtype, requires_grad=False, training=False)
+    except Exception:  # noqa: BLE001 (a module torch gives no samples for this dtype)
+        pytest.skip(f"no {dtype} samples of {name}")
+    for sample in inputs:
+        try:
+            ctor, fwd = sample.constructor_input, sample.forward_input
+            module = info.module_cls(*ctor.args, **ctor.kwargs).to(dtype).eval()
+            with torch.no_grad():
+                return module, fwd.args, fwd.kwargs, module(*fwd.args, **fwd.kwargs)
+        except Exception:  # noqa: BLE001
+            continue
+    pytest.skip(f"no {dtype} sample of {name} runs on the CPU")
+
+
+@pytest.mark.parametrize("name", MODULE_NAMES)
+@pytest.mark.parametrize(
+    "dtype, compiled, tol",
+    [(torch.float32, False, 1e-3), (torch.float16, True, 0.05)],
+    ids=["fp32-eager", "fp16-compiled"],
+)
+def test_modules_run_and_match_the_cpu_or_raise_a_typed_error(name, dtype, compiled, tol):
+    """fp32 eager within 1e-3 of the CPU; fp16 compiled within 0.05 (DLFloat16 storage of every value)."""
+    module, args, kwargs, ref = _module_sample(name, dtype)
+    module = module.to("spyre")
+    try:
+        with torch.no_grad():
+            if compiled:
+                torch._dynamo.reset()
+                module = torch.compile(module)
+            out = module(*_on_spyre(args), **_on_spyre(kwargs))
+    except SpyreError:
+        return
+    except (torch._dynamo.exc.Unsupported, torch._dynamo.exc.UserError):
+        return
+    got = [t for t in torch.utils._pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
+    want = [t for t in torch.utils._pytree.tree_leaves(ref) if isinstance(t, torch.Tensor)]
+    assert len(got) == len(want)
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g.cpu(), w, atol=tol, rtol=tol, equal_nan=True)
