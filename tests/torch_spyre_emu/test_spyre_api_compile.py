@@ -188,20 +188,10 @@ def test_the_device_python_adds_no_graph_break_to_a_compiled_decoder():
     """A tiny Llama with the adapters, compiled whole, breaks only where the adapters put host code: none of the
     device's own Python (the patched Tensor.to, torch.spyre) splits the graph. Importing dynamo before the Tensor
     patches once made it treat the patched Tensor.to as a skipped builtin, which doubled the graphs."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
     import adapters
+    from models.tiny import tiny_llama
 
-    torch.manual_seed(0)
-    cfg = LlamaConfig(
-        hidden_size=128,
-        intermediate_size=256,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-        vocab_size=256,
-    )
-    model = LlamaForCausalLM(cfg).eval().half()
+    model = tiny_llama().half()
     adapters.apply(model)
     torch._dynamo.reset()
     torch._dynamo.utils.counters.clear()
