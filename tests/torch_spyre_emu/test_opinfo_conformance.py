@@ -27,7 +27,7 @@ common_methods_invocations = pytest.importorskip("torch.testing._internal.common
 from tests.marks import slow_where  # noqa: E402
 
 OPS = {(op.name, op.variant_test_name): op for op in common_methods_invocations.op_db}
-# random ops (values differ by construction) and ops whose sample passes an index tensor torch requires on the CPU
+# random ops: their values differ by construction
 RANDOM = {
     "bernoulli",
     "normal",
@@ -93,6 +93,15 @@ def _run(op, args, kwargs, compiled: bool):
         return op(*args, **kwargs)
 
 
+def _assert_matches(out, ref, tol: float) -> None:
+    """Every tensor of the spyre result `out` within `tol` (absolute and relative) of the CPU result `ref`."""
+    got = [t for t in torch.utils._pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
+    want = [t for t in torch.utils._pytree.tree_leaves(ref) if isinstance(t, torch.Tensor)]
+    assert len(got) == len(want)
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g.cpu(), w, atol=tol, rtol=tol, equal_nan=True)
+
+
 def _typed_or_runs(key, dtype, compiled):
     op = OPS[key]
     args, kwargs, _ = _first_sample(op, dtype)
@@ -129,11 +138,7 @@ def test_fp32_values_match_the_cpu(key):
         out = _run(op, args, kwargs, compiled=False)
     except SpyreError:
         pytest.skip("a typed gap (the error contract is the other tests')")
-    got = [t for t in torch.utils._pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
-    want = [t for t in torch.utils._pytree.tree_leaves(ref) if isinstance(t, torch.Tensor)]
-    assert len(got) == len(want)
-    for g, w in zip(got, want, strict=True):
-        torch.testing.assert_close(g.cpu(), w, atol=1e-3, rtol=1e-3, equal_nan=True)
+    _assert_matches(out, ref, 1e-3)
 
 
 # --- torch's ModuleInfo samples (common_modules.module_db): nn modules, as upstream's test_modules runs them -------
@@ -179,8 +184,4 @@ def test_modules_run_and_match_the_cpu_or_raise_a_typed_error(name, dtype, compi
         return
     except (torch._dynamo.exc.Unsupported, torch._dynamo.exc.UserError):
         return
-    got = [t for t in torch.utils._pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
-    want = [t for t in torch.utils._pytree.tree_leaves(ref) if isinstance(t, torch.Tensor)]
-    assert len(got) == len(want)
-    for g, w in zip(got, want, strict=True):
-        torch.testing.assert_close(g.cpu(), w, atol=tol, rtol=tol, equal_nan=True)
+    _assert_matches(out, ref, tol)
