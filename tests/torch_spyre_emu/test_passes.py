@@ -44,6 +44,44 @@ def test_scalars_become_zero_d_constants_and_tensor_overloads():
     assert all(c.program.buffers[n].dtype == "dl16" for n in consts)
 
 
+def test_a_scalar_constant_takes_the_promoted_dtype_not_the_tensors():
+    # int32 + 2.5 computes in fp32: the constant is 2.5, not the 2 an int32 constant would hold
+    c = build(lambda x: x + 2.5, meta(4, 64, dtype=torch.int32))
+    ((name, value),) = c.program.constants.items()
+    assert float(np.asarray(value)) == 2.5 and c.program.buffers[name].dtype == "fp32"
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [lambda a: a + 2.5, lambda a: 2.5 + a, lambda a: a * 0.5, lambda a: a == 2.0, lambda a: a > 0.5],
+    ids=["add", "radd", "mul", "eq", "gt"],
+)
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64, torch.bool])
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_a_number_beside_an_integer_or_bool_tensor_keeps_its_value(fn, dtype, compiled):
+    import warnings
+
+    a = torch.tensor([[-3, -1, 0, 1, 2, 7]]).to(dtype)
+    torch._dynamo.reset()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        got = (torch.compile(fn) if compiled else fn)(a.to("spyre"))
+    assert got.dtype == fn(a).dtype
+    assert torch.equal(got.cpu(), fn(a))
+
+
+@pytest.mark.parametrize("fn", [lambda a: a + 2, lambda a: a * 3, lambda a: a**2, lambda a: a.square()])
+def test_bool_arithmetic_with_an_int_promotes_to_int64_compiled(fn):
+    import warnings
+
+    a = torch.tensor([[True, False, True]])
+    torch._dynamo.reset()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        got = torch.compile(fn)(a.to("spyre"))
+    assert got.dtype == torch.int64 and torch.equal(got.cpu(), fn(a))
+
+
 def test_mm_becomes_bmm_and_addmm_decomposes():
     c = build(lambda x, w, b: torch.addmm(b, x, w), meta(8, 64), meta(64, 32), meta(32))
     t = targets(c)

@@ -138,7 +138,8 @@ def pow_scalar(x, exponent):
     rewrite = POW_REWRITES.get(exponent)
     if rewrite is None:
         return NotImplemented
-    return rewrite(x)
+    promoted = torch.result_type(x, exponent)  # bool ** 2 is int64, as torch computes it
+    return rewrite(x if x.dtype == promoted else x.to(promoted))
 
 
 def log_softmax(x, dim, half_to_float=False):

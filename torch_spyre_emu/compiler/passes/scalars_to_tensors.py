@@ -1,6 +1,8 @@
 """Scalars -> 1-element tensors (torch-spyre's convert_constant_with_graph_node, STACK §1.3 / §4 checklist 2):
 the hardware has no scalar immediates, so every Python-number operand of a pointwise op becomes a 0-d constant
-tensor of the op's dtype, and `.Scalar` overloads become `.Tensor` ones."""
+tensor, and `.Scalar` overloads become `.Tensor` ones. The constant takes the dtype the op computes in (torch's type
+promotion of the tensor and the number), not the tensor's: `int_x + 2.5` adds 2.5, not 2, and `bool_x + 2` adds the
+integer 2, as Inductor's constants do."""
 
 from __future__ import annotations
 
@@ -36,6 +38,14 @@ TENSOR_OVERLOAD = {
 }
 
 
+def _computed_in(node: fx.Node, ref: fx.Node, number) -> torch.dtype:
+    """The dtype `node` computes in: where's is its result's; the others promote their tensor with the number
+    (a comparison computes in that dtype too, though its result is bool)."""
+    if node.target.overloadpacket is aten.where:
+        return node.meta["val"].dtype
+    return torch.result_type(ref.meta["val"], number)
+
+
 def scalars_to_tensors(gm: fx.GraphModule, options=None) -> fx.GraphModule:
     g = gm.graph
     mode = gm.meta["fake_mode"]
@@ -48,15 +58,12 @@ def scalars_to_tensors(gm: fx.GraphModule, options=None) -> fx.GraphModule:
         ref = next((a for a in node.args if isinstance(a, fx.Node)), None)
         if ref is None:
             continue
-        dtype = ref.meta["val"].dtype
-        if node.target.overloadpacket is aten.where:
-            dtype = node.meta["val"].dtype
         new_args = []
         for a in node.args:
             if isinstance(a, int | float | bool) and not isinstance(a, fx.Node):
                 name = f"_scalar_{count}"
                 count += 1
-                value = torch.tensor(a, dtype=dtype)
+                value = torch.tensor(a, dtype=_computed_in(node, ref, a))
                 gm.register_buffer(name, value)
                 with g.inserting_before(node):
                     c = g.get_attr(name)
