@@ -82,6 +82,27 @@ def test_bool_arithmetic_with_an_int_promotes_to_int64_compiled(fn):
     assert got.dtype == torch.int64 and torch.equal(got.cpu(), fn(a))
 
 
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_sum_with_an_integer_dtype_truncates_before_it_sums(compiled):
+    import warnings
+
+    x = torch.tensor([[1.7, -1.7, 2.2], [0.6, 0.6, 0.6]])  # summed first this would be 2 and 1; torch gives 2, 0
+
+    def fn(a):
+        return a.sum(-1, dtype=torch.int64)
+
+    torch._dynamo.reset()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        got = (torch.compile(fn) if compiled else fn)(x.to("spyre"))
+    assert torch.equal(got.cpu(), fn(x))
+
+
+def test_a_widening_sum_dtype_stays_one_reduction():
+    c = build(lambda x: x.sum(-1, dtype=torch.float32), meta(4, 64))
+    assert [k.op for k in kernels(c)] == ["reduce"]
+
+
 def test_mm_becomes_bmm_and_addmm_decomposes():
     c = build(lambda x, w, b: torch.addmm(b, x, w), meta(8, 64), meta(64, 32), meta(32))
     t = targets(c)

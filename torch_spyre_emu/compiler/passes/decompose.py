@@ -1,6 +1,6 @@
 """Decompositions torch-spyre does itself (STACK §1.7): addmm -> matmul + scale + add (baddbmm alike); linear
 (already t + addmm after capture); SDPA (under each of its kernels' names) -> the explicit QK^T.V math path;
-rms_norm; pow with small exponents; log_softmax; conv2d -> im2col (a CPU island) + bmm. And those Inductor's
+rms_norm; pow with small exponents; log_softmax; a sum whose dtype= changes values (cast, then sum); conv2d -> im2col (a CPU island) + bmm. And those Inductor's
 own table (torch._inductor.decomposition.select_decomp_table) does before Spyre codegen sees the graph, of ops the
 core-aten table keeps whole: linalg_vector_norm (torch._refs), repeat (expand + copy), inference batch norm and the
 clamp-shaped activations (INDUCTOR_DECOMPOSITIONS). layer_norm is captured as native_layer_norm and lowered whole
@@ -142,6 +142,20 @@ def pow_scalar(x, exponent):
     return rewrite(x if x.dtype == promoted else x.to(promoted))
 
 
+def _widens(src: torch.dtype, dst: torch.dtype) -> bool:
+    """Whether every src value is a dst value (fp16 -> fp32, bool -> int): a reduction that reads src and writes
+    dst then sums the same numbers as one that casts first."""
+    return torch.promote_types(src, dst) == dst and (dst.is_floating_point or not src.is_floating_point)
+
+
+def sum_in_dtype(x, dims=None, keepdim=False, *, dtype=None):
+    """sum(x, dtype=d) sums x.to(d) (torch's rule): a cast that changes values (float -> int truncates, fp32 ->
+    fp16 rounds) comes first, through the cast table, as Inductor's to_dtype does."""
+    if dtype is None or _widens(x.dtype, dtype):
+        return NotImplemented
+    return torch.sum(x.to(dtype), dims, keepdim) if dims is not None else torch.sum(x.to(dtype))
+
+
 def log_softmax(x, dim, half_to_float=False):
     return torch.log(torch.softmax(x, dim))
 
@@ -232,6 +246,8 @@ SPYRE_DECOMPOSITIONS = {
     aten._fused_rms_norm.default: fused_rms_norm,
     aten.pow.Tensor_Scalar: pow_scalar,
     aten._log_softmax.default: log_softmax,
+    aten.sum.dim_IntList: sum_in_dtype,
+    aten.sum.default: sum_in_dtype,
     aten.repeat.default: repeat,
     aten.linalg_vector_norm.default: torch._refs.linalg.vector_norm,  # Inductor's decomposition
     aten.convolution.default: conv2d_as_matmul,
