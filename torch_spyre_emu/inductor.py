@@ -19,8 +19,17 @@ _installed = False
 _log = logging.getLogger("spyre.inductor")
 
 
-def _has_spyre_tensor(example_inputs) -> bool:
-    return any(isinstance(x, torch.Tensor) and x.device.type == "spyre" for x in example_inputs)
+def _is_spyre(x) -> bool:
+    return isinstance(x, torch.Tensor) and x.device.type == "spyre"
+
+
+def _on_spyre(gm: torch.fx.GraphModule, example_inputs) -> bool:
+    """A graph for the spyre device: a spyre input, or (a graph with no inputs on spyre, e.g. one that only builds
+    `torch.full(..., device="spyre")`) a value dynamo saw on spyre."""
+    if any(_is_spyre(x) for x in example_inputs):
+        return True
+    values = (n.meta.get("example_value") for n in gm.graph.nodes)
+    return any(_is_spyre(leaf) for v in values for leaf in torch.utils._pytree.tree_leaves(v))
 
 
 def install() -> None:
@@ -33,7 +42,7 @@ def install() -> None:
 
     @functools.wraps(original)
     def __call__(self, model_, inputs_):
-        if _has_spyre_tensor(inputs_):
+        if _on_spyre(model_, inputs_):
             from torch_spyre_emu.compiler import spyre_backend
 
             _log.info("compiling a graph of %d nodes for spyre", len(model_.graph.nodes))

@@ -55,6 +55,25 @@ def test_plain_torch_compile_of_a_function_on_spyre_tensors():
     assert got.device.type == "spyre" and torch.equal(got.cpu(), want.cpu())
 
 
+def test_plain_torch_compile_of_a_graph_with_no_spyre_input_that_builds_spyre_tensors():
+    # dynamo drops the unused input, so the graph has none; it used to reach Inductor (KeyError: 'spyre')
+    a = torch.ones(2, dtype=torch.float16).to("spyre")
+    torch._dynamo.reset()
+    got = torch.compile(lambda t: torch.full((2, 3), 1.5, dtype=torch.float16, device=t.device))(a)
+    assert got.device.type == "spyre" and torch.equal(got.cpu(), torch.full((2, 3), 1.5, dtype=torch.float16))
+
+
+def test_a_compiled_graph_that_moves_data_returns_each_output_where_torch_puts_it():
+    x = torch.tensor([1.0, 2.0, 3.0], dtype=torch.float16)
+    torch._dynamo.reset()
+    up = torch.compile(lambda t: t.to("spyre") + 1)(x)  # used to come back on the cpu
+    assert up.device.type == "spyre" and torch.equal(up.cpu(), x + 1)
+    torch._dynamo.reset()
+    kept, down = torch.compile(lambda t: (t + 1, (t * 2).cpu()))(x.to("spyre"))  # both used to be on spyre
+    assert kept.device.type == "spyre" and down.device.type == "cpu"
+    assert torch.equal(kept.cpu(), x + 1) and torch.equal(down, x * 2)
+
+
 def test_inductor_config_module_is_importable_where_the_real_stack_has_it():
     import torch_spyre_emu.inductor_config as ours
     from torch_spyre._inductor import config

@@ -51,6 +51,7 @@ class GraphRunner:
         self.has_collectives = any(
             n.op == "call_function" and is_collective(n.target) for n in gm.graph.nodes
         )
+        self.output_devices = _recorded_output_devices(gm)
 
     def compiled_for(self, args: list) -> Compiled:
         options = self.options_for(args)
@@ -99,7 +100,38 @@ class GraphRunner:
         slot = self.disk_slots.get(id(compiled))
         if slot is not None:  # the first run's timing report goes into the entry too
             slot.update_timings(compiled)
-        return outputs
+        return self._on_recorded_devices(outputs)
+
+    def _on_recorded_devices(self, outputs):
+        """A graph that moves data itself (`x.to("spyre")` of a CPU input, `.cpu()` of a result) returns each
+        output on the device dynamo recorded for it, as Inductor's device copies do; the program computed them
+        all on the card (values after a `.cpu()` are DL16-rounded, where Inductor would run that tail on the CPU)."""
+        if not self.output_devices:
+            return outputs
+        leaves, spec = torch.utils._pytree.tree_flatten(outputs)
+        if len(leaves) != len(self.output_devices):
+            return outputs
+        moved = [
+            x.to(device)
+            if isinstance(x, torch.Tensor) and device is not None and x.device.type != device.type
+            else x
+            for x, device in zip(leaves, self.output_devices, strict=True)
+        ]
+        return torch.utils._pytree.tree_unflatten(moved, spec)
+
+
+def _recorded_output_devices(gm: fx.GraphModule) -> list[torch.device | None]:
+    """The device dynamo recorded for each flat output of `gm`; empty when every output is on one device type, the
+    case in which the runner's choice (spyre inputs: spyre outputs; CPU inputs: CPU outputs) is already right."""
+    out = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
+    leaves = torch.utils._pytree.tree_leaves(out.args[0])
+    values = [n.meta.get("example_value") if isinstance(n, fx.Node) else None for n in leaves]
+    devices = [v.device if isinstance(v, torch.Tensor) else None for v in values]
+    inputs = [n.meta.get("example_value") for n in gm.graph.nodes if n.op == "placeholder"]
+    types = {d.type for d in devices if d is not None} | {
+        v.device.type for v in inputs if isinstance(v, torch.Tensor)
+    }
+    return devices if len(types) > 1 else []
 
 
 def spyre_backend(gm: fx.GraphModule, example_inputs, **kwargs):
