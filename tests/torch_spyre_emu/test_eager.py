@@ -257,3 +257,31 @@ def test_new_shapes_recompile_as_static_programs():
     ):  # dynamo goes symbolic after the second shape; each call still gets a static program
         x = torch.randn(n, 64, dtype=torch.float16)
         assert torch.allclose(f(x).float(), torch.softmax(x.float() * 2, -1).sum(0), atol=5e-3)
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda x, d: torch.add(x, x, out=torch.empty(4, 64, dtype=torch.int64, device=d)),  # fp16 -> int64
+        lambda x, d: torch.mm(x, x.t(), out=torch.empty(4, 4, dtype=torch.float32, device=d)),  # mm wants fp16
+        lambda x, d: torch.argmax(x, 1, out=torch.empty(4, dtype=torch.float16, device=d)),  # wants int64
+        lambda x, d: torch.where(x > 0, x, x, out=torch.empty(4, 64, dtype=torch.int64, device=d)),
+    ],
+    ids=["add_to_int", "mm_to_fp32", "argmax_to_fp16", "where_to_int"],
+)
+def test_an_out_tensor_of_a_dtype_torch_refuses_raises_as_on_the_cpu(call):
+    x = torch.randn(4, 64, dtype=torch.float16)
+    with pytest.raises(RuntimeError):
+        call(x, "cpu")
+    with pytest.raises(RuntimeError):  # the device used to cast the result into it
+        call(x.to("spyre"), "spyre")
+
+
+def test_an_out_tensor_of_a_dtype_the_result_casts_to_takes_it():
+    x = torch.randn(4, 64, dtype=torch.float16)
+    out = torch.empty(4, 64, dtype=torch.float32, device="spyre")
+    torch.add(x.to("spyre"), x.to("spyre"), out=out)
+    assert out.dtype == torch.float32 and torch.allclose(out.cpu(), (x + x).float(), atol=0.02)
+    total = torch.empty(4, dtype=torch.float32, device="spyre")
+    torch.sum(x.to("spyre"), 1, out=total)  # a reduction's out dtype is its accumulation dtype
+    assert torch.allclose(total.cpu(), x.float().sum(1), atol=0.1)

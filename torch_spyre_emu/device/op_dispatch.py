@@ -164,6 +164,8 @@ def run_on_device(op, args, kwargs):
     mutated = _mutated_args(op)
     target = functional if functional is not None else op
     if functional is not None and mutated:
+        if any(kwarg_only for _, _, kwarg_only in mutated):
+            _check_out_arguments(op, args, kwargs)
         fargs, fkwargs = _functional_args(op, functional, args, kwargs)
     else:
         fargs, fkwargs = args, kwargs
@@ -173,6 +175,25 @@ def run_on_device(op, args, kwargs):
     if functional is None or not mutated:
         return result
     return _write_back(op, mutated, args, kwargs, result)
+
+
+def _check_out_arguments(op, args, kwargs) -> None:
+    """torch's checks of an out= call (an out dtype the result cannot be cast to, mm's exact out dtype, ...): the
+    call runs first on meta tensors of the same shapes, strides and dtypes, whose kernels make those checks, and
+    their RuntimeError is raised as is. An op without a meta kernel is not checked."""
+
+    def as_meta(x):
+        if isinstance(x, torch.Tensor):
+            return torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device="meta")
+        return x
+
+    margs, mkwargs = torch.utils._pytree.tree_map(as_meta, (args, kwargs))
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the resize warning is the device kernel's to give
+            op(*margs, **mkwargs)
+    except (NotImplementedError, torch._subclasses.fake_tensor.UnsupportedOperatorException):
+        return
 
 
 @functools.cache
