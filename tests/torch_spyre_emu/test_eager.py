@@ -285,3 +285,41 @@ def test_an_out_tensor_of_a_dtype_the_result_casts_to_takes_it():
     total = torch.empty(4, dtype=torch.float32, device="spyre")
     torch.sum(x.to("spyre"), 1, out=total)  # a reduction's out dtype is its accumulation dtype
     assert torch.allclose(total.cpu(), x.float().sum(1), atol=0.1)
+
+
+def test_layer_norm_on_spyre_is_differentiable_and_its_gradients_match_the_cpu():
+    # layer_norm runs whole on the device; registering it for the backend used to leave its autograd to torch's
+    # "not implemented" fallback: backward gave no gradients at all, with only a warning
+    torch.manual_seed(0)
+    cpu = torch.nn.LayerNorm(64)
+    with torch.no_grad():
+        cpu.weight.normal_()
+        cpu.bias.normal_()
+    dev = torch.nn.LayerNorm(64)
+    dev.load_state_dict(cpu.state_dict())
+    dev.to("spyre")
+    x = torch.randn(4, 64)
+    x_dev = x.to("spyre").requires_grad_()
+    x_cpu = x.clone().requires_grad_()
+    (dev(x_dev) ** 2).sum().backward()
+    (cpu(x_cpu) ** 2).sum().backward()
+    for got, want in ((x_dev.grad, x_cpu.grad), (dev.weight.grad, cpu.weight.grad), (dev.bias.grad, cpu.bias.grad)):
+        assert got is not None and got.device.type == "spyre"
+        assert torch.allclose(got.cpu(), want, atol=1e-4, rtol=1e-4)
+
+
+def test_layer_norm_inference_stays_one_device_kernel_with_or_without_grad_mode():
+    m = torch.nn.LayerNorm(64).half().to("spyre")  # its parameters require grad: the differentiable path
+    x = torch.randn(4, 64, dtype=torch.float16).to("spyre")
+    y = m(x)
+    assert [s.op for s in torch_spyre_emu.last_profile().steps] == ["layernorm"]
+    with torch.no_grad():
+        z = m(x)
+    assert z.grad_fn is None and torch.equal(y.detach().cpu(), z.cpu())
+
+
+def test_a_backward_through_sdpa_is_a_typed_error_not_missing_gradients():
+    q = torch.randn(1, 2, 8, 64).to("spyre").requires_grad_()
+    out = torch.nn.functional.scaled_dot_product_attention(q, q, q)
+    with pytest.raises(SpyreUnsupportedOpError):
+        out.sum().backward()  # its math path needs ops the device lacks

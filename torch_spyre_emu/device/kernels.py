@@ -185,6 +185,66 @@ def _whole(name: str):
     return kernel
 
 
+def _layer_norm_math(x, normalized_shape, weight=None, bias=None, eps=1e-5, cudnn_enable=True):
+    """layer_norm in ops that each have a derivative and run on the device (mean, sub, mul, rsqrt, add)."""
+    dims = tuple(range(-len(normalized_shape), 0))
+    centered = x - x.mean(dims, keepdim=True)
+    y = centered * torch.rsqrt((centered * centered).mean(dims, keepdim=True) + eps)
+    y = y if weight is None else y * weight
+    return y if bias is None else y + bias
+
+
+# How the backward of a whole op is taken: the math it recomputes with autograd on (torch's own composite for SDPA).
+_BACKWARD_MATH = {
+    "layer_norm": _layer_norm_math,
+    "scaled_dot_product_attention": torch.ops.aten.scaled_dot_product_attention.default.decompose,
+}
+
+
+class _WholeOp(torch.autograd.Function):
+    """A CompositeImplicitAutograd op run whole on the device, differentiable: registering a backend kernel for
+    such an op leaves its autograd to torch's "not implemented" fallback, and a backward through it gave no
+    gradients (a warning only). Forward: the whole op, as inference runs it; backward: its math recomputed with
+    autograd, each piece on the device (an op the device lacks is a typed error there, not a silent None)."""
+
+    @staticmethod
+    def forward(ctx, name, spec, *leaves):
+        ctx.name, ctx.spec = name, spec
+        ctx.save_for_backward(*(t for t in leaves if isinstance(t, torch.Tensor)))
+        ctx.leaves = [None if isinstance(t, torch.Tensor) else t for t in leaves]
+        args, kwargs = torch.utils._pytree.tree_unflatten(list(leaves), spec)
+        with torch._C._AutoDispatchBelowAutograd():
+            return getattr(torch.ops.aten, name).default(*args, **kwargs)
+
+    @staticmethod
+    def backward(ctx, grad):
+        saved = iter(t.detach().requires_grad_(t.is_floating_point()) for t in ctx.saved_tensors)
+        leaves = [next(saved) if t is None else t for t in ctx.leaves]
+        wanted = [i for i, t in enumerate(leaves) if isinstance(t, torch.Tensor) and ctx.needs_input_grad[i + 2]]
+        args, kwargs = torch.utils._pytree.tree_unflatten(leaves, ctx.spec)
+        with torch.enable_grad():
+            out = _BACKWARD_MATH[ctx.name](*args, **kwargs)
+            grads = torch.autograd.grad(out, [leaves[i] for i in wanted], grad, allow_unused=True)
+        result = [None] * len(leaves)
+        for i, g in zip(wanted, grads, strict=True):
+            result[i] = g
+        return (None, None, *result)
+
+
+def _differentiable_whole(name: str):
+    """The AutogradPrivateUse1 kernel of a whole CompositeImplicitAutograd op (_WholeOp)."""
+    op = getattr(torch.ops.aten, name).default
+
+    def kernel(*args, **kwargs):
+        leaves, spec = torch.utils._pytree.tree_flatten((args, kwargs))
+        if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in leaves):
+            return _WholeOp.apply(name, spec, *leaves)
+        with torch._C._AutoDispatchBelowAutograd():
+            return op(*args, **kwargs)
+
+    return kernel
+
+
 def install() -> None:
     """Register the plumbing kernels and the catch-all fallback for PrivateUse1 (once)."""
     if _libraries:
@@ -194,6 +254,8 @@ def install() -> None:
         lib.impl(name, fn, "PrivateUse1")
     for name in WHOLE_OPS:
         lib.impl(name, _whole(name), "PrivateUse1")
+        if name in _BACKWARD_MATH:  # CompositeImplicitAutograd ops: their autograd is ours to give
+            lib.impl(name, _differentiable_whole(name), "AutogradPrivateUse1")
     fallback = torch.library.Library("_", "IMPL")
     fallback.fallback(op_dispatch.fallback, dispatch_key="PrivateUse1", with_keyset=True)
     _libraries.extend([lib, fallback])

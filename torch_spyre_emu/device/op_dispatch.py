@@ -180,18 +180,24 @@ def run_on_device(op, args, kwargs):
 def _check_out_arguments(op, args, kwargs) -> None:
     """torch's checks of an out= call (an out dtype the result cannot be cast to, mm's exact out dtype, ...): the
     call runs first on meta tensors of the same shapes, strides and dtypes, whose kernels make those checks, and
-    their RuntimeError is raised as is. An op without a meta kernel is not checked."""
+    their RuntimeError is raised as is. The out tensors are given empty, so the meta run does not warn of a resize
+    (the device kernel does; catching warnings here would reset the "once" filters). An op without a meta kernel is
+    not checked."""
+    out_names = {name for _, name, kwarg_only in _mutated_args(op) if kwarg_only}
 
-    def as_meta(x):
+    def as_meta(x, empty=False):
         if isinstance(x, torch.Tensor):
+            if empty:
+                return torch.empty(0, dtype=x.dtype, device="meta")
             return torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device="meta")
         return x
 
-    margs, mkwargs = torch.utils._pytree.tree_map(as_meta, (args, kwargs))
+    margs = torch.utils._pytree.tree_map(as_meta, args)
+    mkwargs = {
+        k: torch.utils._pytree.tree_map(lambda x, out=k in out_names: as_meta(x, out), v) for k, v in kwargs.items()
+    }
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # the resize warning is the device kernel's to give
-            op(*margs, **mkwargs)
+        op(*margs, **mkwargs)
     except (NotImplementedError, torch._subclasses.fake_tensor.UnsupportedOperatorException):
         return
 
