@@ -19,7 +19,7 @@ import torch
 from torch_spyre_emu import hints
 from torch_spyre_emu.compiler.capture import on_host_device
 from torch_spyre_emu.compiler.context import CompileOptions
-from torch_spyre_emu.compiler.pipeline import Compiled, compile_fn
+from torch_spyre_emu.compiler.pipeline import Compiled, compile_fn, compile_lock
 from torch_spyre_emu.errors import (
     FallbackWarning,
     SpyreDeviceError,
@@ -97,8 +97,8 @@ def _compile_keeping_fallback_warnings(func, args, kwargs, tensors, options) -> 
     """compile_fn, with the FallbackWarnings it raises held back (run_op gives them on every call) and any other
     warning passed on once, as raised."""
     caught: list = []
-    try:
-        with warnings.catch_warnings(record=True) as caught:
+    try:  # under the compile lock: catch_warnings swaps process-wide state, as FX tracing does (compile_fn)
+        with compile_lock, warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", FallbackWarning)
             compiled = compile_fn(_traced_op(func, args, kwargs), tensors, options)
     except SpyreError:

@@ -323,3 +323,30 @@ def test_a_backward_through_sdpa_is_a_typed_error_not_missing_gradients():
     out = torch.nn.functional.scaled_dot_product_attention(q, q, q)
     with pytest.raises(SpyreUnsupportedOpError):
         out.sum().backward()  # its math path needs ops the device lacks
+
+
+def test_threads_compiling_eager_ops_at_once_do_not_break_each_other():
+    # each thread's first calls trace new programs; FX tracing is process-wide state, so unserialized traces
+    # failed ("CURRENT_PATCHER is None in finally block")
+    import threading
+
+    errors = []
+
+    def work(seed):
+        try:
+            g = torch.Generator().manual_seed(seed)
+            for j in range(6):
+                n = 64 + 8 * seed + j  # shapes no other thread uses: every call compiles
+                a = torch.randn(4, n, generator=g, dtype=torch.float16)
+                got = (a.to("spyre") * 2).relu().sum(-1).cpu()
+                if not torch.allclose(got.float(), (a.float() * 2).relu().sum(-1), atol=0.5, rtol=0.02):
+                    errors.append(("wrong", seed, j))
+        except Exception as e:  # noqa: BLE001 (any error in a thread is the failure)
+            errors.append((seed, type(e).__name__, str(e)[:200]))
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch.fx as fx
+from torch._dynamo.convert_frame import compile_lock
 
 from aiu_sim.ir.program import KernelProgram, step_reads, step_writes
 from torch_spyre_emu import debug, hints
@@ -100,10 +101,14 @@ def run_kernel_passes(parts: ProgramParts, options: CompileOptions) -> ProgramPa
 
 
 def compile_fn(fn, inputs: Sequence[object], options: CompileOptions) -> Compiled:
-    """Capture `fn` (a dynamo GraphModule or any callable) on `inputs` and compile it to a KernelProgram."""
-    gm = capture(fn, inputs)
-    debug.after_pass("capture", gm)
-    return compile_graph(gm, options)
+    """Capture `fn` (a dynamo GraphModule or any callable) on `inputs` and compile it to a KernelProgram.
+
+    Under dynamo's compile lock, as the real stack's compiles (its eager ops compile through torch.compile): FX
+    tracing is process-wide state, so two threads tracing at once broke each other ("CURRENT_PATCHER is None")."""
+    with compile_lock:
+        gm = capture(fn, inputs)
+        debug.after_pass("capture", gm)
+        return compile_graph(gm, options)
 
 
 def compile_graph(gm: fx.GraphModule, options: CompileOptions) -> Compiled:
