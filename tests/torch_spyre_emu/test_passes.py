@@ -297,3 +297,23 @@ def test_lx_planning_sends_what_does_not_fit_to_dram():
     c = build(lambda x: torch.exp(x * 2.0) + 1.0, meta(8192, 8192))  # 4 MiB per core > 1.6 MiB of LX
     inter = [b for n, b in c.program.buffers.items() if n.startswith("buf")]
     assert inter and all(b.placement == "dram" for b in inter)
+
+
+@pytest.mark.parametrize(
+    "fn, shapes",
+    [
+        (lambda a: a.sum(0), [(0, 64)]),
+        (lambda a: a.sum(), [(0, 64)]),
+        (lambda a: a.mean(0), [(0, 64)]),
+        (lambda a, b: a @ b, [(4, 0), (0, 8)]),
+    ],
+    ids=["sum_dim", "sum_all", "mean_nan", "mm_k0"],
+)
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_a_reduction_over_an_empty_dim_is_its_identity(fn, shapes, compiled):
+    # it was a SpyreCompileError (a kernel with an empty loop); torch gives 0 (NaN for a mean)
+    args = [torch.randn(s, dtype=F16) for s in shapes]
+    torch._dynamo.reset()
+    got = (torch.compile(fn) if compiled else fn)(*[a.to("spyre") for a in args])
+    want = fn(*args)
+    assert got.shape == want.shape and torch.allclose(got.cpu(), want, equal_nan=True)

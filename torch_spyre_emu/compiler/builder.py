@@ -14,6 +14,9 @@ from torch_spyre_emu.compiler.views import TRef
 from torch_spyre_emu.device.host_dtypes import TORCH_TO_FORMAT
 from torch_spyre_emu.errors import SpyreCompileError
 
+# The value of a reduction over no elements (torch's: sum and matmul 0, mean NaN; max/min raise before lowering).
+EMPTY_REDUCTION_VALUE = {"sum": 0.0, "sumsq": 0.0, "mean": float("nan"), "matmul": 0.0}
+
 
 @dataclass
 class HostSpec:
@@ -78,6 +81,8 @@ class Builder:
             name, op, inputs, outputs, dict(space), fn=fn, reduce_dims=tuple(reduce_dims), attrs=attrs or {}
         )
         k.attrs.setdefault("source", self.node_name)
+        if any(space[d] == 0 for d in reduce_dims):
+            k = self._empty_reduction(k)
         if self.node_hint and outputs:
             out = outputs[0]
             resolved = hints.resolve(
@@ -89,11 +94,20 @@ class Builder:
             self.steps.append(k)
             return k
         # an output dim of extent 0 writes no element (an empty tensor's fill or copy): no step, as torch runs no
-        # kernel for it; an empty output buffer is its own (empty) value. A 0-extent reduce dim writes its identity
+        # kernel for it; an empty output buffer is its own (empty) value (a 0-extent reduce dim: _empty_reduction)
         for a in outputs:
             if 0 in self.buffers[a.buffer].shape:
                 self.empty_value(a.buffer)
         return k
+
+    def _empty_reduction(self, k: Kernel) -> Kernel:
+        """A sum, mean or matmul over a dim of extent 0 (a (0, n) sum, a K=0 matmul) is its identity, as torch and
+        Inductor give it: a fill of its output (0; NaN for a mean), not a kernel with an empty loop."""
+        identity = EMPTY_REDUCTION_VALUE.get(k.fn if k.op == "reduce" else k.op)
+        if identity is None:
+            raise SpyreCompileError(f"{k.name}: a {k.op} {k.fn or ''} over an empty dim has no value")
+        space = {d: n for d, n in k.space.items() if d not in k.reduce_dims}
+        return Kernel(k.name, "fill", [], k.outputs, space, attrs={**k.attrs, "value": identity})
 
     def empty_value(self, name: str) -> None:
         """An empty buffer is its own (empty) value: no step writes it, so it is a constant (a read of it is defined)."""
