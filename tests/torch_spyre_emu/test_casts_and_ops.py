@@ -495,6 +495,16 @@ def test_layout_changing_ops_are_typed_gaps_eager_and_compiled():
             run()
 
 
+@pytest.mark.parametrize("fn", [lambda t: torch.geqrf(t)[0] + 1, lambda t: torch.histogram(t, 4)[0]])
+def test_an_op_without_a_meta_kernel_compiled_is_a_typed_gap_not_a_crash(fn):
+    # dynamo's fake tensors run such an op on real zero tensors of the device; the emulator compiled it right there,
+    # inside dynamo's trace, and the process died (a segfault). Now dynamo breaks the graph and the op fails typed
+    x = torch.randn(5, 5).to("spyre")
+    torch._dynamo.reset()
+    with pytest.raises(SpyreUnsupportedOpError):
+        torch.compile(fn)(x)
+
+
 def test_native_layer_norm_statistics_are_a_clear_compile_error():
     """The device's layer norm gives the normalized output only (the stack's layernorm custom ops); asking for
     native_layer_norm's saved mean / rstd is a typed error, not a placeholder object in the result."""

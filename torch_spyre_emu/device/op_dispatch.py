@@ -447,6 +447,12 @@ def fallback(keyset, op, *args, **kwargs):
         return inplace_view(op, args, kwargs)
     if op.is_view:
         return meta_view(op, args, kwargs)
+    if torch.compiler.is_compiling():
+        # torch's fake tensors run an op that has no meta kernel (geqrf, histogram) on real zero tensors of its
+        # device while dynamo traces; compiling it here, inside dynamo's trace, crashed the process (a segfault).
+        # NotImplementedError is what a device without the kernel raises there: dynamo breaks the graph, and the
+        # op runs eagerly, where the stack's typed error (or its CPU fallback) comes as for any eager op.
+        raise NotImplementedError(f"{op}: the spyre kernel is not run while torch.compile traces")
     op, args = _unwrapped_numbers(op, args)
     _check_one_device(op, args, kwargs)
     return run_on_device(op, args, kwargs)
