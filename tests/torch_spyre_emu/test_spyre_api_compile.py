@@ -219,3 +219,19 @@ def test_the_device_python_adds_no_graph_break_to_a_compiled_decoder():
         torch.compile(model, backend="spyre", dynamic=False)(input_ids=ids, use_cache=False)
     breaks = [str(k) for k in torch._dynamo.utils.counters["graph_break"]]
     assert breaks and all("disable()" in b for b in breaks), breaks  # the adapters' host functions only
+
+
+def test_compile_with_dynamic_true_passes_a_float_attribute_as_its_value():
+    # dynamic=True hands LayerNorm's eps to the graph as a 0-d CPU tensor read with .item(); that was a
+    # SpyreCompileError ("a value read from a tensor decides a shape"). Each eps value gets its own program
+    x = torch.randn(4, 64, dtype=torch.float16)
+    for eps in (1e-5, 0.5):
+        model = torch.nn.LayerNorm(64, eps=eps)
+        want = model(x.float())
+        model.half().to("spyre")
+        torch._dynamo.reset()
+        compiled = torch.compile(model, dynamic=True)
+        got = compiled(x.to("spyre"))
+        assert torch.allclose(got.cpu().float(), want, atol=0.02)
+        model.eps = 2.0  # a new value: a new program, not the first one's
+        assert torch.allclose(compiled(x.to("spyre")).cpu().float(), model.float().cpu()(x.float()), atol=0.02)

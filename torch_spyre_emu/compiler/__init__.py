@@ -52,17 +52,31 @@ class GraphRunner:
             n.op == "call_function" and is_collective(n.target) for n in gm.graph.nodes
         )
         self.output_devices = _recorded_output_devices(gm)
+        self.number_inputs = _number_inputs(gm)
+        self.with_numbers: dict[tuple, fx.GraphModule] = {}
 
     def compiled_for(self, args: list) -> Compiled:
         options = self.options_for(args)
-        key = (tuple(_signature(a) for a in args), options.key)
+        numbers = tuple((i, args[i]) for i in self.number_inputs)  # _run made them numbers
+        key = (tuple(_signature(a) for a in args), options.key, numbers)
         hit = self.cache.get(key)
         if hit is None:
-            hit, slot = compile_cached(self.gm, args, options, lambda: compile_fn(self.gm, args, options))
+            gm = self.gm_with(numbers)
+            hit, slot = compile_cached(gm, args, options, lambda: compile_fn(gm, args, options))
             self.cache[key] = hit
             if slot is not None:
                 self.disk_slots[id(hit)] = slot
         return hit
+
+    def gm_with(self, numbers: tuple) -> fx.GraphModule:
+        """The graph with these number inputs' values in place of their `.item()` (a program per value, as for a
+        Python number argument)."""
+        if not numbers:
+            return self.gm
+        gm = self.with_numbers.get(numbers)
+        if gm is None:
+            gm = self.with_numbers[numbers] = _with_numbers(self.gm, dict(numbers))
+        return gm
 
     def options_for(self, args: list) -> CompileOptions:
         """The call's options: the stack switches now, and which inputs are weights and spyre tensors."""
@@ -95,6 +109,8 @@ class GraphRunner:
         from torch_spyre_emu.compiler.runtime import run_and_record
 
         args = list(args)
+        for i in self.number_inputs:
+            args[i] = args[i].item()
         compiled = self.compiled_for(args)
         outputs = run_and_record(compiled, args)
         slot = self.disk_slots.get(id(compiled))
@@ -118,6 +134,40 @@ class GraphRunner:
             for x, device in zip(leaves, self.output_devices, strict=True)
         ]
         return torch.utils._pytree.tree_unflatten(moved, spec)
+
+
+def _number_inputs(gm: fx.GraphModule) -> tuple[int, ...]:
+    """The inputs that are Python numbers in disguise: with dynamic=True dynamo passes a float attribute (LayerNorm's
+    eps) as a 0-d CPU tensor that the graph only reads with `.item()`. The stack compiles static programs, so each
+    value gets its own, as a number argument does; the `.item()` would otherwise read a tensor inside the trace."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    found = []
+    for i, p in enumerate(placeholders):
+        v = p.meta.get("example_value")
+        if (
+            isinstance(v, torch.Tensor)
+            and v.dim() == 0
+            and v.device.type == "cpu"
+            and p.users
+            and all(u.op == "call_method" and u.target == "item" for u in p.users)
+        ):
+            found.append(i)
+    return tuple(found)
+
+
+def _with_numbers(gm: fx.GraphModule, values: dict[int, object]) -> fx.GraphModule:
+    graph = fx.Graph()
+    graph.output(graph.graph_copy(gm.graph, {}))
+    placeholders = [n for n in graph.nodes if n.op == "placeholder"]
+    for i, value in values.items():
+        for item in list(placeholders[i].users):
+            for user in list(item.users):
+                user.args = fx.node.map_arg(user.args, lambda n, item=item, value=value: value if n is item else n)
+                user.kwargs = fx.node.map_arg(
+                    user.kwargs, lambda n, item=item, value=value: value if n is item else n
+                )
+            graph.erase_node(item)
+    return fx.GraphModule(gm, graph)
 
 
 def _recorded_output_devices(gm: fx.GraphModule) -> list[torch.device | None]:
