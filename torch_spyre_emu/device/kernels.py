@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from torch_spyre_emu.device import host_dtypes, op_dispatch
+from torch_spyre_emu.device import custom_ops, host_dtypes, op_dispatch
 from torch_spyre_emu.device.tensor import check_device, new_tensor, payload, resize
 from torch_spyre_emu.errors import SpyreDeviceError
 
@@ -186,11 +186,9 @@ def _whole(name: str):
 
 
 def _layer_norm_math(x, normalized_shape, weight=None, bias=None, eps=1e-5, cudnn_enable=True):
-    """layer_norm in ops that each have a derivative and run on the device (mean, sub, mul, rsqrt, add)."""
+    """layer_norm in ops that each have a derivative and run on the device: the rms norm of the centered input."""
     dims = tuple(range(-len(normalized_shape), 0))
-    centered = x - x.mean(dims, keepdim=True)
-    y = centered * torch.rsqrt((centered * centered).mean(dims, keepdim=True) + eps)
-    y = y if weight is None else y * weight
+    y, _ = custom_ops.rms_norm_math(x - x.mean(dims, keepdim=True), dims, weight, eps)
     return y if bias is None else y + bias
 
 
