@@ -53,30 +53,20 @@ class GraphRunner:
         )
         self.output_devices = _recorded_output_devices(gm)
         self.number_inputs = _number_inputs(gm)
-        self.with_numbers: dict[tuple, fx.GraphModule] = {}
 
     def compiled_for(self, args: list) -> Compiled:
         options = self.options_for(args)
-        numbers = tuple((i, args[i]) for i in self.number_inputs)  # _run made them numbers
-        key = (tuple(_signature(a) for a in args), options.key, numbers)
+        key = (tuple(_signature(a) for a in args), options.key)  # number inputs' values are in the signature
         hit = self.cache.get(key)
         if hit is None:
-            gm = self.gm_with(numbers)
+            # _run made the number inputs numbers: a program per value, with the value in place of its .item()
+            numbers = {i: args[i] for i in self.number_inputs}
+            gm = _with_numbers(self.gm, numbers) if numbers else self.gm
             hit, slot = compile_cached(gm, args, options, lambda: compile_fn(gm, args, options))
             self.cache[key] = hit
             if slot is not None:
                 self.disk_slots[id(hit)] = slot
         return hit
-
-    def gm_with(self, numbers: tuple) -> fx.GraphModule:
-        """The graph with these number inputs' values in place of their `.item()` (a program per value, as for a
-        Python number argument)."""
-        if not numbers:
-            return self.gm
-        gm = self.with_numbers.get(numbers)
-        if gm is None:
-            gm = self.with_numbers[numbers] = _with_numbers(self.gm, dict(numbers))
-        return gm
 
     def options_for(self, args: list) -> CompileOptions:
         """The call's options: the stack switches now, and which inputs are weights and spyre tensors."""
