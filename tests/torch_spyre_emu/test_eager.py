@@ -350,3 +350,41 @@ def test_threads_compiling_eager_ops_at_once_do_not_break_each_other():
     for t in threads:
         t.join()
     assert errors == []
+
+
+def test_an_op_returning_fresh_tensors_and_updating_arguments_returns_both_right():
+    # _native_batch_norm_legit(training=False) returns (out, save_mean, save_invstd) and may update running stats;
+    # the device returned the two running-stat arguments instead (a RuntimeError) after copying `out` into them
+    torch.manual_seed(0)
+    x, w, b, rm, rv = torch.randn(3, 2, 4), torch.randn(2), torch.randn(2), torch.randn(2), torch.rand(2)
+    want = torch._native_batch_norm_legit(x, w, b, rm, rv, False, 0.1, 1e-5)
+    d_rm, d_rv = rm.to("spyre"), rv.to("spyre")
+    got = torch._native_batch_norm_legit(*(t.to("spyre") for t in (x, w, b)), d_rm, d_rv, False, 0.1, 1e-5)
+    assert [g.shape for g in got] == [t.shape for t in want]
+    assert torch.allclose(got[0].cpu(), want[0], atol=1e-5)
+    assert torch.equal(d_rm.cpu(), rm) and torch.equal(d_rv.cpu(), rv)  # eval: running stats untouched
+
+
+def test_rrelu_in_training_returns_its_output_and_writes_the_noise_it_drew():
+    # rrelu_with_noise returns its output and writes the slopes it drew into `noise`; the device wrote the output
+    # into `noise` and returned `noise` (silent wrong values)
+    x = torch.randn(4, 64)
+    noise = torch.zeros(4, 64).to("spyre")
+    out = torch.ops.aten.rrelu_with_noise(x.to("spyre"), noise, 0.1, 0.3, True).cpu()
+    slopes = noise.cpu()
+    assert torch.allclose(out, torch.where(x >= 0, x, x * slopes), atol=1e-6)
+    negative = slopes[x < 0]
+    assert ((negative >= 0.1) & (negative <= 0.3)).all() and (slopes[x >= 0] == 1).all()
+
+
+def test_a_view_reaching_into_stick_padding_is_a_typed_error_not_stray_memory():
+    # torch bounds-checks as_strided against the storage's bytes, which include stick padding (128 B); the
+    # emulator holds only the tensor's elements, and read past them (stray host memory) for such a view
+    from torch_spyre_emu.errors import SpyreDeviceError
+
+    x = torch.randn(10)
+    d = x.to("spyre")
+    assert torch.equal(torch.as_strided(d, (2, 2), (1, 2), 6).cpu(), torch.as_strided(x, (2, 2), (1, 2), 6))
+    view = torch.as_strided(d, (2, 2), (1, 2), 10)  # within the 128-byte storage torch sees
+    with pytest.raises(SpyreDeviceError, match="stick padding"):
+        view.cpu()

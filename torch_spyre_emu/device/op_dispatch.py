@@ -279,14 +279,24 @@ def _arg(op, args, kwargs, position: int, name: str):
 
 
 def _write_back(op, mutated, args, kwargs, result):
+    """Copy the functional overload's results into the mutated arguments and return what `op` returns.
+
+    Ops whose returns are their mutated arguments (add_, add.out, max.dim_max) return those. Ops that also return
+    fresh tensors (_native_batch_norm_legit, _batch_norm_with_update, rrelu_with_noise) have a functional overload
+    returning those first and the mutated arguments' new values after them, as torch's *_functional ops do."""
     results = result if isinstance(result, (tuple, list)) else (result,)
     targets = [_arg(op, args, kwargs, pos, name) for pos, name, _ in mutated]
-    if len(results) < len(targets):
+    fresh = sum(r.alias_info is None for r in op._schema.returns)
+    if len(results) != fresh + len(targets) and not (fresh == 0 and len(results) >= len(targets)):
         raise SpyreDeviceError(
-            f"internal: run_op({op}) returned {len(results)} results for {len(targets)} outputs"
+            f"internal: run_op({op}) returned {len(results)} results for {fresh} returns and {len(targets)} "
+            "mutated arguments"
         )
-    for dst, src in zip(targets, results, strict=False):
+    for dst, src in zip(targets, results[fresh:], strict=False):
         copy_into(dst, src, op)
+    if fresh:
+        returns = tuple(results[:fresh])
+        return returns[0] if fresh == 1 else returns
     return targets[0] if len(targets) == 1 else tuple(targets)
 
 

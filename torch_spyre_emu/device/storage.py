@@ -10,6 +10,7 @@ The weakref finalizer on the storage object frees the accounted device bytes whe
 from __future__ import annotations
 
 import ctypes
+import math
 import mmap
 from dataclasses import dataclass
 
@@ -145,9 +146,23 @@ def get(t: torch.Tensor) -> DeviceStorage:
     return storage
 
 
+def span(shape, strides) -> int:
+    """Elements of storage a tensor of `shape`/`strides` reaches from its offset (0 for an empty tensor)."""
+    return 1 + sum((n - 1) * s for n, s in zip(shape, strides, strict=True)) if math.prod(shape) else 0
+
+
 def values_view(t: torch.Tensor) -> np.ndarray:
     """The values of `t` in its logical shape, as a numpy view into its device buffer (writes go to the device)."""
     buf = get(t).buffer
+    reach = t.storage_offset() + span(t.shape, t.stride())
+    if reach > buf.size:
+        # torch bounds-checks views against the storage's bytes, which include stick padding; the emulator holds
+        # only the elements the allocation was made for, so a view (as_strided) reaching past them has no values
+        raise SpyreDeviceError(
+            f"a spyre view (shape {list(t.shape)}, strides {list(t.stride())}, offset {t.storage_offset()}) reaches "
+            f"storage element {reach - 1}, past the {buf.size} elements its allocation holds (the rest of the "
+            "storage is stick padding, which the emulator does not model); keep views within the tensor's elements"
+        )
     item = buf.itemsize
     return np.lib.stride_tricks.as_strided(
         buf[t.storage_offset() :], shape=tuple(t.shape), strides=tuple(s * item for s in t.stride())

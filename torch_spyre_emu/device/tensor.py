@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
 import threading
 
 import numpy as np
@@ -91,15 +90,10 @@ def check_layout(layout: SpyreTensorLayout, shape, dtype: torch.dtype) -> None:
     host_dim_map(layout, tuple(shape))
 
 
-def _span(shape, strides) -> int:
-    """Elements of storage a tensor of `shape`/`strides` reaches from its offset (0 for an empty tensor)."""
-    return 1 + sum((n - 1) * s for n, s in zip(shape, strides, strict=True)) if math.prod(shape) else 0
-
-
 def storage_nbytes(shape, strides, dtype: torch.dtype, layout: SpyreTensorLayout) -> int:
     """torch-spyre's storage size rule (torch_spyre_api.md §3, csrc/spyre_mem.cpp): the larger of the stick-padded
     device bytes (128 B per stick) and the host bytes the tensor's elements span."""
-    return max(layout.nbytes, _span(shape, strides) * dtype.itemsize)
+    return max(layout.nbytes, device_storage.span(shape, strides) * dtype.itemsize)
 
 
 def _allocate(
@@ -133,7 +127,7 @@ def new_tensor(
         layout = default_layout(shape, dtype)
     else:
         check_layout(layout, shape, dtype)
-    holder, storage = _allocate(shape, strides, dtype, layout, card, _span(shape, strides))
+    holder, storage = _allocate(shape, strides, dtype, layout, card, device_storage.span(shape, strides))
     t = torch.ops.aten.set_.source_Storage_storage_offset.redispatch(
         _CPU, device_storage.empty_on(card, dtype), holder, 0, list(shape), list(strides)
     )
@@ -154,7 +148,7 @@ def resize(t: torch.Tensor, shape, strides=None) -> torch.Tensor:
     old = device_storage.get(t)
     owner = _is_storage_base(t, old)
     offset = t.storage_offset()
-    elements = offset + _span(shape, strides)
+    elements = offset + device_storage.span(shape, strides)
     layout = default_layout(shape, t.dtype)
     if elements <= old.buffer.size and storage_nbytes(shape, strides, t.dtype, layout) <= old.nbytes:
         if owner:  # the allocation's own tensor: its layout is now the new shape's (views keep theirs)
