@@ -535,3 +535,16 @@ def test_a_write_into_a_view_below_functionalization_is_an_error_not_garbage():
     with pytest.raises(SpyreCompileError, match="writes into .* reads again afterwards"):
         torch.compile(pad)(x.to("spyre"))
     assert torch.equal(pad(x.to("spyre")).cpu(), pad(x))
+
+
+@pytest.mark.parametrize("op", [torch.addmm, torch.baddbmm])
+def test_an_integer_addmm_truncates_its_scales_as_torch_does(op):
+    # torch makes beta and alpha integers for integer inputs (0.6 -> 0); the decomposition scaled by the floats
+    shape = (3, 4) if op is torch.addmm else (2, 3, 4)
+    g = torch.Generator().manual_seed(0)
+    bias, a = torch.randint(-9, 9, shape, generator=g), torch.randint(-9, 9, shape, generator=g)
+    b = torch.randint(-9, 9, (*shape[:-2], 4, 4), generator=g)
+    for beta, alpha in ((0.2, 0.6), (1.5, 2.7)):
+        want = op(bias, a, b, beta=beta, alpha=alpha)
+        got = op(bias.to("spyre"), a.to("spyre"), b.to("spyre"), beta=beta, alpha=alpha)
+        assert got.dtype == want.dtype and torch.equal(got.cpu(), want)

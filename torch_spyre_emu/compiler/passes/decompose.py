@@ -27,6 +27,8 @@ aten = torch.ops.aten
 
 
 def addmm(bias, a, b, *, beta=1, alpha=1, mm=torch.mm):
+    if not (a.is_floating_point() or a.is_complex()):  # torch truncates the scales of an integer addmm
+        beta, alpha = int(beta), int(alpha)
     out = mm(a, b)
     if alpha != 1:
         out = out * alpha
