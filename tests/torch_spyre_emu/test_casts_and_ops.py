@@ -548,3 +548,11 @@ def test_an_integer_addmm_truncates_its_scales_as_torch_does(op):
         want = op(bias, a, b, beta=beta, alpha=alpha)
         got = op(bias.to("spyre"), a.to("spyre"), b.to("spyre"), beta=beta, alpha=alpha)
         assert got.dtype == want.dtype and torch.equal(got.cpu(), want)
+
+
+@pytest.mark.parametrize("fn", [lambda t: t.softmax(0), lambda t: t.log_softmax(-1)], ids=["softmax", "log_softmax"])
+def test_softmax_of_a_0d_tensor_is_one_not_a_crash(fn):
+    # the row-softmax lowering took the dim modulo the rank: ZeroDivisionError for a 0-d input
+    x = torch.tensor(-8.5, dtype=torch.float16)
+    got = fn(x.to("spyre"))
+    assert got.shape == () and torch.equal(got.cpu(), fn(x))

@@ -158,6 +158,13 @@ def sum_in_dtype(x, dims=None, keepdim=False, *, dtype=None):
     return torch.sum(x.to(dtype), dims, keepdim) if dims is not None else torch.sum(x.to(dtype))
 
 
+def softmax_of_a_scalar(x, dim, half_to_float=False):
+    """softmax of a 0-d tensor is the softmax of its one element: the row kernel needs a dim to reduce."""
+    if x.dim() != 0:
+        return NotImplemented
+    return aten._softmax(x.reshape(1), 0, half_to_float).reshape(())
+
+
 def log_softmax(x, dim, half_to_float=False):
     return torch.log(torch.softmax(x, dim))
 
@@ -247,6 +254,7 @@ SPYRE_DECOMPOSITIONS = {
     aten.rms_norm.default: rms_norm,
     aten._fused_rms_norm.default: fused_rms_norm,
     aten.pow.Tensor_Scalar: pow_scalar,
+    aten._softmax.default: softmax_of_a_scalar,
     aten._log_softmax.default: log_softmax,
     aten.sum.dim_IntList: sum_in_dtype,
     aten.sum.default: sum_in_dtype,
