@@ -388,3 +388,16 @@ def test_a_view_reaching_into_stick_padding_is_a_typed_error_not_stray_memory():
     view = torch.as_strided(d, (2, 2), (1, 2), 10)  # within the 128-byte storage torch sees
     with pytest.raises(SpyreDeviceError, match="stick padding"):
         view.cpu()
+
+
+def test_a_uint8_result_outside_uint8_says_so_not_pass_data_of_that_dtype():
+    # uint8 lives in SENUINT32 on the device, so a product that torch wraps (271 -> 15) stays 271 there; reading it
+    # back blamed the caller's input ("pass data of that dtype")
+    from torch_spyre_emu.errors import SpyreDeviceError
+
+    a = torch.tensor([[200, 71], [1, 2]], dtype=torch.uint8)
+    v = torch.tensor([1, 1], dtype=torch.uint8)
+    with pytest.raises(SpyreDeviceError, match=r"torch.uint8 tensor on the device holds values outside \[0, 255\]"):
+        (a.to("spyre") @ v.to("spyre")).cpu()
+    small = torch.tensor([[20, 7], [1, 2]], dtype=torch.uint8)
+    assert torch.equal((small.to("spyre") @ v.to("spyre")).cpu(), small @ v)

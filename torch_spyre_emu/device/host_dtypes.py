@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from aiu_sim.numerics import host as numerics_host
+from aiu_sim.numerics.errors import UnsupportedInputError
 from aiu_sim.numerics.formats import FORMATS, HOST_FORMAT, HOST_NUMPY, host_dtype_name
 from torch_spyre_emu.errors import SpyreDeviceError
 
@@ -84,4 +85,18 @@ def to_device_values(host: torch.Tensor) -> np.ndarray:
 
 def to_host_tensor(values: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
     """Device-format values -> a CPU tensor of the user's torch dtype."""
-    return from_numpy(np.asarray(numerics_host.to_host(np.asarray(values), host_dtype_name(dtype)))).to(dtype)
+    try:
+        host = numerics_host.to_host(np.asarray(values), host_dtype_name(dtype))
+    except UnsupportedInputError as e:
+        if dtype.is_floating_point or dtype == torch.bool:
+            raise
+        # a wider device format (uint8 is held as SENUINT32) can hold a result outside the torch dtype's range
+        arr, info = np.asarray(values), torch.iinfo(dtype)
+        outside = arr[(arr < info.min) | (arr > info.max)]
+        example = f" (e.g. {outside.flat[0]})" if outside.size else ""
+        raise SpyreDeviceError(
+            f"a {dtype} tensor on the device holds values outside [{info.min}, {info.max}]{example}: its device "
+            "format held an integer result torch would wrap, and the emulator does not wrap (how a card narrows it "
+            "is not public); compute in a wider integer dtype and cast at the end"
+        ) from e
+    return from_numpy(np.asarray(host)).to(dtype)
