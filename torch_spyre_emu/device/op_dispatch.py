@@ -346,8 +346,7 @@ def inplace_view(op, args, kwargs):
 
     Why not redispatch to Meta directly: those kernels bounds-check against the (0-byte) torch storage."""
     self, rest = args[0], args[1:]
-    extent = sum((n - 1) * s for n, s in zip(self.shape, self.stride(), strict=True)) if self.numel() else 0
-    span = self.storage_offset() + extent + 1
+    span = self.storage_offset() + max(device_storage.span(self.shape, self.stride()), 1)
     twin = torch.empty(span, dtype=self.dtype, device="meta").as_strided(
         self.shape, self.stride(), self.storage_offset()
     )
