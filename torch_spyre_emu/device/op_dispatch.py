@@ -212,6 +212,12 @@ def _mutated_args(op) -> tuple[tuple[int, str, bool], ...]:
     )
 
 
+@functools.cache
+def _fresh_returns(op) -> int:
+    """How many of `op`'s returns are new tensors rather than its mutated arguments."""
+    return sum(r.alias_info is None for r in op._schema.returns)
+
+
 def _signature(args) -> tuple:
     return tuple((a.name, str(a.type)) for a in args)
 
@@ -286,7 +292,7 @@ def _write_back(op, mutated, args, kwargs, result):
     returning those first and the mutated arguments' new values after them, as torch's *_functional ops do."""
     results = result if isinstance(result, (tuple, list)) else (result,)
     targets = [_arg(op, args, kwargs, pos, name) for pos, name, _ in mutated]
-    fresh = sum(r.alias_info is None for r in op._schema.returns)
+    fresh = _fresh_returns(op)
     if len(results) != fresh + len(targets) and not (fresh == 0 and len(results) >= len(targets)):
         raise SpyreDeviceError(
             f"internal: run_op({op}) returned {len(results)} results for {fresh} returns and {len(targets)} "
