@@ -151,11 +151,12 @@ def _with_numbers(gm: fx.GraphModule, values: dict[int, object]) -> fx.GraphModu
     placeholders = [n for n in graph.nodes if n.op == "placeholder"]
     for i, value in values.items():
         for item in list(placeholders[i].users):
+
+            def swap(n, item=item, value=value):
+                return value if n is item else n
+
             for user in list(item.users):
-                user.args = fx.node.map_arg(user.args, lambda n, item=item, value=value: value if n is item else n)
-                user.kwargs = fx.node.map_arg(
-                    user.kwargs, lambda n, item=item, value=value: value if n is item else n
-                )
+                user.args, user.kwargs = fx.node.map_arg(user.args, swap), fx.node.map_arg(user.kwargs, swap)
             graph.erase_node(item)
     return fx.GraphModule(gm, graph)
 
