@@ -8,6 +8,8 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from models.zoo.catalog import FAMILIES, MODALITIES, TASKS
+
 app = typer.Typer(
     add_completion=False,
     no_args_is_help=True,
@@ -37,12 +39,21 @@ def simulate(
     """Time one fp16 matmul on the simulated chip (aiu_sim alone, no torch) and print where the time went."""
     from aiu_sim import run
     from aiu_sim.builders import matmul_program
+    from aiu_sim.errors import AiuSimError
     from aiu_sim.timing.summary import format_summary
 
+    for flag, size in (("--m", m), ("--k", k), ("--n", n)):
+        if size < 1:
+            console.print(f"[red]error:[/red] {flag} must be at least 1 (a matmul dimension), got {size}")
+            raise typer.Exit(2)
     cfg = _load_config_or_exit(config)
-    program = matmul_program(m, k, n, config=cfg)
-    trace.parent.mkdir(parents=True, exist_ok=True)
-    result = run(program, {}, config=cfg, mode="timing", trace_path=str(trace))
+    try:
+        program = matmul_program(m, k, n, config=cfg)
+        trace.parent.mkdir(parents=True, exist_ok=True)
+        result = run(program, {}, config=cfg, mode="timing", trace_path=str(trace))
+    except AiuSimError as e:  # e.g. a matmul the chip cannot hold
+        console.print(f"[red]error:[/red] {escape(str(e))}")
+        raise typer.Exit(2) from None
     console.print(format_summary(result.timing))
     console.print(f"trace: {trace} (open in https://ui.perfetto.dev)")
 
@@ -117,11 +128,9 @@ def sweep(
     ray: bool = typer.Option(False, "--ray", help="Run the models as Ray tasks (a local Ray instance)."),
     ray_address: str = typer.Option(None, help="Run on this Ray cluster (implies --ray)."),
     only: str = typer.Option(None, help="Comma list of model types (default: all of them)."),
-    family: str = typer.Option(
-        None, help="Only this architecture family (decoder, moe_decoder, ssm, hybrid, encoder, encoder_decoder, other)."
-    ),
-    modality: str = typer.Option(None, help="Only this modality (text, vision, audio, multimodal, ...)."),
-    task: str = typer.Option(None, help="Only this task (a record's task field, such as text-generation)."),
+    family: str = typer.Option(None, help=f"Only this architecture family ({', '.join(FAMILIES)})."),
+    modality: str = typer.Option(None, help=f"Only this modality ({', '.join(MODALITIES)})."),
+    task: str = typer.Option(None, help=f"Only this task ({', '.join(TASKS)})."),
     variant: str = typer.Option("default", help="default (whole-stick widths), ragged, or both."),
     timeout: float = typer.Option(
         None, help="Wall limit per model in seconds (default: DEFAULT_TIMEOUT_S of models/zoo/sweep.py)."

@@ -898,7 +898,9 @@ def run_command(
     fp32: str | None = None,
 ) -> PrecisionFiles:
     """`spyre-emu precision`: `fp32` is a comma list of modules for one more setting, fp32 islands."""
-    sts = parse_settings(settings)  # bad names fail before any model loads
+    sts = parse_settings(settings)  # bad names and counts fail before any model loads
+    if new_tokens < 1:
+        raise PrecisionError(f"--new-tokens must be at least 1, got {new_tokens}")
     if fp32 is not None:
         sts.append(fp32_islands(fp32.split(",")))
     net, ids = load_model(model, prompt)

@@ -39,6 +39,7 @@ from aiu_sim.config import HardwareConfig, load_config
 from aiu_sim.errors import AiuSimError
 from aiu_sim.ir.ops import MAX_CARDS
 from aiu_sim.ir.program import Arg, KernelProgram
+from aiu_sim.numerics.errors import UnknownFormatError
 from aiu_sim.numerics.formats import get_format
 from aiu_sim.timing.report import UNIT_KINDS, TimingReport
 from aiu_sim.timing.summary import _BOUND_THRESHOLD as BOUND_THRESHOLD
@@ -114,6 +115,10 @@ class LLMWorkload:
     def __post_init__(self) -> None:
         if self.phase not in PHASES:
             raise WhatIfError(f"LLMWorkload.phase must be one of {PHASES}, got {self.phase!r}")
+        try:
+            get_format(self.dtype)
+        except UnknownFormatError as e:
+            raise WhatIfError(f"LLMWorkload.dtype: {e}") from None
         for name in ("seq", "batch") + (("kv_len",) if self.phase == "decode" else ()):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
@@ -969,6 +974,17 @@ def run_command(
         apply_overrides(base, overrides)
         for w in workloads:
             w.check_tp(cards_at)
+    if serve_rate is not None:  # so do the serving study's inputs
+        from models import serving
+
+        lo_hi = [int_list(serve_prompt, "--serve-prompt"), int_list(serve_output, "--serve-output")]
+        for spec, what in zip(lo_hi, ("--serve-prompt", "--serve-output"), strict=True):
+            if len(spec) not in (1, 2):
+                raise WhatIfError(f"{what}: give a length or LO,HI")
+        if serve_max_batch < 1:
+            raise WhatIfError(f"--serve-max-batch must be at least 1, got {serve_max_batch}")
+        (p_lo, p_hi), (o_lo, o_hi) = ((s[0], s[-1]) for s in lo_hi)
+        trace = serving.poisson_trace(serve_rate, serve_requests, (p_lo, p_hi), (o_lo, o_hi))
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                TextColumn("{task.fields[point]}"))
     with Progress(*columns, console=console, transient=False) as bar:
@@ -977,14 +993,6 @@ def run_command(
                             progress=lambda label: bar.update(task, advance=1, point=label))
     files = write_outputs(result, out, base)
     if serve_rate is not None:
-        from models import serving
-
-        lo_hi = [int_list(serve_prompt, "--serve-prompt"), int_list(serve_output, "--serve-output")]
-        for spec, what in zip(lo_hi, ("--serve-prompt", "--serve-output"), strict=True):
-            if len(spec) not in (1, 2):
-                raise WhatIfError(f"{what}: give a length or LO,HI")
-        (p_lo, p_hi), (o_lo, o_hi) = ((s[0], s[-1]) for s in lo_hi)
-        trace = serving.poisson_trace(serve_rate, serve_requests, (p_lo, p_hi), (o_lo, o_hi))
         first = llm_shape(workloads[0].model.name)
         batches = sorted({1, serve_max_batch} | {b for b in (2, 4, 8, 16) if b < serve_max_batch})
         with console.status(f"timing {first.name} prefill/decode steps for the serving what-if"):

@@ -8,15 +8,19 @@ See docs/zoo.md for the recipe, the variants, the classes and the tolerance.
 """
 
 from models.zoo.catalog import CI_SUBSET, VARIANTS, model_types
-from models.zoo.recipes import LEVELS, ZooBuildError, ZooModel, build
 
 __all__ = ["CI_SUBSET", "LEVELS", "VARIANTS", "ZooBuildError", "ZooModel", "build", "model_types", "run_one"]
 
 
 def __getattr__(name):
-    # classify imports the emulated stack; `from models.zoo import build` should not need it
+    # Imported on first use: recipes imports torch and transformers, classify the emulated stack too, and the CLI
+    # reads catalog's names (`from models.zoo import build` should not need the stack; `spyre-emu info` neither).
+    if name in ("LEVELS", "ZooBuildError", "ZooModel", "build"):
+        from models.zoo import recipes
+
+        return getattr(recipes, name)
     if name in ("run_one", "CLASSES"):
         from models.zoo import classify
 
         return getattr(classify, name)
-    raise AttributeError(name)
+    raise AttributeError(f"module 'models.zoo' has no attribute {name!r}")

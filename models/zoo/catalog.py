@@ -39,6 +39,12 @@ CI_SUBSET = (
 
 VARIANTS = ("default", "ragged")
 
+# A record's metadata takes one of these values (recipes._family, recipes._model_class, inputs._modality); the
+# sweep's --family / --modality / --task filters are checked against them before any model is built.
+FAMILIES = ("decoder", "moe_decoder", "ssm", "hybrid", "encoder", "encoder_decoder", "other")
+TASKS = ("text-generation", "feature-extraction")
+MODALITIES = ("text", "vision", "audio", "multimodal", "time_series")
+
 
 @functools.cache
 def _mappings():

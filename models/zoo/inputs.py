@@ -85,6 +85,7 @@ def _channels(config) -> int:
 
 
 def _modality(names: set[str]) -> str:
+    """One of catalog.MODALITIES, from the names of the model's inputs."""
     media = set()
     if names & {"pixel_values", "pixel_values_videos", "images", "grid_thw", "image_grid_thw"}:
         media.add("vision")

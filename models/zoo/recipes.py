@@ -493,8 +493,7 @@ _SSM = ("mamba", "rwkv", "xlstm", "falcon_mamba", "s4", "hyena")
 
 
 def _family(model_type: str, config, is_decoder_lm: bool) -> str:
-    """Architecture shape, orthogonal to modality: decoder | moe_decoder | ssm | hybrid | encoder |
-    encoder_decoder | other."""
+    """Architecture shape, orthogonal to modality: one of catalog.FAMILIES."""
     text = text_config(config)
     kinds = {str(x) for x in (getattr(text, "layer_types", None) or [])}
     has_experts = any(isinstance(getattr(text, k, None), int) and getattr(text, k) > 1 for k in _EXPERT_KEYS)

@@ -33,7 +33,9 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from models.zoo.catalog import VARIANTS
+from models.zoo.catalog import FAMILIES, MODALITIES, TASKS, VARIANTS
+
+_FILTER_VALUES = {"family": FAMILIES, "modality": MODALITIES, "task": TASKS}
 
 # The wall limit per model. An assumption: the census's tiny models take a median 0.36 s on the CPU and at most 29 s
 # to capture (hf_op_census.md §4, §5); emulated runs are slower, and 620 types in 90 min on 2 workers leaves ~17 s per
@@ -625,6 +627,9 @@ def sweep(
     if timeout_s <= 0 or mem_gb <= 0:
         raise SweepError(f"--timeout and --mem-gb must be positive, got {timeout_s:g} s and {mem_gb:g} GiB")
     where = {k: v for k, v in (("family", family), ("modality", modality), ("task", task)) if v is not None}
+    for key, value in where.items():
+        if value not in (known := _FILTER_VALUES[key]):
+            raise SweepError(f"unknown --{key} {value!r}; choose one of: {', '.join(known)}")
     results = Path(results)
     done, keep = _scan(results)
     if done and not resume:

@@ -23,3 +23,5 @@ def test_precision_command_settings_and_fp32(tmp_path):
     assert len(r.output.strip().splitlines()) == 1
     r = runner.invoke(app, ["precision", "--model", "tiny-llama", "--settings", "dl16,fp16_acc"])
     assert r.exit_code == 2 and "unknown precision setting 'fp16_acc'" in r.output
+    r = runner.invoke(app, ["precision", "--model", "tiny-llama", "--new-tokens", "0"])
+    assert r.exit_code == 2 and r.output.strip() == "error: --new-tokens must be at least 1, got 0"

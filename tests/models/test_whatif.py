@@ -177,3 +177,20 @@ def test_whatif_command_errors_name_the_problem():
     assert result.exit_code == 2 and "the grid is empty" in result.output
     result = runner.invoke(app, ["whatif", "--set", "num_cores=8", "--model", "llama-9"])
     assert result.exit_code == 2 and "unknown LLM 'llama-9'" in result.output
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--dtype", "int3"], "LLMWorkload.dtype: unknown number format 'int3'; known: dl16"),
+        (["--serve-rate", "-1"], "rate_per_s must be > 0, got -1.0"),
+        (["--serve-rate", "1", "--serve-max-batch", "0"], "--serve-max-batch must be at least 1, got 0"),
+        (["--serve-rate", "1", "--serve-prompt", "1,2,3"], "--serve-prompt: give a length or LO,HI"),
+    ],
+)
+def test_whatif_command_refuses_bad_input_before_it_times_the_grid(tmp_path, args, message):
+    """Bad serving or dtype input is one line, exit 2, before the grid runs (no progress bar, no files)."""
+    out = tmp_path / "wi"
+    result = runner.invoke(app, ["whatif", "--set", "num_cores=16,32", *args, "--out", str(out)])
+    assert result.exit_code == 2 and result.output.startswith("error: ") and message in result.output, result.output
+    assert "what-if" not in result.output and not out.exists()

@@ -130,6 +130,10 @@ def test_memory_cap_and_filters(tmp_path):
         (["--only", "gpt2", "--workers", "0"], "--workers must be at least 1, got 0"),
         (["--only", "gtp2"], "unknown model type 'gtp2' in --only (did you mean gpt2"),
         (["--only", "gpt2", "--variant", "odd"], "unknown --variant 'odd'"),
+        # checked before any model is built: a filter no model matches would build every one for nothing
+        (["--family", "decoders"], "unknown --family 'decoders'; choose one of: decoder, moe_decoder"),
+        (["--modality", "image"], "unknown --modality 'image'; choose one of: text, vision"),
+        (["--task", "generation"], "unknown --task 'generation'; choose one of: text-generation"),
     ],
 )
 def test_bad_cli_input_is_one_line_and_exit_2(tmp_path, args, message):
@@ -139,6 +143,15 @@ def test_bad_cli_input_is_one_line_and_exit_2(tmp_path, args, message):
     assert len(lines) == 1 and lines[0].startswith("error: "), result.output
     assert message in result.output and "Traceback" not in result.output
     assert not (tmp_path / "r.jsonl").exists()
+
+
+def test_the_filter_values_are_the_values_the_zoo_records():
+    """--family / --modality / --task are checked against catalog's lists: every value a sweep has recorded (the
+    committed records of all 622 types) is on them, and each list value names at least one recorded type."""
+    records = [json.loads(line) for f in (ROOT / "docs/zoo_coverage/records").glob("*.jsonl") for line in open(f)]
+    for key, known in sw._FILTER_VALUES.items():
+        seen = {r[key] for r in records if r.get(key) is not None}
+        assert seen == set(known), key
 
 
 def test_an_existing_results_file_needs_resume(tmp_path):
