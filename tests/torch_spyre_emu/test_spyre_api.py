@@ -163,6 +163,27 @@ def test_there_is_no_event_api_nor_device_properties():
     assert not hasattr(spyre, "Event") and not hasattr(spyre, "get_device_properties")
 
 
+def test_torch_code_that_needs_a_device_context_manager_says_how_to_do_without(tmp_path):
+    """torch.load(map_location="spyre") and checkpoint's RNG fork call torch.spyre.device, which the real module's
+    public API does not have: an AttributeError naming torch.spyre and the way around it, not the emulator's
+    module name; the ways around it work."""
+    x = torch.randn(4, 64, dtype=torch.float16)
+    torch.save({"x": x}, tmp_path / "x.pt")
+    with pytest.raises(AttributeError, match=r"module 'torch.spyre' has no attribute 'device' .*map_location='cpu'"):
+        torch.load(tmp_path / "x.pt", map_location="spyre")
+    moved = torch.load(tmp_path / "x.pt", map_location="cpu")["x"].to("spyre")
+    assert torch.equal(moved.cpu(), x.to("spyre").cpu())
+
+    lin = torch.nn.Linear(64, 64).to("spyre")
+    a = torch.randn(4, 64).to("spyre").requires_grad_()
+    with pytest.raises(AttributeError, match="preserve_rng_state=False"):
+        torch.utils.checkpoint.checkpoint(lin, a, use_reentrant=False)
+    torch.utils.checkpoint.checkpoint(lin, a, use_reentrant=False, preserve_rng_state=False).sum().backward()
+    b = a.detach().clone().requires_grad_()
+    lin(b).sum().backward()
+    assert torch.equal(a.grad.cpu(), b.grad.cpu())
+
+
 # --- §1 memory statistics -------------------------------------------------------------------------------------
 
 

@@ -110,6 +110,20 @@ def _is_in_bad_fork() -> bool:
     return _in_bad_fork
 
 
+# torch's device-generic code reaches for CUDA-style names that torch-spyre's public module does not list (API digest
+# §1). The missing one users meet, with the way around it; a missing name stays an AttributeError (hasattr works).
+_NOT_IN_TORCH_SPYRE = {
+    "device": "torch.load(..., map_location='spyre') and torch.utils.checkpoint(..., preserve_rng_state=True) use "
+    "torch.spyre.device: load with map_location='cpu' and call .to('spyre'); checkpoint with preserve_rng_state=False",
+}
+
+
+def __getattr__(name: str):
+    hint = _NOT_IN_TORCH_SPYRE.get(name)
+    why = f" (torch-spyre's public API has no such name; {hint})" if hint else ""
+    raise AttributeError(f"module 'torch.spyre' has no attribute {name!r}{why}")
+
+
 def is_available() -> bool:
     """device_count() > 0; always True in a forked child or an Inductor subprocess (as the real module)."""
     if _in_bad_fork or os.environ.get("IS_INDUCTOR_SPAWNED_SUBPROCESS") == "1":
