@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import time
 
 import numpy as np
 import pytest
@@ -98,11 +97,9 @@ def test_elementwise_program_takes_the_fns_arity(fn, arity):
 
 
 @pytest.mark.parametrize("seq,kv_len", [(1, 1024), (512, 512)])
-def test_full_8b_programs_validate_fast(seq, kv_len):
-    t0 = time.perf_counter()
+def test_full_8b_programs_validate(seq, kv_len):
+    # how long building takes is benchmarks/bench_sim.py's to measure (in parentheses), not a timed assertion
     program = llama_decoder_program(**LLAMA_8B, batch=1, seq=seq, kv_len=kv_len)
-    elapsed = time.perf_counter() - t0
-    assert elapsed < 2.0, f"building 32 layers took {elapsed:.2f} s"
     names = [k.name for k in program.kernels]
     per_layer = [n for n in names if n.startswith("l0.")]
     assert len(names) == 32 * len(per_layer) + 2  # + final norm + LM head
