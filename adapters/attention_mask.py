@@ -156,7 +156,8 @@ def _template_positions(module: nn.Module) -> bool:
 
 @host
 def _host_ids(batch, q_len, cache, need_pos, need_types, device):
-    past = cache.get_seq_length() if cache is not None else 0
+    # a StaticCache counts its filled slots on the device and returns a 0-d device tensor: read it here, on the host
+    past = int(cache.get_seq_length()) if cache is not None else 0
     pos = (torch.arange(q_len) + past).unsqueeze(0).to(device) if need_pos else None
     types_ = torch.zeros(batch, q_len, dtype=torch.long).to(device) if need_types else None
     return pos, types_

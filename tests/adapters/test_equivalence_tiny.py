@@ -118,3 +118,18 @@ def test_rmsnorm_large_activations_fp16_do_not_overflow():
         y = norm(x)
     assert torch.isfinite(y).all()
     torch.testing.assert_close(y.float(), norm.weight.float().expand_as(y), atol=1e-2, rtol=1e-2)
+
+
+def test_static_cache_generation_on_the_device_matches_the_dynamic_cache():
+    """A StaticCache counts its filled slots on the device (a 0-d spyre tensor): the host-built position ids must
+    read it on the host, not mix it with host tensors (was a same-device RuntimeError)."""
+    model = TINY["llama"]()
+    prompt = example_inputs("llama", batch=1, seq=6)
+    kw = dict(max_new_tokens=6, do_sample=False, pad_token_id=0)
+    ref = model.generate(**prompt, **kw)
+    model = model.half().to("spyre")
+    on_device = {k: v.to("spyre") for k, v in prompt.items()}
+    with adapters.apply(model):
+        static = model.generate(**on_device, **kw, cache_implementation="static").cpu()
+        dynamic = model.generate(**on_device, **kw).cpu()
+    assert torch.equal(static, dynamic) and torch.equal(static[:, :6], ref[:, :6])
