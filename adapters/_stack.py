@@ -6,7 +6,10 @@ The adapters read the stack's capability table to decide what to patch, and its 
 
 from __future__ import annotations
 
+import copy
+
 import torch
+import torch.utils._pytree as pytree
 
 
 def capabilities():
@@ -48,3 +51,39 @@ def host(fn):
 
 def to_host(t: torch.Tensor) -> torch.Tensor:
     return t if t.device.type == "cpu" else t.to("cpu")
+
+
+def keep_host_copy(patch, module: torch.nn.Module, what: str) -> None:
+    """At patch time, while the model is on the CPU (as hf-adapters prepare a model): a copy of `module` that
+    `host_forward` runs once the model has moved to the device. Not a submodule, so `model.to(...)` leaves it here."""
+    if all(t.device.type == "cpu" for t in _tensors(module)):
+        patch.set_attr(module, "_spyre_host_copy", copy.deepcopy(module), what)
+
+
+def host_forward(forward):
+    """A module's stock `forward` as host code (see `host`) wherever the module lives. On the CPU it is the stock call.
+    On the device it runs on the module's host copy (keep_host_copy's, cast to the module's current dtype as the
+    model was; else copied back from the device), with tensor arguments copied to the host and tensor results copied
+    back to the device: "routing on the host" holds for a model moved with Module.to("spyre") too, not only for a
+    compiled graph that receives CPU inputs."""
+
+    def run(self, *args, **kwargs):
+        live = next(iter(_tensors(self)), None)
+        if live is None or live.device.type == "cpu":
+            return forward(self, *args, **kwargs)
+        twin = self.__dict__.get("_spyre_host_copy")
+        if twin is None:
+            twin = copy.deepcopy(self).to("cpu")
+            self.__dict__["_spyre_host_copy"] = twin
+        dtype = next((t.dtype for t in _tensors(self) if t.is_floating_point()), None)
+        if dtype is not None and any(t.is_floating_point() and t.dtype != dtype for t in _tensors(twin)):
+            twin.to(dtype)
+        args, kwargs = pytree.tree_map_only(torch.Tensor, to_host, (args, kwargs))
+        out = forward(twin, *args, **kwargs)
+        return pytree.tree_map_only(torch.Tensor, lambda t: t.to(live.device), out)
+
+    return host(run)
+
+
+def _tensors(module: torch.nn.Module) -> list[torch.Tensor]:
+    return [*module.parameters(), *module.buffers()]

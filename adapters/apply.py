@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from torch import nn
 
 from adapters import _stack
+from adapters.errors import AdapterError
 from adapters.patch import Patch
 from adapters.registry import select
 
@@ -83,6 +84,13 @@ def apply(model: nn.Module, only=None, exclude=None) -> AppliedAdapters:
         report = Report(already_patched=True, notes=[f"active handle applied {current.report.applied}"])
         return AppliedAdapters(model, [], report, owner=False)
 
+    on_device = sorted({str(t.device) for t in (*model.parameters(), *model.buffers()) if t.device.type != "cpu"})
+    if on_device:
+        raise AdapterError(
+            f"adapters.apply: the model has tensors on {', '.join(on_device)}; apply adapters on the CPU and then "
+            "move the model (adapters.apply(model); model.to('spyre')), as hf-adapters prepare a model before "
+            "loading it: some adapters read weights and run probes at patch time"
+        )
     caps = _stack.capabilities()
     report, patches = Report(), []
     try:

@@ -42,7 +42,7 @@ import torch
 from torch import nn
 
 from adapters import structure
-from adapters._stack import host, to_host
+from adapters._stack import host, host_forward, keep_host_copy, to_host
 from adapters.base import Adapter
 from adapters.patch import Patch
 from adapters.registry import register_adapter
@@ -513,14 +513,18 @@ class DenseExperts(Adapter):
                     f"{path}: gate on the halves",
                 )
         for path, router in hosted:
-            patch.override_forward(router, host(type(router).forward), f"{path}: routing on the host")
+            keep_host_copy(patch, router, f"{path}: a host copy of the router")
+            patch.override_forward(router, host_forward(type(router).forward), f"{path}: routing on the host")
         return patch
 
     @staticmethod
     def _patch_parallel(model: nn.Module, patch: Patch) -> None:
         for path, block, kind in parallel_experts_blocks(model):
             router = block.router
-            patch.override_forward(router, host(type(router).forward), f"{path}.router: routing on the host")
+            keep_host_copy(patch, router, f"{path}.router: a host copy of the router")
+            patch.override_forward(
+                router, host_forward(type(router).forward), f"{path}.router: routing on the host"
+            )
             if kind == "moe":
                 w = block.input_linear.weight.detach()  # [E, 2I, H]; the forward chunks its output [gate; up]
                 gate_w, up_w = w.chunk(2, dim=1)

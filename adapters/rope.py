@@ -156,7 +156,7 @@ def rotation_by_matmul(r: torch.Tensor):
 
     def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
         cos, sin = cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim)
-        rr = r.to(q.dtype)
+        rr = r.to(device=q.device, dtype=q.dtype)  # a patch-time table: model.to("spyre") does not move it
         return q * cos + torch.matmul(q, rr) * sin, k * cos + torch.matmul(k, rr) * sin
 
     return apply_rotary_pos_emb
@@ -299,7 +299,7 @@ def rotate_by_matmul(build, max_dim: int, device, dtype):
     tables = {d: build(d).to(device=device, dtype=dtype) for d in range(2, max_dim + 1, 2)}
 
     def rotate_half(x):
-        return torch.matmul(x, tables[x.shape[-1]].to(x.dtype))
+        return torch.matmul(x, tables[x.shape[-1]].to(device=x.device, dtype=x.dtype))
 
     return rotate_half
 
@@ -519,7 +519,7 @@ def partial_rotation_by_matmul(
         e, c, r = tables[width]
         if q.shape[-1] == width != r.shape[0]:
             e, c, r = narrow[width]
-        e, c, r = (t.to(q.dtype) for t in (e, c, r))
+        e, c, r = (t.to(device=q.device, dtype=q.dtype) for t in (e, c, r))  # patch-time tables, wherever q is
         cos, sin = torch.matmul(cos.to(q.dtype), e) + c, torch.matmul(sin.to(q.dtype), e)
         if upcast:
             cos, sin = cos.float(), sin.float()
@@ -546,7 +546,7 @@ def every_two_rotation_by_matmul(tables: dict[int, tuple[torch.Tensor, torch.Ten
                 f"rope_partial: a rotary table of width {width} reached an attention patched for widths "
                 f"{sorted(tables)}; exclude this adapter (exclude=['rope_partial'])"
             )
-        e, c, r = (t.to(tensor.dtype) for t in tables[width])
+        e, c, r = (t.to(device=tensor.device, dtype=tensor.dtype) for t in tables[width])
         cos, sin = torch.matmul(cos.to(tensor.dtype), e) + c, torch.matmul(sin.to(tensor.dtype), e)
         return tensor * cos + torch.matmul(tensor, r) * sin
 
@@ -584,9 +584,9 @@ def deinterleaved_rotation_by_matmul(tables: dict[int, tuple[torch.Tensor, torch
                 "(exclude=['rope_partial'])"
             )
         e, p, r = tables[width]
-        cos = torch.matmul(cos, e.to(cos.dtype)).unsqueeze(unsqueeze_dim)
-        sin = torch.matmul(sin, e.to(sin.dtype)).unsqueeze(unsqueeze_dim)
-        p, r = p.to(q.dtype), r.to(q.dtype)
+        cos = torch.matmul(cos, e.to(device=cos.device, dtype=cos.dtype)).unsqueeze(unsqueeze_dim)
+        sin = torch.matmul(sin, e.to(device=sin.device, dtype=sin.dtype)).unsqueeze(unsqueeze_dim)
+        p, r = p.to(device=q.device, dtype=q.dtype), r.to(device=q.device, dtype=q.dtype)
         q_embed = torch.matmul(q, p) * cos + torch.matmul(q, r) * sin
         k_embed = torch.matmul(k, p) * cos + torch.matmul(k, r) * sin
         return q_embed, k_embed

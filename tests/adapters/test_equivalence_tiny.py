@@ -127,9 +127,10 @@ def test_static_cache_generation_on_the_device_matches_the_dynamic_cache():
     prompt = example_inputs("llama", batch=1, seq=6)
     kw = dict(max_new_tokens=6, do_sample=False, pad_token_id=0)
     ref = model.generate(**prompt, **kw)
-    model = model.half().to("spyre")
+    model = model.half()
     on_device = {k: v.to("spyre") for k, v in prompt.items()}
     with adapters.apply(model):
+        model.to("spyre")
         static = model.generate(**on_device, **kw, cache_implementation="static").cpu()
         dynamic = model.generate(**on_device, **kw).cpu()
     assert torch.equal(static, dynamic) and torch.equal(static[:, :6], ref[:, :6])
