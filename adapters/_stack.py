@@ -75,9 +75,7 @@ def host_forward(forward):
         if twin is None:
             twin = copy.deepcopy(self).to("cpu")
             self.__dict__["_spyre_host_copy"] = twin
-        dtype = next((t.dtype for t in _tensors(self) if t.is_floating_point()), None)
-        if dtype is not None and any(t.is_floating_point() and t.dtype != dtype for t in _tensors(twin)):
-            twin.to(dtype)
+        _follow_dtypes(twin, self)
         args, kwargs = pytree.tree_map_only(torch.Tensor, to_host, (args, kwargs))
         out = forward(twin, *args, **kwargs)
         return pytree.tree_map_only(torch.Tensor, lambda t: t.to(live.device), out)
@@ -87,3 +85,17 @@ def host_forward(forward):
 
 def _tensors(module: torch.nn.Module) -> list[torch.Tensor]:
     return [*module.parameters(), *module.buffers()]
+
+
+def _follow_dtypes(twin: torch.nn.Module, live: torch.nn.Module) -> None:
+    """Cast each of the host copy's tensors to its live twin's dtype where they differ (model.half() after patching
+    rounds the patch-time values the same way); a tensor kept in another dtype (fp32 router biases) stays so."""
+    want = {n: t.dtype for n, t in (*live.named_parameters(), *live.named_buffers())}
+    for prefix, module in twin.named_modules():
+        for store in (module._parameters, module._buffers):
+            for name, t in store.items():
+                dtype = want.get(f"{prefix}.{name}" if prefix else name)
+                if t is None or dtype is None or t.dtype == dtype:
+                    continue
+                cast = t.detach().to(dtype)
+                store[name] = torch.nn.Parameter(cast, t.requires_grad) if isinstance(t, torch.nn.Parameter) else cast

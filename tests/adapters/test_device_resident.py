@@ -39,3 +39,37 @@ def test_applying_adapters_to_a_model_already_on_the_device_is_a_typed_error():
     with pytest.raises(adapters.AdapterError, match=r"tensors on spyre:0; apply adapters on the CPU and then move"):
         adapters.apply(model)
     assert "_spyre_adapters" not in model.__dict__  # nothing patched
+
+
+class _Router(torch.nn.Module):
+    """A router whose score bias stays fp32 in an fp16 model (as some MoE checkpoints keep it), and which sorts."""
+
+    def __init__(self):
+        super().__init__()
+        self.layer = torch.nn.Linear(64, 8, bias=False)
+        self.register_buffer("bias", torch.randn(8))
+
+    def forward(self, x):
+        scores = self.layer(x).float() + self.bias
+        return scores.sort(-1).indices, [int(scores.shape[0])]
+
+
+def test_host_forward_runs_a_device_module_on_its_host_copy_in_the_live_dtypes():
+    from adapters._stack import host_forward, keep_host_copy
+    from adapters.patch import Patch
+
+    router = _Router()
+    patch = Patch("test")
+    keep_host_copy(patch, router, "host copy")
+    run = host_forward(_Router.forward)
+    router.half()
+    router.bias = router.bias.float()  # kept in fp32 after the cast
+    x = torch.randn(4, 64, dtype=torch.float16)
+    want = _Router.forward(router, x)  # the stock call on the CPU
+    router.to("spyre")
+    indices, sizes = run(router, x.to("spyre"))  # sort would not run on the device
+    assert indices.device.type == "spyre" and sizes == want[1] and torch.equal(indices.cpu(), want[0])
+    twin = router.__dict__["_spyre_host_copy"]
+    assert twin.layer.weight.dtype == torch.float16 and twin.bias.dtype == torch.float32
+    patch.undo()
+    assert "_spyre_host_copy" not in router.__dict__
