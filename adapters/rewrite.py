@@ -701,6 +701,16 @@ REWRITES: tuple[Rewrite, ...] = (
         ("aten.amin", "aten.ne", "cast.bool->float16"),
         "amin of the bools as float16 != 0",
     ),
+    # transformers' torch_compilable_check(cond, msg), with which VLMs check their image-token count, runs
+    # torch._check_tensor_all_with, i.e. cond._is_all_true(), in eager code (compiled, dynamo takes it as a hint)
+    Rewrite(
+        "aten.all",
+        (torch.Tensor._is_all_true,),
+        frozenset({"torch_compilable_check"}),
+        all_,
+        ("aten.amin", "aten.ne", "cast.bool->float16"),
+        "amin of the bools as float16 != 0 (torch_compilable_check's _is_all_true)",
+    ),
     Rewrite(
         "aten.logsumexp",
         (torch.logsumexp, torch.Tensor.logsumexp, torch.special.logsumexp),

@@ -34,6 +34,23 @@ def test_greedy_generation_of_a_model_moved_after_patching_matches_the_cpu(model
     assert out.device.type == "spyre" and torch.equal(out.cpu(), ref)
 
 
+@pytest.mark.parametrize("model_type", ["llava", "internvl"])
+def test_a_vlm_on_the_device_checks_its_image_tokens_without_aten_all(model_type):
+    """transformers' VLMs check their image-token count with torch_compilable_check, an aten.all in eager code that
+    the rewrite adapter re-expresses; the eager forward on the device then stays within DL16 rounding of the CPU."""
+    from models.zoo.classify import _half_inputs, _tensor_out
+
+    z = build(model_type, "default", seed=0)
+    with torch.no_grad():
+        ref = _tensor_out(z.model(**z.inputs)).float()
+    model = z.model.half()
+    inputs = {k: v.to("spyre") if isinstance(v, torch.Tensor) else v for k, v in _half_inputs(z.inputs).items()}
+    with adapters.apply(model), torch.no_grad():
+        model.to("spyre")
+        out = _tensor_out(model(**inputs)).cpu().float()
+    assert (out - ref).abs().max() <= 0.02 * ref.abs().max()
+
+
 def test_applying_adapters_to_a_model_already_on_the_device_is_a_typed_error():
     model = build("gptj", "default", seed=0).model.half().to("spyre")
     with pytest.raises(adapters.AdapterError, match=r"tensors on spyre:0; apply adapters on the CPU and then move"):

@@ -182,6 +182,34 @@ def test_all_is_bit_identical(dtype):
             _same(out, ref)
 
 
+def test_torch_compilable_check_reduces_without_aten_all():
+    """transformers' torch_compilable_check runs cond._is_all_true() in eager code: the same answer and the same
+    error, with no all / _is_all_true reaching torch (the 0-d counts VLMs check are cloned, others take amin)."""
+    from transformers.utils.import_utils import torch_compilable_check
+
+    cases = [torch.tensor(True), torch.tensor(False), torch.ones(2, 3, dtype=torch.bool), _rand(2, 3) > 0]
+    for cond in cases:
+        ref, out = _both(lambda c=cond: c._is_all_true())
+        _same(out, ref)
+        holds, seen = bool(cond.all()), CallNames()
+        with seen, _mode():
+            if holds:
+                torch_compilable_check(cond, "never raised")
+            else:
+                with pytest.raises(ValueError, match="tokens do not match"):
+                    torch_compilable_check(cond, "tokens do not match")
+        assert not seen.names & {"all", "_is_all_true"}, seen.names
+    assert "aten.all" in rewrite.uses(_Checks())
+
+
+class _Checks(torch.nn.Module):
+    def forward(self, n):
+        from transformers.utils.import_utils import torch_compilable_check
+
+        torch_compilable_check(n == 4, "count")
+        return n
+
+
 # -- index ---------------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("dtype", DTYPES + [torch.int64])
 def test_row_lookups_are_bit_identical(dtype):
