@@ -388,6 +388,10 @@ def test_a_view_reaching_into_stick_padding_is_a_typed_error_not_stray_memory():
     view = torch.as_strided(d, (2, 2), (1, 2), 10)  # within the 128-byte storage torch sees
     with pytest.raises(SpyreDeviceError, match="stick padding"):
         view.cpu()
+    # an empty view reads nothing, whatever its offset (Time Series Transformer slices an empty lag window so)
+    empty = torch.empty(2, 4, 0).to("spyre")
+    lags = torch.as_strided(empty, (2, 4, 0), (11, 1, 1), 7)
+    assert lags.cpu().shape == (2, 4, 0) and (lags * 2).cpu().shape == (2, 4, 0)
 
 
 def test_a_uint8_result_outside_uint8_says_so_not_pass_data_of_that_dtype():

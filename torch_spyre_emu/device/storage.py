@@ -154,7 +154,8 @@ def span(shape, strides) -> int:
 def values_view(t: torch.Tensor) -> np.ndarray:
     """The values of `t` in its logical shape, as a numpy view into its device buffer (writes go to the device)."""
     buf = get(t).buffer
-    reach = t.storage_offset() + span(t.shape, t.stride())
+    elems = span(t.shape, t.stride())
+    reach = t.storage_offset() + elems if elems else 0  # an empty view reads nothing, whatever its offset
     if reach > buf.size:
         # torch bounds-checks views against the storage's bytes, which include stick padding; the emulator holds
         # only the elements the allocation was made for, so a view (as_strided) reaching past them has no values
