@@ -693,23 +693,15 @@ REWRITES: tuple[Rewrite, ...] = (
         ("aten.full",),
         "full(size, value, dtype, device)",
     ),
-    Rewrite(
-        "aten.all",
-        (torch.Tensor.all, torch.all),
-        frozenset({"all"}),
-        all_,
-        ("aten.amin", "aten.ne", "cast.bool->float16"),
-        "amin of the bools as float16 != 0",
-    ),
-    # transformers' torch_compilable_check(cond, msg), with which VLMs check their image-token count, runs
+    # also transformers' torch_compilable_check(cond, msg), with which VLMs check their image-token count: it runs
     # torch._check_tensor_all_with, i.e. cond._is_all_true(), in eager code (compiled, dynamo takes it as a hint)
     Rewrite(
         "aten.all",
-        (torch.Tensor._is_all_true,),
-        frozenset({"torch_compilable_check"}),
+        (torch.Tensor.all, torch.all, torch.Tensor._is_all_true),
+        frozenset({"all", "torch_compilable_check"}),
         all_,
         ("aten.amin", "aten.ne", "cast.bool->float16"),
-        "amin of the bools as float16 != 0 (torch_compilable_check's _is_all_true)",
+        "amin of the bools as float16 != 0",
     ),
     Rewrite(
         "aten.logsumexp",
