@@ -54,27 +54,23 @@ def to_host(t: torch.Tensor) -> torch.Tensor:
 
 
 def keep_host_copy(patch, module: torch.nn.Module, what: str) -> None:
-    """At patch time, while the model is on the CPU (as hf-adapters prepare a model): a copy of `module` that
-    `host_forward` runs once the model has moved to the device. Not a submodule, so `model.to(...)` leaves it here."""
-    if all(t.device.type == "cpu" for t in _tensors(module)):
-        patch.set_attr(module, "_spyre_host_copy", copy.deepcopy(module), what)
+    """At patch time (on the CPU, as hf-adapters prepare a model): the copy of `module` that `host_forward` runs once
+    the model has moved to the device. Not a submodule, so `model.to(...)` leaves it on the host."""
+    patch.set_attr(module, "_spyre_host_copy", copy.deepcopy(module).to("cpu"), what)
 
 
 def host_forward(forward):
-    """A module's stock `forward` as host code (see `host`) wherever the module lives. On the CPU it is the stock call.
-    On the device it runs on the module's host copy (keep_host_copy's, cast to the module's current dtype as the
-    model was; else copied back from the device), with tensor arguments copied to the host and tensor results copied
-    back to the device: "routing on the host" holds for a model moved with Module.to("spyre") too, not only for a
-    compiled graph that receives CPU inputs."""
+    """A module's stock `forward` as host code (see `host`) wherever the module lives; patch it with keep_host_copy.
+    On the CPU it is the stock call. On the device it runs on the module's host copy (each tensor cast to its live
+    twin's dtype, as the model was), with tensor arguments copied to the host and tensor results copied back to the
+    device: "routing on the host" holds for a model moved with Module.to("spyre") too, not only for a compiled graph
+    that receives CPU inputs."""
 
     def run(self, *args, **kwargs):
-        live = next(iter(_tensors(self)), None)
+        live = next(iter(tensors_of(self)), None)
         if live is None or live.device.type == "cpu":
             return forward(self, *args, **kwargs)
-        twin = self.__dict__.get("_spyre_host_copy")
-        if twin is None:
-            twin = copy.deepcopy(self).to("cpu")
-            self.__dict__["_spyre_host_copy"] = twin
+        twin = self.__dict__["_spyre_host_copy"]
         _follow_dtypes(twin, self)
         args, kwargs = pytree.tree_map_only(torch.Tensor, to_host, (args, kwargs))
         out = forward(twin, *args, **kwargs)
@@ -83,7 +79,8 @@ def host_forward(forward):
     return host(run)
 
 
-def _tensors(module: torch.nn.Module) -> list[torch.Tensor]:
+def tensors_of(module: torch.nn.Module) -> list[torch.Tensor]:
+    """A module's parameters and buffers, its own and its children's."""
     return [*module.parameters(), *module.buffers()]
 
 

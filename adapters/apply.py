@@ -84,7 +84,7 @@ def apply(model: nn.Module, only=None, exclude=None) -> AppliedAdapters:
         report = Report(already_patched=True, notes=[f"active handle applied {current.report.applied}"])
         return AppliedAdapters(model, [], report, owner=False)
 
-    on_device = sorted({str(t.device) for t in (*model.parameters(), *model.buffers()) if t.device.type != "cpu"})
+    on_device = sorted({str(t.device) for t in _stack.tensors_of(model) if t.device.type != "cpu"})
     if on_device:
         raise AdapterError(
             f"adapters.apply: the model has tensors on {', '.join(on_device)}; apply adapters on the CPU and then "
