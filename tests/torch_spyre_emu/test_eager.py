@@ -34,6 +34,30 @@ def test_eager_add_is_dl16_exact_and_stays_on_device():
     assert np.array_equal(payload(out), round_dl16(to_dl16(x) + to_dl16(y)))
 
 
+@pytest.mark.parametrize("other_channels_last", [True, False])
+def test_eager_elementwise_on_channels_last_views_keeps_torchs_strides(other_channels_last):
+    """ConvNeXt's `residual + x.permute(0, 3, 1, 2)`: two NHWC-strided operands. torch's structured wrapper would
+    allocate the sum with empty(memory_format=channels_last), which spyre's empty refuses; the result is computed on
+    the device and strided as torch strides it, with the same values."""
+    a = torch.randn(2, 4, 4, 64, dtype=torch.float16)
+    b = torch.randn(2, 4, 4, 64, dtype=torch.float16)
+    da = a.to("spyre").permute(0, 3, 1, 2)
+    db = b.to("spyre").permute(0, 3, 1, 2)
+    ha, hb = a.permute(0, 3, 1, 2), b.permute(0, 3, 1, 2)
+    if not other_channels_last:
+        da, ha = da.contiguous(), ha.contiguous()
+    x, y = to_dl16(hb), to_dl16(ha)
+    for got, want, exact in (
+        (db + da, hb + ha, round_dl16(x + y)),
+        (torch.mul(db, da), hb * ha, round_dl16(x * y)),
+        (torch.maximum(db, da), torch.maximum(hb, ha), np.maximum(x, y)),
+    ):
+        assert got.device.type == "spyre" and got.stride() == want.stride()
+        assert np.array_equal(payload(got), exact)
+    with pytest.raises(torch_spyre_emu.errors.SpyreDeviceError, match="allocated contiguous"):
+        torch.empty(2, 64, 4, 4, dtype=torch.float16, device="spyre", memory_format=torch.channels_last)
+
+
 def test_eager_matmul_and_softmax_match_cpu():
     a = torch.randn(8, 100, dtype=torch.float16)
     b = torch.randn(100, 64, dtype=torch.float16) * 0.1

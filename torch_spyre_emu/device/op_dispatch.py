@@ -158,6 +158,66 @@ def _impl_name(op) -> str:
 _OVERLOAD_FALLBACKS_LIB = _register_overload_fallbacks()
 
 
+def _structured_ops() -> list:
+    """torch's structured functional ops (add.Tensor, mul.Tensor, ...) that have no PrivateUse1 kernel: they reach
+    a device through torch's CompositeExplicitAutogradNonFunctional wrapper, which allocates the result with
+    empty(memory_format=...) and calls the .out overload."""
+    found = []
+    for name in torch._C._dispatch_get_all_op_names():
+        if not name.startswith("aten::") or torch._C._dispatch_has_kernel_for_dispatch_key(name, "PrivateUse1"):
+            continue
+        if not torch._C._dispatch_has_kernel_for_dispatch_key(name, "CompositeExplicitAutogradNonFunctional"):
+            continue
+        packet, _, overload = name[len("aten::") :].partition(".")
+        op = getattr(getattr(torch.ops.aten, packet), overload or "default", None)
+        if op is not None and not op._schema.is_mutable and not op.is_view:
+            found.append(op)
+    return found
+
+
+def _register_structured_kernels() -> torch.library.Library:
+    """A PrivateUse1 kernel for each structured functional op: run_on_device computes it, and the result takes the
+    strides torch gives it (two channels_last operands give a channels_last sum). torch's wrapper would allocate
+    that result with empty(memory_format=torch.channels_last), which torch-spyre's empty refuses (contiguous only,
+    torch_spyre_api.md §3), so ConvNeXt's `residual + x.permute(0, 3, 1, 2)` failed on the device. The real stack's
+    eager ops compile themselves (ops/eager.py) and Inductor allocates their results with empty_strided; that the
+    real eager path never allocates a result through empty(memory_format=) is an emulator assumption."""
+    lib = torch.library.Library("aten", "IMPL")
+    for op in _structured_ops():
+
+        def kernel(*args, op=op, **kwargs):
+            return _with_torch_strides(op, args, kwargs, fallback(None, op, *args, **kwargs))
+
+        lib.impl(_impl_name(op), kernel, "PrivateUse1")
+    return lib
+
+
+def _with_torch_strides(op, args, kwargs, result):
+    """`result` (contiguous, as run_op returns it) restrided as torch's own kernel strides it, when its inputs are
+    not all contiguous (torch's meta kernel says how); device values are held in logical order, so this moves no
+    data."""
+    if not isinstance(result, torch.Tensor) or all(
+        t.is_contiguous() for t in torch.utils._pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)
+    ):
+        return result
+
+    def as_meta(x):
+        return torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device="meta")
+
+    meta_args, meta_kwargs = torch.utils._pytree.tree_map_only(torch.Tensor, as_meta, (args, kwargs))
+    strides = op(*meta_args, **meta_kwargs).stride()
+    if strides == result.stride():
+        return result
+    from torch_spyre_emu.device.tensor import new_tensor, payload
+
+    restrided = new_tensor(result.shape, result.dtype, strides, card=result.device.index)
+    payload(restrided)[...] = payload(result)
+    return restrided
+
+
+_STRUCTURED_LIB = _register_structured_kernels()
+
+
 def run_on_device(op, args, kwargs):
     """Send `op` to run_op (as its functional overload) and write results into mutated/out arguments."""
     functional = functional_overload(op)
