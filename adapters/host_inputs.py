@@ -1,12 +1,12 @@
 """Host-side computation of model inputs and guards the stack does not lower.
 
-Three adapters, each running *stock code* on the host (the same function on the same values, so the result is
+Four adapters, each running *stock code* on the host (the same function on the same values, so the result is
 bit-identical) and handing its result to the device, as hf-adapters pass position ids and masks from the host:
 
 - `host_position_ids`: position ids derived from the padding (RoBERTa's `create_position_ids_from_input_ids`, a
   cumsum of `input_ids != padding_idx`; BLOOM's ALiBi positions, a cumsum of the attention mask) and the token types
   BERT-style embeddings gather from their all-zero `token_type_ids` buffer (`torch.gather(buffer, 1, position_ids)`);
-  T5's relative position buckets (integer positions -> bucket ids: a log of 0 cast to int64 gives int64's minimum,
+  T5's and WavLM's relative position buckets (integer positions -> bucket ids: a log of 0 cast to int64 gives int64's minimum,
   which the device's int32 cannot hold). Gaps: aten.cumsum (a CPU fallback: the scan is not implemented),
   aten.gather (unsupported), aten.log on integer positions.
 - `host_clamp_guard`: the fp16 overflow guards of T5 (`torch.where(torch.isinf(h).any(), max - 1000, max)`) and
@@ -16,7 +16,13 @@ bit-identical) and handing its result to the device, as hf-adapters pass positio
   aten.isinf, aten.isfinite and aten.all (not in torch-spyre's op table: unsupported), aten.any (a fallback).
 - `host_vision_indices`: the image-grid helpers of transformers' shared `vision_utils` (Qwen3-VL's and its copies'
   rotary position ids, attention sequence lengths, window order and position-embedding interpolation taps), integer
-  arithmetic on `grid_thw` alone. Gaps: aten.remainder and aten.floor_divide (unsupported; floor_divide: #4643).
+  arithmetic on `grid_thw` alone, and the argsort a vision forward inverts the window order with. Gaps:
+  aten.remainder, aten.floor_divide (unsupported; floor_divide: #4643) and aten.sort (#4072).
+- `host_position_embedding`: position embeddings made from shapes and the padding mask alone (DETR's sine embedding
+  and its copies: an arange floor-divided by 2, then sin and cos), built on the host when they are for the device.
+  In a compiled graph with CPU inputs the stock code runs (it folds to a constant); on a model moved with
+  `Module.to("spyre")` it would run eagerly on the device. Gaps: aten.floor_divide, aten.sin and aten.cos (CPU
+  fallbacks).
 
 How they recognise their targets (by structure, not by class name):
 - a *position helper* is a function of the model's package whose code calls `cumsum` and whose first parameter is
@@ -30,7 +36,11 @@ How they recognise their targets (by structure, not by class name):
   isfinite return a predicate that reduces on the host and gives back the stock 0-d bool tensor on the device;
 - a *vision index helper* is a function of `transformers.vision_utils` whose first parameter is `grid_thw` (or
   `target_sizes`), reached from a module's forward as a global (or through the model package's helpers): rebound to
-  the host call.
+  the host call; when that forward calls `torch.argsort` itself, it reads a copy of `torch` whose argsort runs on
+  the host;
+- a *position generator* is a module of transformers holding no tensor whose forward takes a `device` argument, or
+  whose own code calls arange and sin or cos: its forward becomes the stock one, called on the host when the
+  result is for another device.
 """
 
 from __future__ import annotations
@@ -43,6 +53,7 @@ import sys
 import types
 
 import torch
+import torch.utils._pytree as pytree
 from torch import nn
 
 from adapters import structure
@@ -52,7 +63,8 @@ from adapters.patch import Patch
 from adapters.registry import register_adapter
 
 _POSITION_INPUTS = ("input_ids", "attention_mask")  # the first parameter of a cumsum position helper
-_RELATIVE = "relative_position"  # the first parameter of a relative-position bucketing helper
+# the first parameter of a relative-position bucketing helper (T5's and its copies'; WavLM's is plural)
+_RELATIVE = ("relative_position", "relative_positions")
 
 
 # ------------------------------------------------------------------------------------------------ shared pieces
@@ -139,7 +151,8 @@ def _source(fn) -> str:
 def is_position_helper(fn, method: bool = False) -> bool:
     """A function whose code calls cumsum and whose first parameter (after `self` for a method) is input_ids or
     attention_mask, or a relative-position bucketing function (first parameter `relative_position`: T5's
-    `_relative_position_bucket` and its copies, integer work on integer positions)."""
+    `_relative_position_bucket` and its copies; `relative_positions`: WavLM's `_relative_positions_bucket`; integer
+    work on integer positions)."""
     f = structure.chain(fn)
     if not f:
         return False
@@ -147,7 +160,7 @@ def is_position_helper(fn, method: bool = False) -> bool:
     if code.co_argcount <= first:
         return False
     name = code.co_varnames[first]
-    return name == _RELATIVE or ("cumsum" in structure._global_names(code) and name in _POSITION_INPUTS)
+    return name in _RELATIVE or ("cumsum" in structure._global_names(code) and name in _POSITION_INPUTS)
 
 
 def _self_calls(fn) -> set[str]:
@@ -386,7 +399,7 @@ def vision_targets(model: nn.Module) -> list[tuple[str, nn.Module, dict[int, obj
 class HostVisionIndices(Adapter):
     name = "host_vision_indices"
     gap = "aten.remainder"
-    also = ("aten.floor_divide",)
+    also = ("aten.floor_divide", "aten.sort")
     applies_to = frozenset(
         {"a forward calling transformers.vision_utils' grid helpers (get_vision_position_ids, ...)"}
     )
@@ -401,8 +414,81 @@ class HostVisionIndices(Adapter):
     def patch(self, model: nn.Module) -> Patch:
         patch = Patch(self.name)
         calls: dict[int, object] = {}  # one host call per stock helper: dynamo then guards on one object
+        view = None
         for path, m, found in vision_targets(model):
             replace = {i: calls.setdefault(i, on_host(fn)) for i, fn in found.items()}
             what = ", ".join(sorted(f.__name__ for f in found.values()))
+            if "argsort" in structure._global_names(structure.chain(structure.current_function(m, "forward"))[-1].__code__):
+                view = view or torch_with(patch, argsort=on_host(torch.argsort))
+                replace[id(torch)] = view
+                what += ", the window order's inverse (argsort)"
             rebind_forward(patch, m, replace, f"{path}: {what} on the host")
+        return patch
+
+
+# --------------------------------------------------------------------------------------- position generators
+
+
+def is_position_generator(module: nn.Module) -> bool:
+    """A module of transformers that holds no tensor of its own and builds position embeddings from shapes (and a
+    padding mask): its forward takes the `device` to build on (DETR's sine embedding and its copies: Conditional /
+    Deformable DETR, Mask2Former, OneFormer, SAM 2/3, RT-DETR, D-FINE, ...), or its own code calls arange and sin or
+    cos (Table Transformer's, which takes the pixel values only for their device)."""
+    forward = getattr(type(module), "forward", None)
+    if not (isinstance(forward, types.FunctionType) and forward.__module__.startswith("transformers.")):
+        return False
+    if any(True for _ in module.parameters()) or any(True for _ in module.buffers()):
+        return False
+    names = structure._global_names(structure.chain(forward)[-1].__code__)
+    return "device" in inspect.signature(forward).parameters or ("arange" in names and bool({"sin", "cos"} & names))
+
+
+def host_generated(forward):
+    """A position generator's stock forward, built on the host when its result is for the device: the same code on
+    the same values with device="cpu" and tensor arguments (the mask) copied to the host, the result copied to the
+    device asked for (the `device` argument, else the first tensor argument's). Decided before the host call, so
+    dynamo traces the CPU case as stock (a compiled graph folds it to a constant) and breaks the graph only around
+    a build for the device."""
+    signature = inspect.signature(forward)
+
+    def run(self, *args, **kwargs):
+        bound = signature.bind(self, *args, **kwargs)
+        device = bound.arguments.get("device")
+        if device is None:
+            device = next((t.device for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)), None)
+        if device is None or torch.device(device).type == "cpu":
+            return forward(self, *args, **kwargs)
+        return _build_on_host(forward, torch.device(device), bound)
+
+    return run
+
+
+@host
+def _build_on_host(forward, device: torch.device, bound: inspect.BoundArguments):
+    if "device" in bound.arguments:
+        bound.arguments["device"] = torch.device("cpu")
+    args, kwargs = pytree.tree_map_only(torch.Tensor, to_host, (bound.args, bound.kwargs))
+    return pytree.tree_map_only(torch.Tensor, lambda t: t.to(device), forward(*args, **kwargs))
+
+
+@register_adapter
+class HostPositionEmbedding(Adapter):
+    name = "host_position_embedding"
+    gap = "aten.floor_divide"
+    also = ("aten.sin", "aten.cos")
+    applies_to = frozenset(
+        {"a tensor-free module whose forward takes the device to build positions on, or calls arange and sin/cos"}
+    )
+    order = 17  # with the other host inputs; changes no shape
+    summary = "position embeddings made from shapes (DETR's sine embedding and copies) built on the host"
+
+    def applicable(self, model: nn.Module) -> bool:
+        return any(is_position_generator(m) for m in model.modules())
+
+    def patch(self, model: nn.Module) -> Patch:
+        patch = Patch(self.name)
+        for path, m in model.named_modules():
+            if is_position_generator(m):
+                forward = structure.current_function(m, "forward")
+                patch.override_forward(m, host_generated(forward), f"{path}: built on the host")
         return patch

@@ -62,10 +62,18 @@ def test_sampling_on_the_host_with_the_decoder_on_the_device_matches_the_cpu():
             assert torch.equal(model.generate(ids, max_new_tokens=5, min_new_tokens=5, pad_token_id=0, **kw), ref)
 
 
-@pytest.mark.parametrize("model_type", ["llava", "internvl"])
-def test_a_vlm_on_the_device_checks_its_image_tokens_without_aten_all(model_type):
-    """transformers' VLMs check their image-token count with torch_compilable_check, an aten.all in eager code that
-    the rewrite adapter re-expresses; the eager forward on the device then stays within DL16 rounding of the CPU."""
+# what each needed on the device: transformers' VLMs check their image-token count with torch_compilable_check,
+# an aten.all in eager code (the rewrite adapter re-expresses it); ConvNeXt adds two channels_last-strided operands
+# (torch's wrapper would allocate the sum with empty(memory_format=channels_last)); WavLM's relative position
+# buckets hold int64's minimum (host_position_ids); Qwen2.5-VL's vision tower inverts its window order with
+# argsort (host_vision_indices); DETR's and Table Transformer's sine position embeddings floor-divide an arange
+# (host_position_embedding)
+EAGER_TYPES = ["llava", "internvl", "convnext", "wavlm", "qwen2_5_vl_vision", "detr", "table-transformer"]
+
+
+@pytest.mark.parametrize("model_type", EAGER_TYPES)
+def test_an_eager_forward_of_a_model_moved_after_patching_matches_the_cpu(model_type):
+    """The eager forward on the device stays within DL16 rounding of the CPU's fp32 forward."""
     from models.zoo.classify import _half_inputs, _tensor_out
 
     z = build(model_type, "default", seed=0)

@@ -294,3 +294,64 @@ def test_what_is_a_vision_index_helper():
         vision_utils._interpolation_axis_taps_weights
     )  # a tap helper, not the grid's
     assert not adapters.get_adapter("host_vision_indices").applicable(_zoo("llama").model)
+
+
+def test_a_vision_forward_inverts_its_window_order_on_the_host():
+    """Qwen2.5-VL's tower calls torch.argsort on the window order (sort: unsupported, #4072); patched, its forward
+    reads a torch whose argsort is the host call, with the same result on the CPU. (A compiled graph with CPU inputs
+    never held it: dynamo computes the window order from the grid's values; on a model moved to the device the
+    eager argsort was the gap, tests/adapters/test_device_resident.py.)"""
+    ref, out, patch = _stock_and_patched("qwen2_5_vl_vision", "host_vision_indices", torch.float32)
+    assert torch.equal(out, ref)
+    assert "argsort" in " ".join(patch.changes), patch.changes
+
+
+def test_wavlm_relative_position_buckets_are_a_position_helper():
+    """WavLM's `_relative_positions_bucket(self, relative_positions)` is T5's bucketing with a plural name: a log of
+    0 cast to int64 (int64's minimum, which the device's int32 cannot hold), so it runs on the host."""
+    from transformers.models.wavlm.modeling_wavlm import WavLMAttention
+
+    assert is_position_helper(WavLMAttention._relative_positions_bucket, method=True)
+    ref, out, patch = _stock_and_patched("wavlm", "host_position_ids", torch.float32)
+    assert torch.equal(out, ref)
+    assert "_relative_positions_bucket" in " ".join(patch.changes), patch.changes
+
+
+# ------------------------------------------------------------------------------------------- position generators
+
+
+def test_what_is_a_position_generator():
+    from transformers.models.detr.modeling_detr import DetrLearnedPositionEmbedding, DetrSinePositionEmbedding
+    from transformers.models.table_transformer.modeling_table_transformer import (
+        TableTransformerSinePositionEmbedding,
+    )
+
+    from adapters.host_inputs import is_position_generator
+
+    assert is_position_generator(DetrSinePositionEmbedding(num_position_features=32))  # forward(shape, device, ...)
+    assert is_position_generator(TableTransformerSinePositionEmbedding(32))  # arange, sin and cos in its forward
+    assert not is_position_generator(DetrLearnedPositionEmbedding(32))  # holds embedding tables
+    assert not is_position_generator(nn.GELU())  # tensor-free, but torch's and no positions
+    assert not adapters.get_adapter("host_position_embedding").applicable(_zoo("llama").model)
+
+
+def test_position_embedding_for_the_device_is_built_on_the_host():
+    """For the CPU the stock code runs (a compiled graph folds it, no graph break); for the device the same code runs
+    on the host and the result moves to the device, equal to the stock values (fp32 stays fp32 on the device)."""
+    from transformers.models.detr.modeling_detr import DetrSinePositionEmbedding
+
+    module = DetrSinePositionEmbedding(num_position_features=32, normalize=True)
+    mask = torch.ones(2, 6, 5, dtype=torch.long)
+    mask[1, :, 3:] = 0
+    shape = torch.Size([2, 64, 6, 5])
+    ref = module(shape, torch.device("cpu"), torch.float32, mask)
+    patch = adapters.get_adapter("host_position_embedding").patch(module)
+    try:
+        assert torch.equal(module(shape, torch.device("cpu"), torch.float32, mask), ref)
+        explained = torch._dynamo.explain(lambda m: module(shape, torch.device("cpu"), torch.float32, m))(mask)
+        assert explained.graph_break_count == 0
+        got = module(shape, torch.device("spyre"), torch.float32, mask.to("spyre"))
+        assert got.device.type == "spyre" and torch.equal(got.cpu(), ref)
+    finally:
+        patch.undo()
+    assert "forward" not in module.__dict__
