@@ -5,7 +5,9 @@ forward (failing or non-finite there is not the stack's fault: not_buildable, re
 adapters.plan for the gaps (its second walk, with the adapters applied, is the first call of the compiled model the
 runs use: one dynamo trace) -> with the adapters applied (fallback mode) compile with backend "spyre" on the fp16
 weights, run, compare with the fp32 reference under the tolerance (tolerance.py) -> the same in strict mode ->
-classify. run_one never raises for a model's failure: it records it. `timeout` and `out_of_memory` are normally the
+classify -> for a model that ran (pass_device, pass_fallback), the real stack's own flow too: the patched model
+moved with `Module.to("spyre")` and called eagerly with device inputs (`device_resident`, beside the class: host code
+between the compiled graphs ran on the CPU). run_one never raises for a model's failure: it records it. `timeout` and `out_of_memory` are normally the
 sweep runner's (a killed subprocess); run_one gives out_of_memory only for a MemoryError it catches itself.
 
 Where an exception comes from decides its class: our typed errors (torch_spyre_emu.errors, aiu_sim's, the numerics
@@ -22,8 +24,10 @@ import sys
 import time
 import traceback
 import warnings
+from dataclasses import dataclass
 
 import torch
+import torch.utils._pytree as pytree
 
 CLASSES = (
     "pass_device",
@@ -258,6 +262,7 @@ def _record(model_type: str, variant: str) -> dict:
         "metrics": None,
         "tolerance": None,
         "sim": None,
+        "device_resident": None,
         "error": None,
         "wall_s": None,
         "stages_s": {},
@@ -272,7 +277,10 @@ def run_one(model_type: str, variant: str = "default", seed: int = 0) -> dict:
         # Past dynamo's per-code-object recompile limit a frame runs eagerly on the CPU, not on emulated Spyre, and
         # the model would pass for the wrong reason: reaching it is an error (as in the test suite's conftest).
         with torch._dynamo.config.patch(fail_on_recompile_limit_hit=True):
-            _flow(rec, model_type, variant, seed)
+            passed = _flow(rec, model_type, variant, seed)
+        if passed is not None:
+            torch._dynamo.reset()
+            _device_resident(rec, passed)
     except (KeyboardInterrupt, SystemExit):
         raise
     except BaseException as e:  # noqa: BLE001 - a failure anywhere is the model's record, never the caller's crash
@@ -304,7 +312,7 @@ class _Stage:
         stages[self.name] = round(stages.get(self.name, 0.0) + time.perf_counter() - self.t, 3)
 
 
-def _flow(rec: dict, model_type: str, variant: str, seed: int) -> None:
+def _flow(rec: dict, model_type: str, variant: str, seed: int) -> Passed | None:
     import adapters
     import torch_spyre_emu
     from models.zoo import tolerance
@@ -437,7 +445,7 @@ def _flow(rec: dict, model_type: str, variant: str, seed: int) -> None:
                         "reason": "strict mode refuses CPU islands",
                     }
                 )
-                return
+                return Passed(zm, ref, inputs16, tol)
             except Exception as e:  # noqa: BLE001
                 cls, blocking = classify_error(e)
                 rec.update(
@@ -463,6 +471,52 @@ def _flow(rec: dict, model_type: str, variant: str, seed: int) -> None:
             )
         return
     rec["class"] = "pass_device"
+    return Passed(zm, ref, inputs16, tol)
+
+
+@dataclass
+class Passed:
+    """What the device-resident run of a model that passed needs from the flow."""
+
+    zm: object  # recipes.ZooModel
+    ref: torch.Tensor  # the CPU fp32 reference at real positions
+    inputs16: dict
+    tol: object  # tolerance.Tolerance
+
+
+def _device_resident(rec: dict, passed: Passed) -> None:
+    """The real stack's own flow for a model the compiled flow ran: adapters applied on the CPU (as hf-adapters
+    prepare a model), `Module.to("spyre")`, then one eager forward with the inputs on the device. The compiled flow
+    feeds CPU inputs, so host code between its graphs (a graph break: dynamo leaves nn.LSTM to eager code, an adapter's
+    host call) runs on the CPU; here every eager op runs on the device, as on a card, and CPU fallbacks warn as the
+    real stack's do. Recorded beside the class, which it does not change: `device_resident` = {"class": "pass",
+    "numeric_mismatch" or an error class, "metrics", "blocking", "error"}."""
+    import adapters
+    from models.zoo import tolerance
+    from torch_spyre_emu.errors import FallbackWarning
+
+    zm = passed.zm
+    with _Stage(rec, "device_resident"):
+        model = copy.deepcopy(zm.model).half().eval()
+        try:
+            with adapters.apply(model), torch.no_grad(), warnings.catch_warnings():
+                warnings.simplefilter("ignore", FallbackWarning)
+                model.to("spyre")
+                inputs = pytree.tree_map_only(torch.Tensor, lambda t: t.to("spyre"), passed.inputs16)
+                out = _real(_tensor_out(model(**inputs)).cpu(), zm.pad_mask)
+        except Exception as e:  # noqa: BLE001 - the model's record, as in the flow
+            cls, blocking = classify_error(e)
+            rec["device_resident"] = {"class": cls, "blocking": blocking, "error": _error(e)}
+            return
+        finally:
+            del model
+        m = tolerance.metrics(out, passed.ref, zm.is_decoder_lm)
+        ok, why = tolerance.within(m, passed.tol) if out.shape == passed.ref.shape else (False, ["shape"])
+        rec["device_resident"] = {
+            "class": "pass" if ok else "numeric_mismatch",
+            "metrics": tolerance.public(m),
+            **({} if ok else {"reason": "; ".join(why)}),
+        }
 
 
 if __name__ == "__main__":  # python -m models.zoo.classify TYPE [VARIANT]: one record as JSON

@@ -232,8 +232,34 @@ MATRIX_COLUMNS = (
     "top-1",
     "sim latency (us)",
     "kernels",
+    "on the device",
     "why",
 )
+
+
+def _resident_cell(r: dict) -> str:
+    """The device-resident run's class (and what blocked it); empty where it was not run (a model that did not run
+    compiled, or a record from before run_one measured it)."""
+    d = r.get("device_resident")
+    if not d:
+        return ""
+    ops = ", ".join(_uniq(b.get("op") for b in d.get("blocking") or []))
+    return d["class"] + (f": {ops}" if ops else "")
+
+
+def _resident_error(r: dict) -> str:
+    d = r["device_resident"]
+    err = d.get("error") or {}
+    text = d.get("reason") or (f"{err.get('type', '')}: {err.get('message', '')}" if err else "")
+    return text.splitlines()[0][:160] if text else ""
+
+
+def device_resident(records: list[dict]) -> tuple[int, int, list[dict]]:
+    """(types measured, of which pass, the records that do not) of the records whose model ran compiled and was
+    also run moved to the device."""
+    measured = [r for r in records if r["class"] in RUNS and r.get("device_resident")]
+    failed = [r for r in measured if r["device_resident"]["class"] != "pass"]
+    return len(measured), len(measured) - len(failed), failed
 
 
 def matrix_rows(records: list[dict]) -> list[list[str]]:
@@ -256,6 +282,7 @@ def matrix_rows(records: list[dict]) -> list[list[str]]:
                 _fmt(_metric(r, "top1_agreement"), ".3f"),
                 _fmt(_latency_us(r), ".1f"),
                 _fmt(sim.get("kernels"), ".0f"),
+                _resident_cell(r),
                 _why(r),
             ]
         )
@@ -464,6 +491,32 @@ def _sections(records: list[dict], source: str) -> list[tuple[str, str, object]]
                 ),
             )
         )
+        n, ok, failed = device_resident(default)
+        if n:
+            parts.append(
+                (
+                    "p",
+                    "Moved to the device (the real stack's flow; default variant)",
+                    f"Of the {n} model types that ran compiled and were also run as the real stack runs them "
+                    "(adapters applied on the CPU, `Module.to(\"spyre\")`, one eager forward with the inputs on "
+                    f"the device), {ok} ran within tolerance. The compiled flow feeds CPU inputs, so host code "
+                    "between its graphs runs on the CPU; these stop there on the device:",
+                )
+            )
+            parts.append(
+                (
+                    "table",
+                    "",
+                    (
+                        ["model type", "class", "on the device", "error"],
+                        [
+                            [r["model_type"], r["class"], _resident_cell(r), _resident_error(r)]
+                            for r in sorted(failed, key=lambda r: r["model_type"])
+                        ],
+                        None,
+                    ),
+                )
+            )
     parts.append(("img", "Coverage by modality", PLOTS["modality"]))
     for variant, rs in variants.items():
         island = {r["model_type"]: r["class"] == "pass_fallback" for r in rs}

@@ -80,6 +80,8 @@ def test_class_as_today(model_type):
     if rec["class"] in ("pass_device", "pass_fallback"):
         assert rec["error"] is None and rec["sim"]["kernels"] > 0 and rec["sim"]["latency_us"] > 0
         assert rec["metrics"]["cosine"] >= rec["tolerance"]["cosine_min"]
+        # the real stack's flow too: moved with Module.to("spyre"), one eager forward with device inputs
+        assert rec["device_resident"]["class"] == "pass", rec["device_resident"]
     if rec["class"] == "pass_fallback":
         assert rec["fallback_ops"] and rec["blocking"], "a fallback pass names its CPU islands"
     if rec["class"] == "unsupported":

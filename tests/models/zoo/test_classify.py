@@ -185,3 +185,16 @@ def test_a_size_read_from_a_tensor_is_named_as_the_gap():
         ("aten._local_scalar_dense", "shape.data_dependent")
     ]
     assert "pad" in blocking[0]["module_path"]
+
+
+def test_a_model_that_runs_compiled_is_also_run_moved_to_the_device():
+    """Parakeet's RNN-T decoder runs compiled (pass_fallback): dynamo leaves nn.LSTM to eager code, which the
+    compiled flow's CPU inputs run on the CPU. Moved to the device as on a card, the same LSTM is an eager
+    _thnn_fused_lstm_cell on spyre tensors, which the stack cannot run: recorded beside the class, which stays."""
+    rec = run_one("parakeet_rnnt")
+    assert rec["class"] == "pass_fallback"
+    resident = rec["device_resident"]
+    assert resident["class"] == "unsupported"
+    assert [b["op"] for b in resident["blocking"]] == ["aten._thnn_fused_lstm_cell"]
+    assert rec["stages_s"]["device_resident"] > 0
+    json.dumps(rec)

@@ -49,6 +49,7 @@ def records() -> list[dict]:
             fallback_ops=["cpu_cos_0", "cpu_sin_1_0", "cpu_cos_2"],
             sim={"latency_us": 1021.1, "kernels": 300, "bundles": 90},
             adapters_retired=["rope_host"],
+            device_resident={"class": "pass", "metrics": ran["metrics"]},
         ),
         rec(
             "mixtral",
@@ -73,6 +74,11 @@ def records() -> list[dict]:
             fallback_ops=["aten.native_group_norm"],
             blocking=[{"op": "aten.native_group_norm", "capability": "aten.native_group_norm"}],
             sim={"latency_us": 2300.0, "kernels": 80, "bundles": 20},
+            device_resident={
+                "class": "unsupported",
+                "blocking": [{"op": "aten.sort", "capability": "aten.sort"}],
+                "error": {"type": "SpyreUnsupportedOpError", "message": "graph 'eager_sort' has 1 op(s)\nmore"},
+            },
         ),
         rec(
             "mamba",
@@ -181,6 +187,7 @@ def test_every_section_and_plot_is_written(tmp_path):
         "## Summary: ragged variant",
         "## Targets (issue 11; default variant)",
         "## Adapters: what each one bridged in the models that run (default variant)",
+        "## Moved to the device (the real stack's flow; default variant)",
         "## Coverage by modality",
         "## To-do: gaps ranked by the model types they block (default variant)",
         "## Errors of ours (emulator_error, adapter_error)",
@@ -237,6 +244,14 @@ def test_every_section_and_plot_is_written(tmp_path):
         and "| 2 | aten.native_group_norm | 1 | 1 | convnext |" in md
     )
     assert "functionalization <lambda> \\| failed" in md  # first line of the message, pipes escaped
+    # the device-resident runs: measured for the two run types that have one (gpt2 has none: an older record)
+    assert "Of the 2 model types that ran compiled and were also run as the real stack runs them" in md
+    assert "), 1 ran within tolerance." in md
+    assert (
+        "| convnext | pass_fallback | unsupported: aten.sort | SpyreUnsupportedOpError: graph 'eager_sort' has 1 op(s) |"
+        in md
+    )
+    assert "| 300 | pass |" in matrix and "| 80 | unsupported: aten.sort |" in matrix and "| 120 |  |" in matrix
 
     page = files.html.read_text()
     assert page.startswith("<!DOCTYPE html>") and page.count("<table>") == md.count("\n|---")
