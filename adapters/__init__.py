@@ -29,6 +29,7 @@ from adapters import (  # noqa: F401  (importing registers the adapters, in appl
     qkv_split,
     rewrite,
     rmsnorm,
+    rnn,
     rope,
     rope_complex,
     sdpa,

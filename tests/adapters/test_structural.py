@@ -34,12 +34,14 @@ FAMILIES = (
     "qwen3_vl_vision",
     "focalnet",
     "detr",
+    "parakeet_rnnt",
 )  # glmasr: an audio tower beside a Llama decoder; minicpm3: multi-head latent attention (the mla adapter);
 # gpt_bigcode: a multi-query fused c_attn cut twice (the fused_split adapter); resnet: a CNN backbone's max pool (the
 # pooling adapter); wav2vec2: the feature encoder's GroupNorm (the group_norm adapter); llama4_text: complex rotary
 # (the rope_complex adapter; DeepSeek-V2's is in tests/adapters/test_rope_complex.py); qwen3_vl_vision: the shared
 # vision_utils grid helpers (the host_vision_indices adapter); focalnet: a ragged 1027-wide modulation projection (the
-# linear_split adapter); detr: a sine position embedding built from shapes (the host_position_embedding adapter)
+# linear_split adapter); detr: a sine position embedding built from shapes (the host_position_embedding adapter);
+# parakeet_rnnt: an nn.LSTM prediction network (the lstm_unrolled adapter)
 
 
 @functools.cache
@@ -73,6 +75,7 @@ def test_structural_adapters_reach_beyond_the_three_named_families():
     assert by_adapter["rope_complex"] == {"llama4_text"}  # complex rotary: no CI-subset family has it
     assert by_adapter["host_vision_indices"] == {"qwen3_vl_vision"}  # transformers.vision_utils' grid helpers
     assert by_adapter["host_position_embedding"] == {"detr"}  # a tensor-free forward(shape, device, dtype, mask)
+    assert by_adapter["lstm_unrolled"] == {"parakeet_rnnt"}  # nn.LSTM, by module type
     assert by_adapter["linear_split"] == {"focalnet"}  # an nn.Linear of a ragged width, not the LM head
     # variants that compute something else are not matched: Gemma's (1 + weight) norm, GPT-NeoX's partial rotary
     assert "gemma2" not in by_adapter["rmsnorm"] and "gpt_neox" not in by_adapter["rope"]
