@@ -26,7 +26,11 @@ router on the host: a sibling, calling topk, of a module holding a 3-D stacked p
 block and its mixture of attention heads (MoA: map/reduce), whose router sorts tokens by expert, splits them per
 expert and index_adds them back, are recognised as verbatim copies of JetMoE's code (structure.same_code); their
 router runs on the host, which turns its sorted topology into a [tokens, k, experts] one-hot (and gate-weighted)
-selection, and every expert runs on every token (MoE) or (token, k) slot (MoA), selected by matmuls.
+selection, and every expert runs on every token (MoE) or (token, k) slot (MoA), selected by matmuls. Switch
+Transformers' experts (one module per expert, `self[f"expert_{i}"]`: a one-hot dispatch, a loop over boolean-indexed
+tokens, index_add_ back) are recognised as verbatim copies of its code; the sibling `router` (argmax, one-hot, a
+cumsum for the expert capacity) runs on the host, and every expert runs on every token, weighted by the router's
+probability at the token's one dispatched expert (0 for a token over capacity, as stock).
 """
 
 from __future__ import annotations
@@ -394,6 +398,44 @@ def parallel_experts_blocks(model: nn.Module) -> list[tuple[str, nn.Module, str]
     return out
 
 
+def _switch_reference():
+    """Switch Transformers' experts forward, the code the per-module experts form is recognised against."""
+    try:
+        from transformers.models.switch_transformers import modeling_switch_transformers as m
+    except ImportError:
+        return None
+    return m.SwitchTransformersExperts.forward
+
+
+def module_experts_blocks(model: nn.Module) -> list[tuple[str, nn.Module, str]]:
+    """(path, experts, router path) of experts held as one module per expert (`self[f"expert_{i}"]`) whose forward is
+    a verbatim copy of Switch Transformers': one-hot dispatch, a token loop per hit expert, index_add_ back; the
+    router is the block's sibling named `router`."""
+    ref = _switch_reference()
+    if ref is None:
+        return []
+    out = []
+    for path, m in model.named_modules():
+        if structure.same_code(type(m).forward, ref):
+            parent_path, name, parent = _siblings(model, path)
+            router = getattr(parent, "router", None)
+            if isinstance(router, nn.Module) and router is not m:
+                out.append((path, m, f"{parent_path}.router" if parent_path else "router"))
+    return out
+
+
+def dense_module_experts(self, hidden_states, selected_experts, routing_weights):
+    """Switch's experts forward, every expert on every token: `selected_experts` [T, 1, E] is the router's one-hot
+    dispatch (capacity overflow zeroed) and `routing_weights` [T, 1] the chosen expert's probability, so token t's
+    result is expert(t) * weight at its one selected expert and 0 at the others (a dropped token: 0, as stock's
+    zeros_like). One nonzero term per token: the sum over experts adds zeros only (an expert's matmul over all the
+    tokens may round as a different BLAS blocking does: within fp32 rounding on the CPU, tests)."""
+    hit = selected_experts[:, 0, :] != 0  # a compare, not an int -> float cast (a CPU island in the dtype table)
+    combine = torch.where(hit, routing_weights, 0.0).transpose(0, 1)  # [E, T]
+    outs = torch.cat([self[f"expert_{e}"](hidden_states).unsqueeze(0) for e in range(self.num_experts)], 0)
+    return (outs * combine.unsqueeze(-1).to(outs.dtype)).sum(0).to(hidden_states.dtype)
+
+
 @host
 def slot_routing(index_sorted_experts, batch_gates, expert_size, tokens: int, top_k: int, dtype, device):
     """From the router's sorted topology, on the host: [T, k, E] one-hot of each (token, k) slot's expert and the
@@ -465,19 +507,30 @@ class DenseExperts(Adapter):
             "experts modules of transformers' @use_experts_implementation",
             "routers of stacked dense experts",
             "JetMoE-style sorted-and-split experts (MoE and mixture of attention heads)",
+            "Switch Transformers-style experts, one module per expert",
         }
     )
     order = 40
     summary = "MoE routing on the host; experts dense (all experts, combine matrix) on the device"
 
     def applicable(self, model: nn.Module) -> bool:
-        return bool(supported_experts(model) or dense_routers(model) or parallel_experts_blocks(model))
+        return bool(
+            supported_experts(model)
+            or dense_routers(model)
+            or parallel_experts_blocks(model)
+            or module_experts_blocks(model)
+        )
 
     def patch(self, model: nn.Module) -> Patch:
         patch = Patch(self.name)
         found = supported_experts(model)
         hosted = dense_routers(model)
         self._patch_parallel(model, patch)
+        for path, experts, router_path in module_experts_blocks(model):
+            router = model.get_submodule(router_path)
+            keep_host_copy(patch, router, f"{router_path}: a host copy of the router")
+            patch.override_forward(router, host_forward(type(router).forward), f"{router_path}: routing on the host")
+            patch.override_forward(experts, dense_module_experts, f"{path}: experts dense")
         if found:
             from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS
 

@@ -67,8 +67,20 @@ def test_sampling_on_the_host_with_the_decoder_on_the_device_matches_the_cpu():
 # (torch's wrapper would allocate the sum with empty(memory_format=channels_last)); WavLM's relative position
 # buckets hold int64's minimum (host_position_ids); Qwen2.5-VL's vision tower inverts its window order with
 # argsort (host_vision_indices); DETR's and Table Transformer's sine position embeddings floor-divide an arange
-# (host_position_embedding)
-EAGER_TYPES = ["llava", "internvl", "convnext", "wavlm", "qwen2_5_vl_vision", "detr", "table-transformer"]
+# (host_position_embedding); Parakeet's prediction network is an nn.LSTM (lstm_unrolled); Switch Transformers'
+# router one-hot-scatters its choice and its experts loop over boolean-indexed tokens (moe_dense: routing on the host,
+# experts dense)
+EAGER_TYPES = [
+    "llava",
+    "internvl",
+    "convnext",
+    "wavlm",
+    "qwen2_5_vl_vision",
+    "detr",
+    "table-transformer",
+    "parakeet_rnnt",
+    "switch_transformers",
+]
 
 
 @pytest.mark.parametrize("model_type", EAGER_TYPES)

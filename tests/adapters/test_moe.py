@@ -233,6 +233,68 @@ def test_jetmoe_blocks_have_no_routing_gap_in_strict_mode():
     assert not after, after
 
 
+# ---------------------------------------------------------------- Switch Transformers: one module per expert
+
+
+def test_switch_experts_are_dense_and_stock():
+    """Switch's experts (a ModuleDict, one-hot dispatch, a token loop, index_add_ back) on random routing with a
+    capacity-dropped token: the dense form equals stock; the router runs on the host; the model equals stock. NLLB-MoE,
+    whose experts loop is another code, is not matched."""
+    from adapters.moe import dense_module_experts, module_experts_blocks
+
+    zm = _zoo("switch_transformers")
+    found = module_experts_blocks(zm.model)
+    assert found and all(r.endswith(".router") for _, _, r in found)
+    experts = found[0][1]
+    gen = torch.Generator().manual_seed(0)
+    tokens, n = 9, experts.num_experts
+    x = torch.randn(tokens, zm.model.config.d_model, generator=gen)
+    selected = torch.nn.functional.one_hot(torch.randint(0, n, (tokens,), generator=gen), n).view(tokens, 1, n)
+    selected[3] = 0  # a token over its expert's capacity: routed nowhere, its result stays 0
+    weights = torch.rand(tokens, 1, generator=gen)
+    with torch.no_grad():
+        ref = experts(x, selected, weights)
+        torch.testing.assert_close(dense_module_experts(experts, x, selected, weights), ref, atol=ATOL, rtol=RTOL)
+    assert ref[3].abs().max() == 0 and ref.abs().max() > 0
+    result = adapters.get_adapter("moe_dense").check(zm.model, zm.inputs, atol=ATOL, rtol=RTOL)
+    assert result.ok, str(result)
+    from transformers.models.nllb_moe.modeling_nllb_moe import NllbMoeExperts
+    from transformers.models.switch_transformers.modeling_switch_transformers import SwitchTransformersExperts
+
+    from adapters import structure
+
+    assert not structure.same_code(NllbMoeExperts.forward, SwitchTransformersExperts.forward)
+
+
+def test_switch_block_has_no_routing_gap_in_strict_mode():
+    from torch_spyre_emu.compiler import find_unsupported
+
+    zm = _zoo("switch_transformers")
+    path = module_experts_blocks_paths(zm.model)[0]
+    block = zm.model.get_submodule(path)
+    x = torch.randn(1, 8, zm.model.config.d_model, generator=torch.Generator().manual_seed(0)).half()
+    block.half()
+    try:
+        with torch._dynamo.config.patch(automatic_dynamic_shapes=False):
+            before = {op.capability for op in find_unsupported(block, (x,))}
+            torch._dynamo.reset()
+            with adapters.apply(zm.model, only=["moe_dense"]):
+                after = [op.describe() for op in find_unsupported(block, (x,))]
+            torch._dynamo.reset()
+    finally:
+        block.float()
+    # the router's argmax / cumsum are CPU islands (its one-hot scatter and the token loop's boolean index break the
+    # graph: dynamo runs them eagerly); routed on the host and dense, nothing is left
+    assert {"aten.argmax", "aten.cumsum"} <= before, before
+    assert not after, after
+
+
+def module_experts_blocks_paths(model) -> list[str]:
+    from adapters.moe import module_experts_blocks
+
+    return [p.rpartition(".")[0] for p, _, _ in module_experts_blocks(model)]
+
+
 # one xdist worker runs this module (make test: --dist loadgroup), so its module-scoped fixtures and cached zoo
 # builds are made once, not once per worker
 pytestmark = pytest.mark.xdist_group("test_moe")
