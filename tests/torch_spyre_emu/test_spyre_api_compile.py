@@ -63,6 +63,29 @@ def test_plain_torch_compile_of_a_graph_with_no_spyre_input_that_builds_spyre_te
     assert got.device.type == "spyre" and torch.equal(got.cpu(), torch.full((2, 3), 1.5, dtype=torch.float16))
 
 
+def test_a_compiled_graph_of_spyre_weights_alone_returns_spyre_tensors():
+    """DETR's decoder queries: `self.query_position_embeddings.weight.unsqueeze(0).repeat(b, 1, 1)` and a zeros_like
+    of it, a graph whose only input is a parameter of a model moved to spyre. Its results used to come back on the
+    CPU (read as a CPU-input graph), and the next graph met a CPU and a spyre tensor."""
+
+    class Queries(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.table = torch.nn.Embedding(10, 64)
+
+        def forward(self, n: int):
+            q = self.table.weight.unsqueeze(0).repeat(n, 1, 1)
+            return torch.zeros_like(q), q
+
+    model = Queries().half().to("spyre")
+    torch._dynamo.reset()
+    with torch.no_grad():
+        zeros, q = torch.compile(model)(2)
+    assert zeros.device.type == "spyre" and q.device.type == "spyre"
+    assert torch.equal(q.cpu(), model.table.weight.detach().cpu().unsqueeze(0).repeat(2, 1, 1))
+    assert not zeros.cpu().any()
+
+
 def test_a_compiled_graph_that_moves_data_returns_each_output_where_torch_puts_it():
     x = torch.tensor([1.0, 2.0, 3.0], dtype=torch.float16)
     torch._dynamo.reset()

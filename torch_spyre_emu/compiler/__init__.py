@@ -84,7 +84,9 @@ class GraphRunner:
             weight_inputs=weights,
             device_inputs=spyre - weights,
             transposed_weights=transposed,
-            outputs_on_device=bool(spyre - weights) or (self.makes_spyre_tensors and not host_inputs),
+            # a graph of spyre weights alone (DETR's query embeddings: weight.unsqueeze(0).repeat(b, 1, 1)) makes
+            # spyre tensors too, as dynamo recorded them
+            outputs_on_device=bool(spyre - weights) or ((self.makes_spyre_tensors or bool(spyre)) and not host_inputs),
             groups=group_sizes(self.gm) if self.has_collectives else (),
         )
 
