@@ -478,6 +478,16 @@ _OPS: list[OpEntry] = [
             "_upsample_bicubic2d_aa",
         )
     ),
+    *(
+        _e(
+            name,
+            "unsupported",
+            (),
+            "recurrent layers: in no June op table, as a lowering or a CPU island (emulation assumption, a gap); "
+            "on an accelerator nn.LSTM runs the fused cell, which has no CPU kernel",
+        )
+        for name in ("lstm", "_thnn_fused_lstm_cell")
+    ),
     _e("view_as_real", "unsupported", (), "complex: only type-map entries exist", S4),
     _e("view_as_complex", "unsupported", (), "complex: only type-map entries exist", S4),
     _e("polar", "unsupported", (), "complex", S4),
