@@ -500,23 +500,25 @@ def _sections(records: list[dict], source: str) -> list[tuple[str, str, object]]
                     f"Of the {n} model types that ran compiled and were also run as the real stack runs them "
                     "(adapters applied on the CPU, `Module.to(\"spyre\")`, one eager forward with the inputs on "
                     f"the device), {ok} ran within tolerance. The compiled flow feeds CPU inputs, so host code "
-                    "between its graphs runs on the CPU; these stop there on the device:",
+                    "between its graphs runs on the CPU"
+                    + ("; these stop there on the device:" if failed else "; none of them stops on the device."),
                 )
             )
-            parts.append(
-                (
-                    "table",
-                    "",
+            if failed:
+                parts.append(
                     (
-                        ["model type", "class", "on the device", "error"],
-                        [
-                            [r["model_type"], r["class"], _resident_cell(r), _resident_error(r)]
-                            for r in sorted(failed, key=lambda r: r["model_type"])
-                        ],
-                        None,
-                    ),
+                        "table",
+                        "",
+                        (
+                            ["model type", "class", "on the device", "error"],
+                            [
+                                [r["model_type"], r["class"], _resident_cell(r), _resident_error(r)]
+                                for r in sorted(failed, key=lambda r: r["model_type"])
+                            ],
+                            None,
+                        ),
+                    )
                 )
-            )
     parts.append(("img", "Coverage by modality", PLOTS["modality"]))
     for variant, rs in variants.items():
         island = {r["model_type"]: r["class"] == "pass_fallback" for r in rs}

@@ -314,3 +314,16 @@ def test_report_command(tmp_path):
     missing = runner.invoke(app, ["sweep", "--report", "--results", str(tmp_path / "none.jsonl")])
     assert missing.exit_code == 2 and len(missing.output.strip().splitlines()) == 1
     assert "no results file" in missing.output
+
+
+def test_the_device_section_says_when_every_measured_model_ran(tmp_path):
+    ran = {"metrics": {"cosine": 0.99999, "rel_max_err": 3e-3, "top1_agreement": None}}
+    rs = [
+        rec("vit", "pass_fallback", modality="vision", device_resident={"class": "pass"}, **ran),
+        rec("bert", "pass_device", modality="text", device_resident={"class": "pass"}, **ran),
+        rec("opt", "unsupported", modality="text", blocking=[INDEX]),  # did not run: not measured
+    ]
+    md = write_report(rs, tmp_path / "out").markdown.read_text()
+    section = md.split("## Moved to the device")[1].split("## ")[0]
+    assert "Of the 2 model types" in section and "), 2 ran within tolerance" in section
+    assert "none of them stops on the device." in section and "| model type |" not in section
