@@ -58,6 +58,15 @@ def test_eager_elementwise_on_channels_last_views_keeps_torchs_strides(other_cha
         torch.empty(2, 64, 4, 4, dtype=torch.float16, device="spyre", memory_format=torch.channels_last)
 
 
+@pytest.mark.parametrize("pad", [(1, 2), (0, 0, 3, 0), (-1, 1)])
+def test_eager_pad_of_a_channels_last_view_runs_whole_with_torchs_strides(pad):
+    """Falcon-H1 pads a channels_last-strided conv input: torch's composite constant_pad_nd allocated the result with
+    empty(memory_format=channels_last) (refused); it runs whole on the device, strided as torch strides it."""
+    d = torch.randn(2, 4, 6, 64, dtype=torch.float16).to("spyre").permute(0, 3, 1, 2)
+    got, want = torch.nn.functional.pad(d, pad, value=0.5), torch.nn.functional.pad(d.cpu(), pad, value=0.5)
+    assert got.device.type == "spyre" and got.stride() == want.stride() and torch.equal(got.cpu(), want)
+
+
 def test_eager_matmul_and_softmax_match_cpu():
     a = torch.randn(8, 100, dtype=torch.float16)
     b = torch.randn(100, 64, dtype=torch.float16) * 0.1

@@ -122,10 +122,12 @@ def run_on_cpu(op, args, kwargs, strict_hint: str = ""):
     return torch.utils._pytree.tree_map_only(torch.Tensor, lambda t: t.to(target), result)
 
 
-# The functional overloads whose packet has such a fallback overload: torch's CompositeExplicitAutograd kernel would
-# run them as pieces (repeat: expand, empty, unfold views and a device-to-device copy_, which runs no program, so
-# neither the compiled path's decomposition nor its time); they go to run_op whole, as kernels.WHOLE_OPS do.
-EAGER_WHOLE_OVERLOADS = (torch.ops.aten.repeat.default,)
+# Functional overloads torch's CompositeExplicitAutograd kernel would run as pieces on the device (repeat, whose packet
+# has a fallback overload: expand, empty, unfold views and a device-to-device copy_, which runs no program, so neither
+# the compiled path's decomposition nor its time; constant_pad_nd: an empty in the input's suggested memory format,
+# which spyre's empty refuses for a channels_last-strided input (Falcon-H1's conv padding), a fill and a copy into a
+# narrowed view). They go to run_op whole, as kernels.WHOLE_OPS do, as the real stack's eager ops compile themselves.
+EAGER_WHOLE_OVERLOADS = (torch.ops.aten.repeat.default, torch.ops.aten.constant_pad_nd.default)
 
 
 def _register_overload_fallbacks() -> torch.library.Library:
@@ -142,7 +144,7 @@ def _register_overload_fallbacks() -> torch.library.Library:
     for op in EAGER_WHOLE_OVERLOADS:
 
         def whole(*args, op=op, **kwargs):
-            return run_on_device(op, args, kwargs)
+            return _with_torch_strides(op, args, kwargs, run_on_device(op, args, kwargs))
 
         lib.impl(_impl_name(op), whole, "PrivateUse1")
     return lib
