@@ -269,8 +269,12 @@ def _record(model_type: str, variant: str) -> dict:
     }
 
 
-def run_one(model_type: str, variant: str = "default", seed: int = 0) -> dict:
-    """Run one model type through the flow and classify it. Never raises for the model's failure."""
+def run_one(model_type: str, variant: str = "default", seed: int = 0, on_classified=None) -> dict:
+    """Run one model type through the flow and classify it. Never raises for the model's failure.
+
+    `on_classified(record)`, if given, gets a copy of the record once the class is decided and before the
+    device-resident run: the sweep keeps it, so a model whose device-resident run passes the wall limit keeps its
+    class (its `device_resident` then says "timeout")."""
     rec = _record(model_type, variant)
     t0 = time.perf_counter()
     try:
@@ -279,6 +283,8 @@ def run_one(model_type: str, variant: str = "default", seed: int = 0) -> dict:
         with torch._dynamo.config.patch(fail_on_recompile_limit_hit=True):
             passed = _flow(rec, model_type, variant, seed)
         if passed is not None:
+            if on_classified is not None:
+                on_classified({**rec, "wall_s": round(time.perf_counter() - t0, 3)})
             torch._dynamo.reset()
             _device_resident(rec, passed)
     except (KeyboardInterrupt, SystemExit):

@@ -68,8 +68,10 @@ PRELOAD = (
     "models.zoo.classify",
 )
 # Test hook: SPYRE_EMU_SWEEP_CRASH=TYPE[,TYPE] makes those model types' processes die of SIGSEGV before they start,
-# so the tests can check that a process crash is classified and the sweep goes on (no model here crashes on demand).
+# so the tests can check that a process crash is classified and the sweep goes on (no model here crashes on demand);
+# TYPE@device makes it die once its class is decided, at the start of its device-resident run.
 CRASH_ENV = "SPYRE_EMU_SWEEP_CRASH"
+CRASH_IN_DEVICE_RUN = "@device"
 VARIANT_CHOICES = (*VARIANTS, "both")
 
 
@@ -290,7 +292,7 @@ def _metadata(task: Task) -> dict | None:
 
 
 def _child(
-    conn, task: Task, mode: str, threads: int, mem_bytes: int, crash: bool, where: dict, log: str
+    conn, task: Task, mode: str, threads: int, mem_bytes: int, crash: str | None, where: dict, log: str
 ) -> None:
     """Runs in the model's own process: caps, then (mode 'run') the filter and run_one, or (mode 'meta') only the
     model's metadata; each message goes down the pipe."""
@@ -307,7 +309,7 @@ def _child(
 
         limit = _vm_size_bytes() + ADDRESS_SPACE_FACTOR * mem_bytes
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
-    if crash:
+    if crash == "start":
         os.kill(os.getpid(), signal.SIGSEGV)
     import numba
     import torch
@@ -328,7 +330,12 @@ def _child(
             _send(conn, {"meta": meta})  # a model killed by the wall limit or the cap keeps its metadata
         from models.zoo.classify import run_one
 
-        record = run_one(task.model_type, task.variant)
+        def classified(r):
+            _send(conn, {"classified": r})
+            if crash == "device":
+                os.kill(os.getpid(), signal.SIGSEGV)
+
+        record = run_one(task.model_type, task.variant, on_classified=classified)
     except MemoryError as e:
         record = failure_record(task, "out_of_memory", "MemoryError", str(e), traceback.format_exc())
     except BaseException as e:  # run_one classifies a model's failures itself; this is a bug of the zoo
@@ -382,6 +389,7 @@ class _Outcome:
     meta: dict | None = None
     meta_sent: bool = False  # the child sent its metadata (None where nothing builds the model)
     record: dict | None = None  # run_one's record, from the child
+    classified: dict | None = None  # run_one's record before its device-resident run, from the child
     failure: dict | None = None  # the parent's record of a process that gave none (killed, crashed)
     filtered: bool = False
     peak: int = 0
@@ -397,7 +405,14 @@ def _supervise(task: Task, mode: str, timeout_s: float, mem_gb: float, threads: 
     recv, send = ctx.Pipe(duplex=False)
     mem_bytes = int(mem_gb * 2**30)
     # Read here, not in the child: the fork server's environment is the one it started with.
-    crash = task.model_type in _split(os.environ.get(CRASH_ENV))
+    crashes = _split(os.environ.get(CRASH_ENV))
+    crash = (
+        "start"
+        if task.model_type in crashes
+        else "device"
+        if task.model_type + CRASH_IN_DEVICE_RUN in crashes
+        else None
+    )
     fd, log = tempfile.mkstemp(prefix=f"zoo_{task.model_type}_", suffix=".log")
     os.close(fd)
     proc = ctx.Process(
@@ -449,6 +464,9 @@ def _supervise(task: Task, mode: str, timeout_s: float, mem_gb: float, threads: 
                     if mode == "meta":
                         break
                     continue
+                if "classified" in message:
+                    out.classified = message["classified"]
+                    continue
                 out.record = message["record"]
                 break
         proc.join(EXIT_GRACE_S)
@@ -467,6 +485,18 @@ def _supervise(task: Task, mode: str, timeout_s: float, mem_gb: float, threads: 
     answered = out.record is not None or out.filtered or (mode == "meta" and out.meta_sent)
     if not answered and out.failure is None:
         out.failure = _died(task, out.exitcode, out.wall)
+    if out.record is None and out.classified is not None and out.failure is not None:
+        # the class was decided before the process was stopped (or died) in its device-resident run: the record
+        # keeps its class, and the device-resident run is what failed
+        out.record = {
+            **out.classified,
+            "wall_s": round(out.wall, 3),
+            "device_resident": {
+                "class": out.failure["class"],
+                "reason": out.failure["reason"],
+                "error": out.failure["error"],
+            },
+        }
     return out
 
 

@@ -109,6 +109,17 @@ def test_a_killed_sweep_loses_nothing_and_resume_finishes_it(tmp_path):
     assert all(r["class"] in CLASSES for r in records)
 
 
+def test_a_model_stopped_in_its_device_resident_run_keeps_its_class(monkeypatch):
+    """run_one hands the sweep its record once the class is decided: a process that dies (or passes the wall
+    limit) in the device-resident run after that keeps the class, and its device_resident says what stopped it."""
+    monkeypatch.setenv(sw.CRASH_ENV, "gpt2" + sw.CRASH_IN_DEVICE_RUN)
+    rec = sw.run_isolated(sw.Task("gpt2", "default"))
+    assert rec["class"] == "pass_device" and rec["metrics"]["top1_agreement"] == 1.0
+    resident = rec["device_resident"]
+    assert resident["class"] == "emulator_error" and "SIGSEGV" in resident["reason"], resident
+    assert "device_resident" not in rec["stages_s"] and rec["process"]["exitcode"] == -signal.SIGSEGV
+
+
 def test_memory_cap_and_filters(tmp_path):
     """A process over the resident-memory cap is out_of_memory; --family keeps matching types (a record killed by
     the wall limit still carries the metadata) and runs no other."""
