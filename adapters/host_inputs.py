@@ -163,6 +163,12 @@ def is_position_helper(fn, method: bool = False) -> bool:
     return name in _RELATIVE or ("cumsum" in structure._global_names(code) and name in _POSITION_INPUTS)
 
 
+def _own_names(fn) -> set[str]:
+    """The names the innermost function under fn's decorators loads (globals and attributes: `torch.gather` gives
+    both "torch" and "gather")."""
+    return structure._global_names(structure.chain(fn)[-1].__code__)
+
+
 def _self_calls(fn) -> set[str]:
     """Attribute names the function loads from `self` (its first argument)."""
     out = set()
@@ -237,7 +243,7 @@ def gathers_token_types(module: nn.Module) -> bool:
         isinstance(module._buffers.get("token_type_ids"), torch.Tensor)
         and isinstance(forward, types.FunctionType)
         and _globals_named(forward, "torch", torch)
-        and "gather" in structure._global_names(structure.chain(forward)[-1].__code__)
+        and "gather" in _own_names(forward)
     )
 
 
@@ -418,7 +424,7 @@ class HostVisionIndices(Adapter):
         for path, m, found in vision_targets(model):
             replace = {i: calls.setdefault(i, on_host(fn)) for i, fn in found.items()}
             what = ", ".join(sorted(f.__name__ for f in found.values()))
-            if "argsort" in structure._global_names(structure.chain(structure.current_function(m, "forward"))[-1].__code__):
+            if "argsort" in _own_names(structure.current_function(m, "forward")):
                 view = view or torch_with(patch, argsort=on_host(torch.argsort))
                 replace[id(torch)] = view
                 what += ", the window order's inverse (argsort)"
@@ -439,7 +445,7 @@ def is_position_generator(module: nn.Module) -> bool:
         return False
     if any(True for _ in module.parameters()) or any(True for _ in module.buffers()):
         return False
-    names = structure._global_names(structure.chain(forward)[-1].__code__)
+    names = _own_names(forward)
     return "device" in inspect.signature(forward).parameters or ("arange" in names and bool({"sin", "cos"} & names))
 
 
@@ -455,7 +461,7 @@ def host_generated(forward):
         bound = signature.bind(self, *args, **kwargs)
         device = bound.arguments.get("device")
         if device is None:
-            device = next((t.device for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)), None)
+            device = _device_of(args, kwargs)
         if device is None or torch.device(device).type == "cpu":
             return forward(self, *args, **kwargs)
         return _build_on_host(forward, torch.device(device), bound)
@@ -468,7 +474,7 @@ def _build_on_host(forward, device: torch.device, bound: inspect.BoundArguments)
     if "device" in bound.arguments:
         bound.arguments["device"] = torch.device("cpu")
     args, kwargs = pytree.tree_map_only(torch.Tensor, to_host, (bound.args, bound.kwargs))
-    return pytree.tree_map_only(torch.Tensor, lambda t: t.to(device), forward(*args, **kwargs))
+    return _back(forward(*args, **kwargs), device)
 
 
 @register_adapter

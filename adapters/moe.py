@@ -494,6 +494,12 @@ def dense_moa_reduce(self, layer_input, topo_info):
     return out.view(bsz * length, k, -1).sum(1).view(bsz, length, self.input_size) + self.bias
 
 
+def _route_on_host(patch: Patch, router: nn.Module, path: str) -> None:
+    """The router's stock forward as host code, run on a host copy once the model lives on the device."""
+    keep_host_copy(patch, router, f"{path}: a host copy of the router")
+    patch.override_forward(router, host_forward(type(router).forward), f"{path}: routing on the host")
+
+
 @register_adapter
 class DenseExperts(Adapter):
     name = "moe_dense"
@@ -528,8 +534,7 @@ class DenseExperts(Adapter):
         self._patch_parallel(model, patch)
         for path, experts, router_path in module_experts_blocks(model):
             router = model.get_submodule(router_path)
-            keep_host_copy(patch, router, f"{router_path}: a host copy of the router")
-            patch.override_forward(router, host_forward(type(router).forward), f"{router_path}: routing on the host")
+            _route_on_host(patch, router, router_path)
             patch.override_forward(experts, dense_module_experts, f"{path}: experts dense")
         if found:
             from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS
@@ -566,18 +571,14 @@ class DenseExperts(Adapter):
                     f"{path}: gate on the halves",
                 )
         for path, router in hosted:
-            keep_host_copy(patch, router, f"{path}: a host copy of the router")
-            patch.override_forward(router, host_forward(type(router).forward), f"{path}: routing on the host")
+            _route_on_host(patch, router, path)
         return patch
 
     @staticmethod
     def _patch_parallel(model: nn.Module, patch: Patch) -> None:
         for path, block, kind in parallel_experts_blocks(model):
             router = block.router
-            keep_host_copy(patch, router, f"{path}.router: a host copy of the router")
-            patch.override_forward(
-                router, host_forward(type(router).forward), f"{path}.router: routing on the host"
-            )
+            _route_on_host(patch, router, f"{path}.router")
             if kind == "moe":
                 w = block.input_linear.weight.detach()  # [E, 2I, H]; the forward chunks its output [gate; up]
                 gate_w, up_w = w.chunk(2, dim=1)

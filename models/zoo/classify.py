@@ -514,8 +514,6 @@ def _device_resident(rec: dict, passed: Passed) -> None:
             cls, blocking = classify_error(e)
             rec["device_resident"] = {"class": cls, "blocking": blocking, "error": _error(e)}
             return
-        finally:
-            del model
         m = tolerance.metrics(out, passed.ref, zm.is_decoder_lm)
         ok, why = tolerance.within(m, passed.tol) if out.shape == passed.ref.shape else (False, ["shape"])
         rec["device_resident"] = {

@@ -249,9 +249,8 @@ def _resident_cell(r: dict) -> str:
 
 def _resident_error(r: dict) -> str:
     d = r["device_resident"]
-    err = d.get("error") or {}
-    text = d.get("reason") or (f"{err.get('type', '')}: {err.get('message', '')}" if err else "")
-    return text.splitlines()[0][:160] if text else ""
+    reason = (d.get("reason") or "").splitlines()
+    return reason[0][:200] if reason else _error_line(d)  # d's error has a record's form
 
 
 def device_resident(records: list[dict]) -> tuple[int, int, list[dict]]:

@@ -17,7 +17,9 @@ from adapters.moe import (
     CONCATENATED,
     IMPL,
     INTERLEAVED,
+    dense_module_experts,
     experts_modules,
+    module_experts_blocks,
     parallel_experts_blocks,
     routers,
     split_gate,
@@ -240,8 +242,6 @@ def test_switch_experts_are_dense_and_stock():
     """Switch's experts (a ModuleDict, one-hot dispatch, a token loop, index_add_ back) on random routing with a
     capacity-dropped token: the dense form equals stock; the router runs on the host; the model equals stock. NLLB-MoE,
     whose experts loop is another code, is not matched."""
-    from adapters.moe import dense_module_experts, module_experts_blocks
-
     zm = _zoo("switch_transformers")
     found = module_experts_blocks(zm.model)
     assert found and all(r.endswith(".router") for _, _, r in found)
@@ -270,8 +270,7 @@ def test_switch_block_has_no_routing_gap_in_strict_mode():
     from torch_spyre_emu.compiler import find_unsupported
 
     zm = _zoo("switch_transformers")
-    path = module_experts_blocks_paths(zm.model)[0]
-    block = zm.model.get_submodule(path)
+    block = zm.model.get_submodule(module_experts_blocks(zm.model)[0][0].rpartition(".")[0])
     x = torch.randn(1, 8, zm.model.config.d_model, generator=torch.Generator().manual_seed(0)).half()
     block.half()
     try:
@@ -287,12 +286,6 @@ def test_switch_block_has_no_routing_gap_in_strict_mode():
     # graph: dynamo runs them eagerly); routed on the host and dense, nothing is left
     assert {"aten.argmax", "aten.cumsum"} <= before, before
     assert not after, after
-
-
-def module_experts_blocks_paths(model) -> list[str]:
-    from adapters.moe import module_experts_blocks
-
-    return [p.rpartition(".")[0] for p, _, _ in module_experts_blocks(model)]
 
 
 # one xdist worker runs this module (make test: --dist loadgroup), so its module-scoped fixtures and cached zoo

@@ -194,19 +194,21 @@ def _register_structured_kernels() -> torch.library.Library:
     return lib
 
 
+def _meta_like(x: torch.Tensor) -> torch.Tensor:
+    """A meta tensor of x's shape, strides and dtype: what torch's meta kernels are asked about x."""
+    return torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device="meta")
+
+
 def _with_torch_strides(op, args, kwargs, result):
     """`result` (contiguous, as run_op returns it) restrided as torch's own kernel strides it, when its inputs are
-    not all contiguous (torch's meta kernel says how); device values are held in logical order, so this moves no
-    data."""
+    not all contiguous (torch's meta kernel says how); device values are held in logical order, so this runs no
+    device program."""
     if not isinstance(result, torch.Tensor) or all(
         t.is_contiguous() for t in torch.utils._pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)
     ):
         return result
 
-    def as_meta(x):
-        return torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device="meta")
-
-    meta_args, meta_kwargs = torch.utils._pytree.tree_map_only(torch.Tensor, as_meta, (args, kwargs))
+    meta_args, meta_kwargs = torch.utils._pytree.tree_map_only(torch.Tensor, _meta_like, (args, kwargs))
     strides = op(*meta_args, **meta_kwargs).stride()
     if strides == result.stride():
         return result
@@ -251,7 +253,7 @@ def _check_out_arguments(op, args, kwargs) -> None:
         if isinstance(x, torch.Tensor):
             if empty:
                 return torch.empty(0, dtype=x.dtype, device="meta")
-            return torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device="meta")
+            return _meta_like(x)
         return x
 
     margs = torch.utils._pytree.tree_map(as_meta, args)
