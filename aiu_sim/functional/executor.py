@@ -110,11 +110,12 @@ class _KernelPlan:
     """What running one kernel needs that does not depend on values: how each argument is read and written, and
     whether an output can take the result array as it is. Made on a kernel's first run, kept with its program."""
 
-    __slots__ = ("fingerprint", "where", "reads", "writes")
+    __slots__ = ("fingerprint", "where", "reads", "writes", "matmul")
 
     def __init__(self, k: Kernel, buffers: dict[str, Buffer], fingerprint: tuple) -> None:
         self.fingerprint = fingerprint
         self.where = f"kernel {k.name!r} ({k.op})"
+        self.matmul = exec_reduce.MatmulPlan(k, buffers) if k.op == "matmul" else None
         self.reads = [(a.buffer, GatherPlan(a, buffers[a.buffer].shape, k.space)) for a in k.inputs]
         self.writes = []
         for arg in k.outputs:
@@ -130,6 +131,9 @@ def _fingerprint(k: Kernel, buffers: dict[str, Buffer]) -> tuple:
     """Everything a _KernelPlan is derived from, so a kernel or buffer changed in place gets a new plan."""
     return (
         tuple(k.space.items()),
+        tuple(k.split.items()),
+        k.reduce_dims,
+        k.reduction_order,
         len(k.inputs),
         tuple(
             (a.buffer, a.dims, a.offset, a.view, buffers[a.buffer].shape, buffers[a.buffer].dtype)
@@ -297,7 +301,7 @@ class _State:
             x = read(self.read(name, where))
             # Integer formats compute in float64 (exact for int32 adds and products); floats in fp32.
             xs.append(x.astype(np.float64) if x.dtype.kind in "iu" else x)
-        result = self.compute(k, xs, where)
+        result = self.compute(k, xs, plan)
         for name, fmt, dtype, whole, write in plan.writes:
             rounded = fmt.quantize(result if fmt.kind != "int" else _for_int(result, where))
             if whole is not None and _owned(rounded, whole, dtype, xs):
@@ -305,36 +309,36 @@ class _State:
             else:
                 write(rounded, self.target(name), k.op)
 
-    def compute(self, k: Kernel, xs: list[np.ndarray], where: str) -> np.ndarray:
+    def compute(self, k: Kernel, xs: list[np.ndarray], plan: _KernelPlan) -> np.ndarray:
         run = COMPUTE.get(k.op)
         if run is None:
-            raise ExecutionError(f"{where}: the executor has no semantics for op {k.op!r}")
-        return run(self, k, xs, where)
+            raise ExecutionError(f"{plan.where}: the executor has no semantics for op {k.op!r}")
+        return run(self, k, xs, plan)
 
-    def _copy(self, k: Kernel, xs: list[np.ndarray], where: str) -> np.ndarray:
+    def _copy(self, k: Kernel, xs: list[np.ndarray], plan: _KernelPlan) -> np.ndarray:
         return xs[0]
 
-    def _fill(self, k: Kernel, xs: list[np.ndarray], where: str) -> np.ndarray:
+    def _fill(self, k: Kernel, xs: list[np.ndarray], plan: _KernelPlan) -> np.ndarray:
         if "value" not in k.attrs:
-            raise ExecutionError(f"{where}: fill needs attrs['value']")
+            raise ExecutionError(f"{plan.where}: fill needs attrs['value']")
         return np.full([1] * len(k.space), k.attrs["value"], dtype=np.float64)
 
-    def _elementwise(self, k: Kernel, xs: list[np.ndarray], where: str) -> np.ndarray:
+    def _elementwise(self, k: Kernel, xs: list[np.ndarray], plan: _KernelPlan) -> np.ndarray:
         table = {"unary": sfp_math.UNARY, "binary": sfp_math.BINARY, "ternary": sfp_math.TERNARY}[k.op]
         for attr in sfp_math.REQUIRED_ATTRS.get(k.fn, ()):
             if attr not in k.attrs:
-                raise ExecutionError(f"{where}: fn {k.fn!r} needs attrs[{attr!r}]")
+                raise ExecutionError(f"{plan.where}: fn {k.fn!r} needs attrs[{attr!r}]")
         return table[k.fn](*xs, k.attrs)
 
-    def _matmul(self, k: Kernel, xs: list[np.ndarray], where: str) -> np.ndarray:
+    def _matmul(self, k: Kernel, xs: list[np.ndarray], plan: _KernelPlan) -> np.ndarray:
         # as read: integer operands (float64 holding integers) go to the integer accumulator, floats to fp32
-        return exec_reduce.matmul(k, self.buffers, xs[0], xs[1], self._model(k, where))
+        return exec_reduce.matmul(k, self.buffers, xs[0], xs[1], self._model(k, plan.where), plan.matmul)
 
-    def _reduce(self, k: Kernel, xs: list[np.ndarray], where: str) -> np.ndarray:
+    def _reduce(self, k: Kernel, xs: list[np.ndarray], plan: _KernelPlan) -> np.ndarray:
         x = xs[0]
         if k.fn in EXTREME_REDUCE_FNS:
             return exec_reduce.reduce_extreme(k, x, k.fn)
-        model = self._model(k, where)
+        model = self._model(k, plan.where)
         if k.fn == "sumsq":
             x = _f32(x) * _f32(x)  # products rounded to fp32, as the accumulators do
         total = exec_reduce.reduce_sum(k, self.buffers, _f32(x), model)
@@ -342,20 +346,20 @@ class _State:
             return total / np.float32(exec_reduce.reduce_count(k))
         return total
 
-    def _topk(self, k: Kernel, xs: list[np.ndarray], where: str) -> np.ndarray:
+    def _topk(self, k: Kernel, xs: list[np.ndarray], plan: _KernelPlan) -> np.ndarray:
         return exec_reduce.topk(k, xs[0], k.fn)
 
-    def _softmax(self, k: Kernel, xs: list[np.ndarray], where: str) -> np.ndarray:
-        x, axes = _rows(k, xs, where)
+    def _softmax(self, k: Kernel, xs: list[np.ndarray], plan: _KernelPlan) -> np.ndarray:
+        x, axes = _rows(k, xs, plan.where)
         return sfp_math.softmax(x, axes)
 
-    def _layernorm(self, k: Kernel, xs: list[np.ndarray], where: str) -> np.ndarray:
-        x, axes = _rows(k, xs, where)
+    def _layernorm(self, k: Kernel, xs: list[np.ndarray], plan: _KernelPlan) -> np.ndarray:
+        x, axes = _rows(k, xs, plan.where)
         weight, bias = (xs[1:] + [None, None])[:2]
         return sfp_math.layernorm(x, axes, weight, bias, eps=float(k.attrs.get("eps", 1e-5)))
 
-    def _rmsnorm(self, k: Kernel, xs: list[np.ndarray], where: str) -> np.ndarray:
-        x, axes = _rows(k, xs, where)
+    def _rmsnorm(self, k: Kernel, xs: list[np.ndarray], plan: _KernelPlan) -> np.ndarray:
+        x, axes = _rows(k, xs, plan.where)
         weight = xs[1] if len(xs) > 1 else None
         return sfp_math.rmsnorm(x, axes, weight, eps=float(k.attrs.get("eps", 1e-6)))
 
@@ -365,7 +369,7 @@ class _State:
 
 
 # The executor's semantics of each kernel op (aiu_sim.ir.ops.OPS; tests/aiu_sim/test_ops.py checks they agree).
-COMPUTE: dict[str, Callable[[_State, Kernel, list[np.ndarray], str], np.ndarray]] = {
+COMPUTE: dict[str, Callable[[_State, Kernel, list[np.ndarray], _KernelPlan], np.ndarray]] = {
     "copy": _State._copy,
     "restickify": _State._copy,
     "fill": _State._fill,

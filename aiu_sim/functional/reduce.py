@@ -22,6 +22,7 @@ from aiu_sim.numerics import fp8
 from aiu_sim.numerics.accumulate import (
     AccumulationModel,
     ReductionOrder,
+    batched_partials,
     combine,
     combine_int,
     fp8_matmul_model,
@@ -94,56 +95,81 @@ def _k_pieces(kernel: Kernel, buffers: dict[str, Buffer], kdim: str) -> list[tup
 
 
 def _take(x: np.ndarray, kernel: Kernel, kdim: str, k_range: tuple[int, int] | None) -> np.ndarray:
-    if k_range is None:
-        return x
-    axis = list(kernel.space).index(kdim)
-    if x.shape[axis] == 1:  # the operand broadcasts along K: its piece is itself
+    return x if k_range is None else _cut(x, list(kernel.space).index(kdim), k_range)
+
+
+def _cut(x: np.ndarray, axis: int, k_range: tuple[int, int]) -> np.ndarray:
+    """x's piece [lo, hi) along `axis` (the split dim), or x itself where it broadcasts along it (size 1)."""
+    if x.shape[axis] == 1:
         return x
     index = [slice(None)] * x.ndim
     index[axis] = slice(*k_range)
     return x[tuple(index)]
 
 
-def matmul(kernel: Kernel, buffers: dict[str, Buffer], a: np.ndarray, b: np.ndarray, model) -> np.ndarray:
+class MatmulPlan:
+    """What running a matmul kernel needs that does not depend on values, made once per kernel (the executor keeps
+    it with the kernel's plan): the arithmetic the operand formats pick, the split dim's K pieces and the tree that
+    adds them, and how the operands are laid out as (batch, M, K) and (batch, K, N) (_Operands)."""
+
+    __slots__ = ("integer", "fp8", "exact", "ranges", "flat", "tree", "operands")
+
+    def __init__(self, kernel: Kernel, buffers: dict[str, Buffer]) -> None:
+        fmts = [get_format(buffers[arg.buffer].dtype) for arg in kernel.inputs]
+        self.integer = all(f.kind == "int" and f.bits <= 16 for f in fmts)
+        self.fp8 = all(f.name in fp8.FORMAT_NAMES for f in fmts)
+        self.exact = all(exact_products_format(f.name) for f in fmts)
+        kdim = split_reduce_dim(kernel)
+        self.ranges = None if kdim is None else _k_pieces(kernel, buffers, kdim)
+        self.tree = None if self.ranges is None else reduction_tree(kernel, len(self.ranges))
+        red = list(kernel.reduce_dims)
+        self.flat = None if self.ranges is None else _flat_ranges(kernel, red, self.ranges)
+        self.operands = _Operands(kernel, kdim)
+
+
+def matmul(
+    kernel: Kernel,
+    buffers: dict[str, Buffer],
+    a: np.ndarray,
+    b: np.ndarray,
+    model,
+    plan: MatmulPlan | None = None,
+) -> np.ndarray:
     """C = sum over reduce_dims of A * B, einsum-style over kernel.space; returns space-aligned accumulator values
     (reduce dims kept with size 1). Dims only A indexes are M, only B: N, both or neither: batch; several reduce
-    dims are contracted as one K in row-major order.
+    dims are contracted as one K in row-major order. `plan`: the kernel's MatmulPlan, if the caller keeps one.
 
     Operand formats pick the arithmetic: two integer operands (int8, int4, int16) accumulate exactly into 32 bits
     (numerics.accumulate.matmul_int; float64 results holding int32 values); two FP8 operands are batchmatmulfp8,
     16-bit accumulation (numerics.accumulate.fp8_matmul_model, unless the kernel names its model); anything else
     runs `model`, an FP8 operand next to a DL16 one widened exactly (FP8 values are DL16 values)."""
-    fmts = [get_format(buffers[arg.buffer].dtype) for arg in kernel.inputs]
-    if all(f.kind == "int" and f.bits <= 16 for f in fmts):
-        pieces = _matmul_pieces(kernel, a, b)
+    plan = MatmulPlan(kernel, buffers) if plan is None else plan
+    ops = plan.operands
+    if plan.integer:
 
         def int_partial(k_range):
-            a3, b3, back = pieces(k_range)
-            return back(partial_sums_int(a3, b3)[0])
+            a3, b3 = ops.pieces(a, b, k_range)
+            return ops.back(partial_sums_int(a3, b3)[0])
 
-        kdim = split_reduce_dim(kernel)
-        if kdim is None:
+        if plan.ranges is None:
             return int_partial(None).astype(np.float64)
-        ranges = _k_pieces(kernel, buffers, kdim)
-        parts = np.stack([int_partial(r) for r in ranges])
-        return combine_int(parts, reduction_tree(kernel, len(ranges))).astype(np.float64)
-    if "accumulation" not in kernel.attrs and all(f.name in fp8.FORMAT_NAMES for f in fmts):
+        parts = np.stack([int_partial(r) for r in plan.ranges])
+        return combine_int(parts, plan.tree).astype(np.float64)
+    if plan.fp8 and "accumulation" not in kernel.attrs:
         model = fp8_matmul_model(model)
-    exact = all(exact_products_format(f.name) for f in fmts)
-    pieces = _matmul_pieces(kernel, a, b)
 
-    def partial(k_range):  # accumulator format
-        a3, b3, back = pieces(k_range)
-        return back(partial_sums(_f32(a3), _f32(b3), model, 1, exact)[0])
+    def partials(
+        k_range, k_ranges=None
+    ):  # accumulator format, stacked along a leading axis (one per K range)
+        a3, b3 = ops.pieces(a, b, k_range)
+        return batched_partials(_f32(a3), _f32(b3), model, plan.exact, k_ranges or [(0, a3.shape[-1])])
 
-    def partials(k_ranges, add):
-        flat = None if k_ranges is None else _flat_ranges(kernel, list(kernel.reduce_dims), k_ranges)
-        if flat is None:
-            return partial(None) if k_ranges is None else add(np.stack([partial(r) for r in k_ranges]))
-        a3, b3, back = pieces(None)  # the whole K laid out once, each piece a K range the kernels walk
-        return back(add(partial_sums(_f32(a3), _f32(b3), model, 1, exact, k_ranges=flat)))
-
-    return split_accumulate(kernel, buffers, model, partials)
+    if plan.ranges is None:
+        return ops.back(partials(None)[0])
+    if plan.flat is None:  # a piece is not one run of K: cut each out
+        return combine(np.stack([ops.back(partials(r)[0]) for r in plan.ranges]), plan.tree, model)
+    # the whole K laid out once, each piece a K range the kernels walk
+    return ops.back(combine(partials(None, plan.flat), plan.tree, model))
 
 
 def _flat_ranges(
@@ -157,43 +183,47 @@ def _flat_ranges(
     return [(lo * inner, hi * inner) for lo, hi in k_ranges]
 
 
-def _matmul_pieces(kernel: Kernel, a: np.ndarray, b: np.ndarray):
-    """pieces(k_range) -> (A as (batch, M, K), B as (batch, K, N) over that K range, and `back`, which turns a
-    (batch, M, N) result into the space-aligned layout with reduce dims of size 1)."""
-    space = list(kernel.space)
-    ext = kernel.space
-    red = list(kernel.reduce_dims)
-    a_arg, b_arg = kernel.inputs
-    a_dims, b_dims = _used(a_arg), _used(b_arg)
-    rest = [d for d in space if d not in red]
-    batch = [d for d in rest if (d in a_dims) == (d in b_dims)]
-    m_dims = [d for d in rest if d in a_dims and d not in b_dims]
-    n_dims = [d for d in rest if d in b_dims and d not in a_dims]
-    kdim = split_reduce_dim(kernel)
-    bt = math.prod(ext[d] for d in batch)
-    mt = math.prod(ext[d] for d in m_dims)
-    nt = math.prod(ext[d] for d in n_dims)
-    idx = {d: i for i, d in enumerate(space)}
+class _Operands:
+    """A matmul kernel's operands as (batch, M, K) and (batch, K, N) arrays over a K range of the split dim
+    (`pieces`), and `back`, which turns a (batch, M, N) result into the space-aligned layout with reduce dims of
+    size 1. The permutations and shapes depend only on the kernel, so they are worked out once."""
 
-    def back(c: np.ndarray) -> np.ndarray:
-        c = c.reshape([ext[d] for d in batch + m_dims + n_dims] + [1] * len(red))
-        return np.transpose(c, [(batch + m_dims + n_dims + red).index(d) for d in space])
+    def __init__(self, kernel: Kernel, kdim: str | None) -> None:
+        space = list(kernel.space)
+        ext = kernel.space
+        red = list(kernel.reduce_dims)
+        a_arg, b_arg = kernel.inputs
+        a_dims, b_dims = _used(a_arg), _used(b_arg)
+        rest = [d for d in space if d not in red]
+        batch = [d for d in rest if (d in a_dims) == (d in b_dims)]
+        m_dims = [d for d in rest if d in a_dims and d not in b_dims]
+        n_dims = [d for d in rest if d in b_dims and d not in a_dims]
+        idx = {d: i for i, d in enumerate(space)}
+        self.kdim, self.ext, self.red = kdim, dict(ext), red
+        self.axis = None if kdim is None else idx[kdim]
+        self.bt = math.prod(ext[d] for d in batch)
+        self.mt = math.prod(ext[d] for d in m_dims)
+        self.nt = math.prod(ext[d] for d in n_dims)
+        self.a_perm = [idx[d] for d in batch + m_dims + red + n_dims]
+        self.b_perm = [idx[d] for d in batch + red + n_dims + m_dims]
+        self.a_lead, self.a_tail = [ext[d] for d in batch + m_dims], [1] * len(n_dims)
+        self.b_lead, self.b_tail = [ext[d] for d in batch], [ext[d] for d in n_dims] + [1] * len(m_dims)
+        self.c_shape = [ext[d] for d in batch + m_dims + n_dims] + [1] * len(red)
+        self.back_perm = [(batch + m_dims + n_dims + red).index(d) for d in space]
 
-    def pieces(k_range):
-        ap, bp = _take(a, kernel, kdim, k_range), _take(b, kernel, kdim, k_range)
-        k_ext = {d: (k_range[1] - k_range[0] if d == kdim and k_range else ext[d]) for d in red}
-        kt = math.prod(k_ext.values())
-        a3 = np.transpose(ap, [idx[d] for d in batch + m_dims + red + n_dims])
-        a_shape = [ext[d] for d in batch + m_dims] + [k_ext[d] for d in red] + [1] * len(n_dims)
-        a3 = np.broadcast_to(a3, a_shape).reshape(bt, mt, kt)
-        b3 = np.transpose(bp, [idx[d] for d in batch + red + n_dims + m_dims])
-        b_shape = (
-            [ext[d] for d in batch] + [k_ext[d] for d in red] + [ext[d] for d in n_dims] + [1] * len(m_dims)
-        )
-        b3 = np.broadcast_to(b3, b_shape).reshape(bt, kt, nt)
-        return a3, b3, back
+    def back(self, c: np.ndarray) -> np.ndarray:
+        return np.transpose(c.reshape(self.c_shape), self.back_perm)
 
-    return pieces
+    def pieces(self, a: np.ndarray, b: np.ndarray, k_range: tuple[int, int] | None):
+        if k_range is None:
+            k_ext = [self.ext[d] for d in self.red]
+        else:
+            a, b = _cut(a, self.axis, k_range), _cut(b, self.axis, k_range)
+            k_ext = [k_range[1] - k_range[0] if d == self.kdim else self.ext[d] for d in self.red]
+        kt = math.prod(k_ext)
+        a3 = np.broadcast_to(np.transpose(a, self.a_perm), self.a_lead + k_ext + self.a_tail)
+        b3 = np.broadcast_to(np.transpose(b, self.b_perm), self.b_lead + k_ext + self.b_tail)
+        return a3.reshape(self.bt, self.mt, kt), b3.reshape(self.bt, kt, self.nt)
 
 
 def reduce_sum(kernel: Kernel, buffers: dict[str, Buffer], x: np.ndarray, model) -> np.ndarray:

@@ -67,10 +67,13 @@ def _accumulate_rows(a, b, out, i_lo, i_hi, j_lo, j_hi, k0, k1):
 
 
 @njit(parallel=True, cache=True)
-def accumulate_fp32(a, b, out, k0, k1):
-    """acc = fl32(acc + fl32(a * b)) for k in order: IEEE fp32 adds, round to nearest even, no fused multiply-add."""
+def accumulate_fp32(a, b, out, bounds):
+    """acc = fl32(acc + fl32(a * b)) for k in order: IEEE fp32 adds, round to nearest even, no fused multiply-add.
+    One partial per K slice: out[s] over k = bounds[s, 0] .. bounds[s, 1] - 1 (all slices in one call, so the
+    worker threads start once per matmul rather than once per slice)."""
     n_i = a.shape[0]
     n_j = b.shape[1]
+    n_s = bounds.shape[0]
     tiles_j = n_j // REG_COLS
     full_i = (n_i // REG_ROWS) * REG_ROWS
     full_j = tiles_j * REG_COLS
@@ -79,33 +82,41 @@ def accumulate_fp32(a, b, out, k0, k1):
         # unsigned indices: numba then emits no negative-index wraparound, which would hide the unit stride from LLVM
         i0 = uint64((tile // tiles_j) * REG_ROWS)
         j0 = uint64((tile % tiles_j) * REG_COLS)
-        for q in range(REG_ROWS * REG_COLS):
-            acc[q] = 0.0
-        for k in range(k0, k1):
-            b_row = b[k]
+        for s in range(n_s):
+            for q in range(REG_ROWS * REG_COLS):
+                acc[q] = 0.0
+            for k in range(bounds[s, 0], bounds[s, 1]):
+                b_row = b[k]
+                for r in range(REG_ROWS):
+                    a_rk = a[i0 + uint64(r), uint64(k)]
+                    for j in range(REG_COLS):
+                        acc[r * REG_COLS + j] = acc[r * REG_COLS + j] + a_rk * b_row[j0 + uint64(j)]
             for r in range(REG_ROWS):
-                a_rk = a[i0 + uint64(r), uint64(k)]
                 for j in range(REG_COLS):
-                    acc[r * REG_COLS + j] = acc[r * REG_COLS + j] + a_rk * b_row[j0 + uint64(j)]
-        for r in range(REG_ROWS):
-            for j in range(REG_COLS):
-                out[i0 + uint64(r), j0 + uint64(j)] = acc[r * REG_COLS + j]
+                    out[s, i0 + uint64(r), j0 + uint64(j)] = acc[r * REG_COLS + j]
     # the edges the register tiles do not cover: the last columns of the tiled rows, then the last rows
     if full_j < n_j:
         for block in prange((full_i + TILE_I - 1) // TILE_I):
-            _accumulate_rows(
-                a, b, out, block * TILE_I, min(full_i, (block + 1) * TILE_I), full_j, n_j, k0, k1
-            )
+            for s in range(n_s):
+                _accumulate_rows(
+                    a, b, out[s], block * TILE_I, min(full_i, (block + 1) * TILE_I), full_j, n_j, bounds[s, 0],
+                    bounds[s, 1],
+                )  # fmt: skip
     if full_i < n_i:  # fewer rows than a register tile (a decode step's M = 1): parallel over column blocks
         for block in prange((n_j + TILE_J - 1) // TILE_J):
-            _accumulate_rows(a, b, out, full_i, n_i, block * TILE_J, min(n_j, (block + 1) * TILE_J), k0, k1)
+            for s in range(n_s):
+                _accumulate_rows(
+                    a, b, out[s], full_i, n_i, block * TILE_J, min(n_j, (block + 1) * TILE_J), bounds[s, 0],
+                    bounds[s, 1],
+                )  # fmt: skip
 
 
 @njit(parallel=True, cache=True)
-def accumulate_dl16_chunked(a, b, out, k0, k1, chunk):
+def accumulate_dl16_chunked(a, b, out, bounds, chunk):
     """Chunked DL16 accumulation (Wang et al. 2018): within each run of ``chunk`` k's, part = DL16(part + fl32(a*b));
     at the end of the run, acc = DL16(acc + part). With chunk >= K this is plain DL16 accumulation, because the one
-    chunk sum is then added to zero, which is exact."""
+    chunk sum is then added to zero, which is exact. One partial per K slice, as accumulate_fp32 (chunks restart
+    at each slice's first k)."""
     n_i = a.shape[0]
     n_j = b.shape[1]
     tiles_j = (n_j + TILE_J - 1) // TILE_J
@@ -116,19 +127,23 @@ def accumulate_dl16_chunked(a, b, out, k0, k1, chunk):
         cols = min(n_j, j0 + TILE_J) - j0
         acc = np.zeros((TILE_I, TILE_J), dtype=np.float32)
         part = np.zeros((TILE_I, TILE_J), dtype=np.float32)
-        for k in range(k0, k1):
-            b_row = b[k, j0 : j0 + cols]
-            for ii in range(rows):
-                a_ik = a[i0 + ii, k]
-                part_row = part[ii]
-                for j in range(cols):
-                    part_row[j] = add_round_dl16(np.float64(part_row[j]), np.float64(a_ik * b_row[j]))
-            if (k + 1 - k0) % chunk == 0 or k == k1 - 1:
+        for s in range(bounds.shape[0]):
+            k0, k1 = bounds[s, 0], bounds[s, 1]
+            acc[:, :] = 0.0
+            part[:, :] = 0.0
+            for k in range(k0, k1):
+                b_row = b[k, j0 : j0 + cols]
                 for ii in range(rows):
+                    a_ik = a[i0 + ii, k]
+                    part_row = part[ii]
                     for j in range(cols):
-                        acc[ii, j] = add_round_dl16(np.float64(acc[ii, j]), np.float64(part[ii, j]))
-                        part[ii, j] = 0.0
-        out[i0 : i0 + rows, j0 : j0 + cols] = acc[:rows, :cols]
+                        part_row[j] = add_round_dl16(np.float64(part_row[j]), np.float64(a_ik * b_row[j]))
+                if (k + 1 - k0) % chunk == 0 or k == k1 - 1:
+                    for ii in range(rows):
+                        for j in range(cols):
+                            acc[ii, j] = add_round_dl16(np.float64(acc[ii, j]), np.float64(part[ii, j]))
+                            part[ii, j] = 0.0
+            out[s, i0 : i0 + rows, j0 : j0 + cols] = acc[:rows, :cols]
 
 
 def _with_slp(dispatcher):

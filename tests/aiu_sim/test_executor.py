@@ -350,7 +350,7 @@ def test_fp32_operands_never_take_the_fused_multiply_add_kernel():
     fused = np.empty(
         (M, N), dtype=np.float32
     )  # this data tells the two kernels apart, or the test could not fail
-    accumulate_fp32_exact_products(a, b, fused, 0, K)
+    accumulate_fp32_exact_products(a, b, fused[None], np.array([[0, K]], dtype=np.int64))
     assert not np.array_equal(fused, expected)
 
 

@@ -21,14 +21,17 @@ def d(shape, scale=1.0) -> np.ndarray:
     return dl16.round(RNG.normal(0.0, scale, shape).astype(np.float32))
 
 
+# (M, N): below a register tile; register tiles with both edges, on one thread and (past SERIAL_MACS_BELOW, with
+# every slice in one kernel call) on the parallel kernel
+@pytest.mark.parametrize("m, n", [(5, 7), (9, 70), (66, 130)])
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("exact", [False, True])
-def test_k_ranges_equal_the_slices_cut_out(kind, exact):
-    a, b = d((2, 5, 100)), d((2, 100, 7))
+def test_k_ranges_equal_the_slices_cut_out(kind, exact, m, n):
+    a, b = d((2, m, 100)), d((2, 100, n))
     model = AccumulationModel(kind=kind, chunk_size=3)
     ranges = [(0, 37), (37, 37), (37, 64), (64, 100)]  # uneven, one empty
     got = partial_sums(a, b, model, exact_products=exact, k_ranges=ranges)
-    assert got.shape == (4, 2, 5, 7)
+    assert got.shape == (4, 2, m, n)
     for s, (lo, hi) in enumerate(ranges):
         want = partial_sums(a[..., lo:hi].copy(), b[:, lo:hi].copy(), model, exact_products=exact)[0]
         np.testing.assert_array_equal(got[s], want)
