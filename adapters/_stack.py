@@ -55,8 +55,16 @@ def to_host(t: torch.Tensor) -> torch.Tensor:
 
 def keep_host_copy(patch, module: torch.nn.Module, what: str) -> None:
     """At patch time (on the CPU, as hf-adapters prepare a model): the copy of `module` that `host_forward` runs once
-    the model has moved to the device. Not a submodule, so `model.to(...)` leaves it on the host."""
-    patch.set_attr(module, "_spyre_host_copy", copy.deepcopy(module).to("cpu"), what)
+    the model has moved to the device. Not a submodule, so `model.to(...)` leaves it on the host. Its CPU tensors
+    share the module's storage (an embedding table is not held twice while the model is on the host; once it moves,
+    the copy keeps the host values alive); a module patched on the device is copied back."""
+    shared = {id(t): _sharing(t) for t in tensors_of(module) if t.device.type == "cpu"}
+    patch.set_attr(module, "_spyre_host_copy", copy.deepcopy(module, shared).to("cpu"), what)
+
+
+def _sharing(t: torch.Tensor) -> torch.Tensor:
+    """A tensor of t's class (Parameter or not) over t's storage, outside autograd."""
+    return torch.nn.Parameter(t.detach(), t.requires_grad) if isinstance(t, torch.nn.Parameter) else t.detach()
 
 
 def host_forward(forward):

@@ -10,22 +10,21 @@ Subclasses of nn.Embedding (issue 11): Gemma's `*ScaledWordEmbedding` (lookup, t
 dtype), BART's scaled word and learned positional embeddings, OPT's positions from the padding mask (cumsum), and
 the other leaf subclasses transformers defines. Recognised by structure: a module that is an nn.Embedding, is not
 nn.Embedding itself, has no child modules, does not renormalise (max_norm), and whose forward (defined by
-transformers) calls the base lookup (`super().forward` or `F.embedding`). Its *stock forward* runs on the host, on
-host copies of its own parameters and buffers in their current dtype: the lookup, the position arithmetic and the
+transformers) calls the base lookup (`super().forward` or `F.embedding`). Its *stock forward* runs on the host
+(`_stack.host_forward`, as the MoE routers), on host copies of its own parameters and buffers in their current dtype: the lookup, the position arithmetic and the
 scale are the stock code on the same values in the same dtype, so the result is bit-identical (the scale is rounded
 exactly as stock: it is the stock multiply); only the [tokens, hidden] result crosses to the device.
 """
 
 from __future__ import annotations
 
-import copy
 import types
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from adapters._stack import host, to_host
+from adapters._stack import host, host_forward, keep_host_copy, to_host
 from adapters.base import Adapter
 from adapters.patch import Patch
 from adapters.registry import register_adapter
@@ -47,52 +46,6 @@ _host_lookup = host(_lookup)
 
 def _host_embedding_forward(self: nn.Embedding, input: torch.Tensor) -> torch.Tensor:
     return _host_lookup(self, input)
-
-
-def _host_twin(self: nn.Embedding) -> nn.Embedding:
-    """The module itself when its tensors are on the CPU; else a shallow copy holding host tensors in their current
-    dtypes: the patch-time host snapshot cast to the current dtype (model.to(torch.float16) after patching rounds the
-    same way as this cast, and the device copy of the table is DL16, not the fp16 table), or, for a tensor the
-    snapshot lacks, a copy back from the device. Rebuilt when a dtype or shape changes."""
-    tensors = [*self._parameters.items(), *self._buffers.items()]
-    if all(t is None or t.device.type == "cpu" for _, t in tensors):
-        return self
-    key = tuple((n, t.dtype, tuple(t.shape)) for n, t in tensors if t is not None)
-    cached = self.__dict__.get("_spyre_host_twin")
-    if cached is not None and cached[0] == key:
-        return cached[1]
-    snaps = self.__dict__.get("_spyre_host_tensors", {})
-
-    def on_host(name, t):
-        if t is None:
-            return None
-        snap = snaps.get(name)
-        if snap is not None and snap.shape == t.shape:
-            return snap.to(t.dtype)
-        return to_host(t.detach())
-
-    twin = copy.copy(self)
-    for attr in ("forward", "_spyre_host_twin", "_spyre_host_tensors"):
-        twin.__dict__.pop(attr, None)  # the twin runs its class's (stock) forward
-    twin._parameters = {n: on_host(n, t) for n, t in self._parameters.items()}
-    twin._buffers = {n: on_host(n, t) for n, t in self._buffers.items()}
-    self.__dict__["_spyre_host_twin"] = (key, twin)
-    return twin
-
-
-def _subclass_stock(self: nn.Embedding, *args, **kwargs):
-    twin = _host_twin(self)
-    args = tuple(to_host(a) if isinstance(a, torch.Tensor) else a for a in args)
-    kwargs = {k: to_host(v) if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
-    out = type(self).forward(twin, *args, **kwargs)
-    return out.to(self.weight.device) if isinstance(out, torch.Tensor) else out
-
-
-_host_subclass = host(_subclass_stock)
-
-
-def _host_subclass_forward(self: nn.Embedding, *args, **kwargs):
-    return _host_subclass(self, *args, **kwargs)
 
 
 def embedding_subclasses(model: nn.Module) -> list[tuple[str, nn.Embedding]]:
@@ -138,14 +91,8 @@ class HostEmbedding(Adapter):
                 emb, _host_embedding_forward, f"host lookup for Embedding{tuple(emb.weight.shape)}"
             )
         for path, emb in embedding_subclasses(model):
-            snaps = {
-                n: t.detach()
-                for n, t in [*emb._parameters.items(), *emb._buffers.items()]
-                if t is not None and t.device.type == "cpu"
-            }
-            patch.set_attr(emb, "_spyre_host_tensors", snaps, f"{path}: host copies of its tensors")
-            patch.on_undo(lambda emb=emb: emb.__dict__.pop("_spyre_host_twin", None))
+            keep_host_copy(patch, emb, f"{path}: a host copy of its tensors")
             patch.override_forward(
-                emb, _host_subclass_forward, f"{path}: stock {type(emb).__name__}.forward on the host"
+                emb, host_forward(type(emb).forward), f"{path}: stock {type(emb).__name__}.forward on the host"
             )
         return patch

@@ -126,6 +126,10 @@ def test_host_forward_runs_a_device_module_on_its_host_copy_in_the_live_dtypes()
     router = _Router()
     patch = Patch("test")
     keep_host_copy(patch, router, "host copy")
+    twin = router.__dict__["_spyre_host_copy"]
+    # the copy holds the module's own CPU storage (no second table in memory), as parameters outside autograd
+    assert twin.layer.weight.data_ptr() == router.layer.weight.data_ptr()
+    assert isinstance(twin.layer.weight, torch.nn.Parameter) and twin.layer.weight.grad_fn is None
     run = host_forward(_Router.forward)
     router.half()
     router.bias = router.bias.float()  # kept in fp32 after the cast
@@ -134,7 +138,6 @@ def test_host_forward_runs_a_device_module_on_its_host_copy_in_the_live_dtypes()
     router.to("spyre")
     indices, sizes = run(router, x.to("spyre"))  # sort would not run on the device
     assert indices.device.type == "spyre" and sizes == want[1] and torch.equal(indices.cpu(), want[0])
-    twin = router.__dict__["_spyre_host_copy"]
     assert twin.layer.weight.dtype == torch.float16 and twin.bias.dtype == torch.float32
     patch.undo()
     assert "_spyre_host_copy" not in router.__dict__

@@ -311,7 +311,7 @@ def test_scaled_embedding_on_the_device_is_the_stock_lookup():
                 patch.undo()
     finally:
         emb.to("cpu").float()
-    assert "_spyre_host_twin" not in emb.__dict__
+    assert "_spyre_host_copy" not in emb.__dict__
 
 
 def _zoo_class(model_type: str) -> str:
