@@ -23,6 +23,7 @@ retires by itself on the default table.)
 | `x.index_select(d, i)` | `F.embedding(i, x.movedim(d, 0).reshape(n, -1))`, reshaped and moved back | embedding (a CPU fallback), permute, reshape |
 | `torch.gather(x, d, index)`, `x.gather(d, index)` | `F.embedding(index * stride_d + positions, x.reshape(-1, 1))`: each picked element's flat position, the other dims' positions host-built constants | embedding (a CPU fallback), mul, add |
 | `x.scatter(d, index, v)`, `scatter_` (a number v; index as wide as x off `d`: the DSA indexer's mask) | `where((index[..., :, None] == 0..T-1).amax over K, v, x)` | eq, the bool->fp16 cast, amax, ne, where |
+| `x.prod(dim)`, `x.prod()` (int64, at most 16 factors: an image grid's `grid_thw.prod(-1)`) | `x.select(dim, 0) * x.select(dim, 1) * ...` | select (a view), mul |
 | `F.max_pool1d/2d`, `F.avg_pool1d/2d` called in a model's own code (Funnel, CANINE, PP-OCR) | the pooling adapter's forms (`pooling.functional_pool`): im2col, then amax / mean / sum over the real elements | im2col (a CPU island), constant_pad_nd, amax, mean, sum, div |
 
 `torch.where(m, v, x)` is `masked_fill` by definition (elementwise select, both broadcast the mask and x); ATen
@@ -42,7 +43,7 @@ stock refuses (overflow), an index key with a bool mask, None, a step or partial
 index tensor, an `all` over an empty reduction (amin of nothing is an error, `all` of nothing is True), a
 logsumexp of an empty tensor, a scatter of a src tensor, with reduce=, of an index narrower than x off its dim, or
 an empty index, an index_select with a multi-dim or empty index, a gather with sparse_grad, an index that is not int64
-or is empty. The scatter form costs K * T compares per row where stock writes K elements.
+or is empty, a prod of another dtype than int64, with dtype=, of no or of more than 16 factors. The scatter form costs K * T compares per row where stock writes K elements.
 Differences in error behaviour, documented rather than hidden: with several index tensors, an out-of-range index
 of a later dim that still lands inside the flattened table is checked only in eager runs (a data-dependent check
 cannot be traced); a compiled graph reads that row, where stock raises IndexError. Likewise a scatter index out of
@@ -51,7 +52,7 @@ range is stock's error in eager runs; a compiled graph ignores it.
 How it recognises its target: by what the code calls. The methods of every module class of the model (its own code,
 transformers' or a user's, not torch.nn's) and the same-package helpers they call (`structure.reachable`) are
 scanned for the names these ops are called by (`masked_fill`, `masked_fill_`, `stack`, `new_full`, `glu`, `masked_scatter`, `all`,
-`logsumexp`, `scatter`, `scatter_`, `index_select`, `gather`, `max_pool1d/2d`, `avg_pool1d/2d`) and for
+`logsumexp`, `scatter`, `scatter_`, `index_select`, `gather`, `prod`, `max_pool1d/2d`, `avg_pool1d/2d`) and for
 subscripts (`x[...]`: an aten.index when the key holds an integer tensor or a list; `x[...] = y`: a scatter into a
 view). The model's top-level forward then runs under a `torch.overrides.TorchFunctionMode` that re-expresses each
 call of those ops whose capability the stack lacks and passes every other call through unchanged. Dynamo traces
@@ -224,6 +225,40 @@ def all_(args, kwargs):
     if any(b.shape[d] == 0 for d in dims):
         return _PASS
     return b.to(torch.float16).amin(dim=dims if len(dims) > 1 else dims[0], keepdim=keepdim) != 0
+
+
+# an integer prod over at most this many elements is re-expressed as that many - 1 multiplies (image grid sizes:
+# `grid_thw.prod(-1)`, 3 elements); a longer one stays stock, so the stack reports it
+PROD_MAX_FACTORS = 16
+
+
+def prod(args, kwargs):
+    """`x.prod(dim)` / `x.prod()` of an int64 tensor as the product of its slices along `dim`, first to last:
+    integer products are exact in any order (int32 on the device, as every int64 there)."""
+    x = _arg(args, kwargs, 0, "input", "self")
+    if not isinstance(x, torch.Tensor) or x.dtype != torch.int64 or "out" in kwargs or "dtype" in kwargs:
+        return _PASS  # other dtypes: a float product's rounding depends on its order; int32 prod gives int64
+    if len(args) + len(kwargs) > 3:
+        return _PASS
+    dim = _arg(args, kwargs, 1, "dim", default=None)
+    keepdim = _arg(args, kwargs, 2, "keepdim", default=False)
+    if not isinstance(keepdim, bool) or (dim is not None and (isinstance(dim, bool) or not isinstance(dim, int))):
+        return _PASS
+    if dim is None:
+        if keepdim:
+            return _PASS
+        x, dim = x.reshape(-1), 0
+    elif not -max(x.dim(), 1) <= dim < max(x.dim(), 1) or x.dim() == 0:
+        return _PASS  # stock raises its own error, or a 0-d prod
+    n = x.shape[dim]
+    if not 1 <= n <= PROD_MAX_FACTORS:
+        return _PASS  # the empty product (1) and long products stay stock
+    out = x.select(dim, 0)
+    for i in range(1, n):
+        out = out * x.select(dim, i)
+    if n == 1:
+        out = out.clone()
+    return out.unsqueeze(dim) if keepdim else out
 
 
 def logsumexp(args, kwargs):
@@ -777,6 +812,14 @@ REWRITES: tuple[Rewrite, ...] = (
         pool("max", 1),
         _POOL_NEEDS,
         "im2col over a height of 1, amax over each window (pooling.functional_pool)",
+    ),
+    Rewrite(
+        "aten.prod",
+        (torch.Tensor.prod, torch.prod),
+        frozenset({"prod"}),
+        prod,
+        ("aten.select", "aten.mul"),
+        "an int64 prod over at most 16 elements as the product of its slices (image grid sizes)",
     ),
     Rewrite(
         "aten.avg_pool2d",

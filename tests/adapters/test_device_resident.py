@@ -69,7 +69,8 @@ def test_sampling_on_the_host_with_the_decoder_on_the_device_matches_the_cpu():
 # argsort (host_vision_indices); DETR's and Table Transformer's sine position embeddings floor-divide an arange
 # (host_position_embedding); Parakeet's prediction network is an nn.LSTM (lstm_unrolled); Switch Transformers'
 # router one-hot-scatters its choice and its experts loop over boolean-indexed tokens (moe_dense: routing on the host,
-# experts dense)
+# experts dense); HY-V4-VL's vision tower splits its output by `grid_thw.prod(-1)` (rewrite: an int64 prod as
+# multiplies)
 EAGER_TYPES = [
     "llava",
     "internvl",
@@ -80,6 +81,7 @@ EAGER_TYPES = [
     "table-transformer",
     "parakeet_rnnt",
     "switch_transformers",
+    "hy_v4_vl_vision",
 ]
 
 

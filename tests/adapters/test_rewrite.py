@@ -210,6 +210,48 @@ class _Checks(torch.nn.Module):
         return n
 
 
+# -- prod ----------------------------------------------------------------------------------------------------------
+def test_int64_prod_is_identical_and_leaves_no_prod():
+    grid = torch.tensor([[1, 4, 6], [2, 8, 10], [3, 5, -7]])  # grid_thw-like rows
+    for f in (
+        lambda: grid.prod(-1),
+        lambda: grid.prod(dim=1, keepdim=True),
+        lambda: torch.prod(grid, 0),
+        lambda: grid.prod(),
+        lambda: grid[:, 1:].prod(-1),
+        lambda: grid[0].prod(),
+        lambda: grid[:1].prod(0),  # one factor: a copy
+        lambda: torch.tensor(5).prod(),  # 0-d
+    ):
+        ref, out = _both(f)
+        _same(out, ref)
+        seen = CallNames()
+        with seen, _mode():
+            f()
+        assert "prod" not in seen.names, seen.names
+
+
+def test_prod_forms_left_to_stock():
+    """Other dtypes (a float product's rounding depends on its order), dtype=, the empty product and products of
+    more than PROD_MAX_FACTORS elements run as stock, so the stack still reports them."""
+    x = torch.arange(1, 7).reshape(2, 3)
+    long = torch.ones(2, rewrite.PROD_MAX_FACTORS + 1, dtype=torch.int64)
+    for f, rewritten in (
+        (lambda: x.float().prod(-1), False),
+        (lambda: x.int().prod(-1), False),
+        (lambda: x.prod(-1, dtype=torch.float32), False),
+        (lambda: x[:, :0].prod(-1), False),
+        (lambda: long.prod(-1), False),
+        (lambda: x.prod(), True),  # 6 factors
+    ):
+        ref, out = _both(f)
+        _same(out, ref)
+        seen = CallNames()
+        with seen, _mode():
+            f()
+        assert ("prod" not in seen.names) == rewritten, seen.names
+
+
 # -- index ---------------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("dtype", DTYPES + [torch.int64])
 def test_row_lookups_are_bit_identical(dtype):
