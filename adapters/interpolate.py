@@ -34,7 +34,7 @@ the difference (fp32: ~1e-7 relative; fp16: within the dtype's rounding). The co
 
 What is left to the stack (stock runs, so the stack still reports it): 5-D inputs (trilinear, 3-D nearest), mode
 area (an adaptive average pool: the pooling adapter's business), integer inputs, complex inputs, sizes held in
-tensors.
+tensors in traced code (in eager code a 0-d integer size is read as stock reads it).
 
 How it recognises its targets: by what the code calls. The model's module classes' methods and the same-package
 helpers they reach are scanned for `interpolate`, `upsample` and the `nn.Upsample` / `nn.UpsamplingBilinear2d` /
@@ -110,6 +110,15 @@ def _per_dim(value, dims: int):
     return [value] * dims
 
 
+def _eager_size(s):
+    """A size held in a 0-d integer tensor (ViLT's per-image patch counts), read as stock reads it (its __index__:
+    a copy to the host) in eager code; traced, it stays a tensor and the call stays stock."""
+    if isinstance(s, torch.Tensor) and s.dim() == 0 and not s.is_floating_point() and not s.is_complex():
+        if s.dtype != torch.bool and not torch.compiler.is_compiling():
+            return int(s)
+    return s
+
+
 def interpolate(args, kwargs):
     """`F.interpolate(x, size | scale_factor, mode, ...)` as one constant matmul per resized dim (module docstring)."""
     if len(args) > len(_PARAMS) or kwargs.keys() - set(_PARAMS):
@@ -124,6 +133,7 @@ def interpolate(args, kwargs):
     sizes, scales = _per_dim(p["size"], dims), _per_dim(p["scale_factor"], dims)
     if sizes is None or scales is None:
         return _PASS
+    sizes = [_eager_size(s) for s in sizes]
     if not all(s is None or (isinstance(s, int) and not isinstance(s, bool) and s > 0) for s in sizes):
         return _PASS  # a size held in a tensor, or one stock refuses
     if not all(s is None or (isinstance(s, int | float) and not isinstance(s, bool) and s > 0) for s in scales):

@@ -142,6 +142,21 @@ def test_the_mode_keeps_the_upsampling_kernels_away():
     assert "matmul" in seen.names and not {n for n in seen.names if "upsample" in n}
 
 
+def test_sizes_held_in_0d_tensors_are_read_in_eager_code():
+    """ViLT resizes its position grid to each image's patch counts, 0-d int64 tensors: in eager code the size is
+    read as stock reads it and the call re-expressed; traced, it stays a tensor and the call stays stock."""
+    x = _rand(1, 3, 4, 4)
+    h, w = torch.tensor(6), torch.tensor(3)
+    ref = F.interpolate(x, size=(h, w), mode="bilinear", align_corners=True)
+    seen = CallNames()
+    with seen, _mode():
+        out = F.interpolate(x, size=(h, w), mode="bilinear", align_corners=True)
+    assert not {n for n in seen.names if "upsample" in n}, seen.names
+    assert out.shape == ref.shape and float((out - ref).abs().max()) <= 8 * torch.finfo(torch.float32).eps
+    full = dict(size=(h, w), scale_factor=None, mode="bilinear", align_corners=True)
+    assert interp.interpolate((x,), dict(full, size=(torch.tensor(True), w))) is _PASS  # a bool is no size
+
+
 # -- strict-mode lowering ------------------------------------------------------------------------------------------
 def test_forms_lower_in_strict_mode():
     """Stock: strict mode refuses the upsampling kernels; re-expressed: the neck compiles for the device with no
