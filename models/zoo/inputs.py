@@ -283,15 +283,16 @@ def _with_image_tokens(inputs: dict, pad_mask, per_row: int, token: int):
 
 
 def fit_inputs(model, config, variant: str = "default", seed: int = 0, causal: bool = False):
-    """(inputs, modality, pad_mask): the first candidate that runs forward on the CPU. A VLM that reports
-    "tokens: X, features: Y" gets Y image tokens and is tried again (census §3). Raises the last error."""
+    """(inputs, modality, pad_mask, output): the first candidate that runs forward on the CPU, and that forward's
+    output. A VLM that reports "tokens: X, features: Y" gets Y image tokens and is tried again (census §3). Raises
+    the last error."""
     last: BaseException | None = None
     for inputs, pad_mask in candidates(model, config, seed=seed, causal=causal):
         for _ in range(3):
             try:
                 with torch.no_grad():
-                    model(**inputs)
-                return inputs, _modality({k for k, v in inputs.items() if v is not None}), pad_mask
+                    output = model(**inputs)
+                return inputs, _modality({k for k, v in inputs.items() if v is not None}), pad_mask, output
             except Exception as e:  # noqa: BLE001 - each failure says which candidate to try next
                 last = e
                 hit = _FEATURES_RE.search(str(e))

@@ -566,13 +566,15 @@ def _try_level(model_type: str, level: str, variant: str, seed: int) -> ZooModel
         )
     model = _seeded(cls, config, seed)
     family = _family(model_type, config, is_lm)
-    inputs, modality, pad_mask = fit_inputs(
+    inputs, modality, pad_mask, output = fit_inputs(
         model,
         config,
         variant=variant,
         seed=seed,
         causal=is_lm or family in ("decoder", "moe_decoder", "ssm", "hybrid"),
     )
+    if _vanishes(output):
+        model = _redrawn(cls, config, seed, inputs)
     return ZooModel(
         model_type=model_type,
         variant=variant,
@@ -588,6 +590,61 @@ def _try_level(model_type: str, level: str, variant: str, seed: int) -> ZooModel
         is_decoder_lm=is_lm,
         pad_mask=pad_mask,
     )
+
+
+# A random build whose judged output never reaches fp16's smallest normal (2^-14) is degenerate: its activations
+# vanish on the way, so neither a CPU fp16 nor a device run can be compared with it (the judge's tolerance, scaled by
+# the CPU fp16 forward's own error, would pass anything). Two causes, each redrawn with the same seed:
+# - an initializer range of ~0 in a (sub)config (BLIP's and SAM's vision configs ship 1e-10): ranges below
+#   INIT_FLOOR become INIT_RANGE, transformers' usual default;
+# - conv stacks drawn at a fixed std with no fan-in scaling (MobileNet, HGNetV2, PP-OCR recognisers, behind
+#   inference batch norms): conv weights drawn with He's fan-in scale, std sqrt(2 / fan_in) (He et al. 2015).
+VANISHING = 2.0**-14
+INIT_FLOOR, INIT_RANGE = 1e-3, 0.02
+
+
+def _vanishes(output) -> bool:
+    from models.zoo.tolerance import judged
+
+    try:
+        out = judged(output)
+    except TypeError:
+        return False  # nothing floating to judge
+    return out.numel() > 0 and bool(out.detach().abs().max() < VANISHING)
+
+
+def _raise_init_ranges(config) -> bool:
+    """Initializer ranges below INIT_FLOOR in `config` and its sub-configs set to INIT_RANGE; whether any was."""
+    changed = False
+    for key, value in list(vars(config).items()):
+        if key in ("initializer_range", "init_std") and isinstance(value, float) and 0 <= value < INIT_FLOOR:
+            setattr(config, key, INIT_RANGE)
+            changed = True
+        elif hasattr(value, "to_dict") and hasattr(value, "model_type"):  # a sub-config
+            changed = _raise_init_ranges(value) or changed
+    return changed
+
+
+def _he_convs(model: torch.nn.Module, seed: int) -> None:
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, torch.nn.Conv1d | torch.nn.Conv2d | torch.nn.Conv3d):
+                fan_in = torch.nn.init._calculate_correct_fan(m.weight, "fan_in")
+                m.weight.normal_(0.0, math.sqrt(2.0 / fan_in), generator=g)
+
+
+def _redrawn(cls, config, seed: int, inputs: dict) -> torch.nn.Module:
+    """A vanishing build drawn again (see VANISHING): the config's tiny initializer ranges raised, then, if its
+    output still vanishes, its conv weights He-scaled. Returns the last draw (it runs: the first one did)."""
+    if _raise_init_ranges(config):
+        model = _seeded(cls, config, seed)
+        with torch.no_grad():
+            if not _vanishes(model(**inputs)):
+                return model
+    model = _seeded(cls, config, seed)
+    _he_convs(model, seed)
+    return model
 
 
 def _no_level_helps(e: Exception) -> bool:

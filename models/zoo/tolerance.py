@@ -33,6 +33,9 @@ U_DL16 = get_format("dl16").epsilon / 2  # 2^-10
 U_FP16 = float(torch.finfo(torch.float16).eps) / 2  # 2^-11
 K_SIGMA = 4.0
 UPLOAD_ROUNDINGS = 2  # inputs and weights: fp16 host values rounded to DL16 once each on upload
+# The CPU fp16 forward's own error past which it controls nothing: its bound K (u / u16) e16 reaches 1, so an output
+# of all zeros would pass. Such a model is not fp16-clean (classify's FP16_UNCLEAN), not judged.
+FP16_CONTROL_MAX = 1 / (K_SIGMA * U_DL16 / U_FP16)
 
 
 @dataclass(frozen=True)
@@ -68,6 +71,37 @@ def derive(n_kernels: int, cpu_fp16_rel_err: float, n_values: int) -> Tolerance:
 def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
     d = (out.double() - ref.double()).norm()
     return float(d / ref.double().norm().clamp_min(1e-30))
+
+
+def judged(out) -> torch.Tensor:
+    """The tensor judged: logits, else last_hidden_state, else the largest floating tensor anywhere in the output."""
+    if isinstance(out, torch.Tensor):
+        return out
+    for key in ("logits", "last_hidden_state"):
+        v = getattr(out, key, None) if not isinstance(out, dict) else out.get(key)
+        if isinstance(v, torch.Tensor):
+            return v
+    found: list[torch.Tensor] = []
+
+    def walk(x, depth=0):
+        if depth > 4:
+            return
+        if isinstance(x, torch.Tensor):
+            if x.is_floating_point():
+                found.append(x)
+        elif isinstance(x, dict):
+            for v in x.values():
+                walk(v, depth + 1)
+        elif isinstance(x, list | tuple):
+            for v in x:
+                walk(v, depth + 1)
+        elif hasattr(x, "to_tuple"):
+            walk(x.to_tuple(), depth + 1)
+
+    walk(out)
+    if not found:
+        raise TypeError(f"the model's output {type(out).__name__} holds no floating-point tensor to compare")
+    return max(found, key=lambda t: t.numel())
 
 
 def metrics(out: torch.Tensor, ref: torch.Tensor, is_lm: bool) -> dict:

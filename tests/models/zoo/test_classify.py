@@ -52,6 +52,26 @@ def _logits(seed=0, shape=(30, 1024)):
     return torch.randn(shape, generator=g, dtype=torch.float64)
 
 
+def test_an_fp16_control_past_its_limit_would_pass_any_output():
+    """Past FP16_CONTROL_MAX the derived bound reaches 1, so an all-zero output would pass: such a model is not
+    fp16-clean (not judged), rather than a vacuous pass."""
+    tol = tolerance.derive(10, tolerance.FP16_CONTROL_MAX, 1000)
+    assert tol.rel_err_max == pytest.approx(1.0)
+    zeros, ref = torch.zeros(1000), torch.randn(1000)
+    assert tolerance.within(tolerance.metrics(zeros, ref, False), tolerance.derive(10, 0.2, 1000))[0]
+    assert not tolerance.within(tolerance.metrics(zeros, ref, False), tolerance.derive(10, 0.1, 1000))[0]
+
+
+@pytest.mark.slow
+def test_a_forward_that_samples_is_judged_on_the_same_draws():
+    """ViLT draws its image patches with torch.multinomial in its forward: every judged forward starts from the same
+    seed, so fp32, fp16 and the device pick the same patches (before: cosine 0.1, passed only by a vacuous
+    tolerance)."""
+    rec = run_one("vilt")
+    assert rec["class"] == "pass_fallback" and rec["metrics"]["cosine"] > 0.999
+    assert rec["tolerance"]["cpu_fp16_rel_err"] < 0.01
+
+
 def test_dl16_rounding_chains_pass_and_real_bugs_do_not():
     ref = _logits()
     tol = tolerance.derive(n_kernels=98, cpu_fp16_rel_err=0.0, n_values=ref.numel())
@@ -224,7 +244,7 @@ def test_a_gap_that_only_the_device_resident_run_meets_is_recorded_beside_the_cl
     with torch.no_grad():
         ref = model(x)
     rec = _record("sorts", "default")
-    _device_resident(rec, Passed(zm, ref, {"x": x.half()}, tolerance.derive(4, 1e-3, ref.numel())))
+    _device_resident(rec, Passed(zm, ref, {"x": x.half()}, tolerance.derive(4, 1e-3, ref.numel()), 0))
     resident = rec["device_resident"]
     assert resident["class"] == "unsupported" and [b["op"] for b in resident["blocking"]] == ["aten.sort"]
     assert "sort" in resident["error"]["message"] and rec["class"] is None  # beside the class, not instead

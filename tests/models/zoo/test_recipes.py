@@ -183,3 +183,32 @@ def test_recorded_levels_come_first(monkeypatch, tmp_path):
         assert build("gpt2").recipe_level == "tiny"
     finally:
         recipes.recorded_levels.cache_clear()
+
+
+@pytest.mark.parametrize("model_type", ["mobilenet_v2", "sam_vision_model"])
+def test_a_vanishing_random_build_is_redrawn(model_type):
+    """MobileNetV2's fixed-std convs behind batch norms (max |output| 4.5e-21) and SAM's vision config's 1e-10
+    initializer range (8.2e-20) vanished before fp16 could hold a value, so their CPU fp16 control was all zeros and
+    any output passed. Redrawn (He-scaled convs; the range raised to 0.02), their outputs are O(1) and fp16-clean."""
+    from models.zoo.classify import _half_inputs
+    from models.zoo.tolerance import FP16_CONTROL_MAX, judged, rel_err
+
+    zm = build(model_type, "default", seed=0)
+    with torch.no_grad():
+        ref = judged(zm.model(**zm.inputs)).float()
+        out16 = judged(zm.model.half()(**_half_inputs(zm.inputs))).float()
+    assert ref.abs().max() > 1e-2
+    assert rel_err(out16, ref) < FP16_CONTROL_MAX
+
+
+def test_only_initializer_ranges_near_zero_are_raised():
+    from transformers import BlipConfig
+
+    from models.zoo.recipes import INIT_RANGE, _raise_init_ranges
+
+    cfg = BlipConfig()
+    assert cfg.vision_config.initializer_range == 1e-10 and cfg.text_config.initializer_range == 0.02
+    cfg.initializer_range = 0.05
+    assert _raise_init_ranges(cfg)
+    assert cfg.vision_config.initializer_range == INIT_RANGE and cfg.initializer_range == 0.05
+    assert not _raise_init_ranges(cfg)  # nothing left to raise
