@@ -598,7 +598,8 @@ def _try_level(model_type: str, level: str, variant: str, seed: int) -> ZooModel
 # - an initializer range of ~0 in a (sub)config (BLIP's and SAM's vision configs ship 1e-10): ranges below
 #   INIT_FLOOR become INIT_RANGE, transformers' usual default;
 # - conv stacks drawn at a fixed std with no fan-in scaling (MobileNet, HGNetV2, PP-OCR recognisers, behind
-#   inference batch norms): conv weights drawn with He's fan-in scale, std sqrt(2 / fan_in) (He et al. 2015).
+#   inference batch norms; MobileViT's batch-norm scales too): conv weights drawn with He's fan-in scale, std
+#   sqrt(2 / fan_in) (He et al. 2015), batch-norm scales at 1.
 VANISHING = 2.0**-14
 INIT_FLOOR, INIT_RANGE = 1e-3, 0.02
 
@@ -626,12 +627,16 @@ def _raise_init_ranges(config) -> bool:
 
 
 def _he_convs(model: torch.nn.Module, seed: int) -> None:
+    """Conv weights drawn with He's fan-in scale and batch-norm scales at 1 (PyTorch's own defaults for a conv stack;
+    MobileViT's init draws its batch-norm scales at std 0.02, each one shrinking the activations 50-fold)."""
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for m in model.modules():
             if isinstance(m, torch.nn.Conv1d | torch.nn.Conv2d | torch.nn.Conv3d):
                 fan_in = torch.nn.init._calculate_correct_fan(m.weight, "fan_in")
                 m.weight.normal_(0.0, math.sqrt(2.0 / fan_in), generator=g)
+            elif isinstance(m, torch.nn.modules.batchnorm._BatchNorm) and m.weight is not None:
+                m.weight.fill_(1.0)
 
 
 def _redrawn(cls, config, seed: int, inputs: dict) -> torch.nn.Module:

@@ -185,11 +185,13 @@ def test_recorded_levels_come_first(monkeypatch, tmp_path):
         recipes.recorded_levels.cache_clear()
 
 
-@pytest.mark.parametrize("model_type", ["mobilenet_v2", "sam_vision_model"])
+@pytest.mark.parametrize("model_type", ["mobilenet_v2", "mobilevit", "sam_vision_model"])
 def test_a_vanishing_random_build_is_redrawn(model_type):
-    """MobileNetV2's fixed-std convs behind batch norms (max |output| 4.5e-21) and SAM's vision config's 1e-10
-    initializer range (8.2e-20) vanished before fp16 could hold a value, so their CPU fp16 control was all zeros and
-    any output passed. Redrawn (He-scaled convs; the range raised to 0.02), their outputs are O(1) and fp16-clean."""
+    """MobileNetV2's fixed-std convs behind batch norms (max |output| 4.5e-21), MobileViT's batch-norm scales drawn
+    at std 0.02 (3e-20) and SAM's vision config's 1e-10 initializer range (8.2e-20) vanished before fp16 could hold
+    a value, so their CPU fp16 control was all zeros (any output passed; MobileViT's exact zeros failed on cosine 0).
+    Redrawn (He-scaled convs and unit batch-norm scales; the range raised to 0.02), their outputs are O(1) and
+    fp16-clean."""
     from models.zoo.classify import _half_inputs
     from models.zoo.tolerance import FP16_CONTROL_MAX, judged, rel_err
 
