@@ -185,20 +185,20 @@ def partial_sums(
 
 
 def batched_partials(
-    a: np.ndarray,
-    b: np.ndarray,
-    model: AccumulationModel,
-    exact_products: bool,
-    k_ranges: list[tuple[int, int]],
+    a: np.ndarray, b: np.ndarray, model: AccumulationModel, exact_products: bool, k_ranges: list[tuple[int, int]]
 ) -> np.ndarray:
     """partial_sums' work on checked operands: float32 a (*batch, M, K) and b (*batch, K, N) of one batch shape
     (broadcast views allowed), valid k_ranges. Shape (len(k_ranges), *batch, M, N). The executor calls it directly
     with operands it laid out itself, skipping partial_sums' checks (a few microseconds per matmul)."""
     batch = a.shape[:-2]
     out = np.empty((len(k_ranges),) + batch + (a.shape[-2], b.shape[-1]), dtype=np.float32)
+    bounds = np.array(k_ranges, dtype=np.int64).reshape(-1, 2)
+    widths = [k1 - k0 for k0, k1 in k_ranges]
+    macs = sum(widths) * a.shape[-2] * b.shape[-1]  # per batch entry
     for index in np.ndindex(*batch):
         a_c, b_c = np.ascontiguousarray(a[index]), np.ascontiguousarray(b[index])
-        _accumulate_2d(a_c, b_c, model, out, index, exact_products, k_ranges)
+        with serial_if_small(macs, SERIAL_MACS_BELOW):
+            _accumulate_2d(a_c, b_c, model, out[(slice(None),) + index], exact_products, bounds, widths)
     return out
 
 
@@ -234,25 +234,21 @@ def _accumulate_2d(
     a: np.ndarray,
     b: np.ndarray,
     model: AccumulationModel,
-    out: np.ndarray,
-    index: tuple,
+    target: np.ndarray,
     exact_products: bool,
-    k_ranges: list[tuple[int, int]],
+    bounds: np.ndarray,
+    widths: list[int],
 ) -> None:
-    """Fill out[s, *index] with the partial over the s-th K slice [k0, k1) of a (M, K) and b (K, N), both
-    C-contiguous. The kernels take the slices as bounds and walk k from k0 in order, so a slice of a whole operand
-    gives the same bits as the slice copied out."""
-    bounds = np.array(k_ranges, dtype=np.int64).reshape(-1, 2)
-    target = out[(slice(None),) + index]
-    macs = sum(k1 - k0 for k0, k1 in k_ranges) * a.shape[0] * b.shape[1]
-    with serial_if_small(macs, SERIAL_MACS_BELOW):
-        if model.kind == "fp32":
-            fp32 = kernels.accumulate_fp32_exact_products if exact_products else kernels.accumulate_fp32
-            fp32(a, b, target, bounds)
-        else:
-            # plain DL16 accumulation is one chunk per slice: the widest slice's width (at least 1)
-            chunk = model.chunk_size if model.kind == "chunked" else max(1, *(k1 - k0 for k0, k1 in k_ranges))
-            kernels.accumulate_dl16_chunked(a, b, target, bounds, chunk)
+    """Fill target[s] (S, M, N) with the partial over the s-th K slice [bounds[s, 0], bounds[s, 1]) of a (M, K) and
+    b (K, N), both C-contiguous, in one kernel call. The kernels take the slices as bounds and walk k from k0 in
+    order, so a slice of a whole operand gives the same bits as the slice copied out."""
+    if model.kind == "fp32":
+        fp32 = kernels.accumulate_fp32_exact_products if exact_products else kernels.accumulate_fp32
+        fp32(a, b, target, bounds)
+    else:
+        # plain DL16 accumulation is one chunk per slice: the widest slice's width (at least 1)
+        chunk = model.chunk_size if model.kind == "chunked" else max(1, *widths)
+        kernels.accumulate_dl16_chunked(a, b, target, bounds, chunk)
 
 
 def _reduce_partials(x, axis, model, k_splits, keepdims):
