@@ -158,9 +158,8 @@ def matmul(
     if plan.fp8 and "accumulation" not in kernel.attrs:
         model = fp8_matmul_model(model)
 
-    def partials(
-        k_range, k_ranges=None
-    ):  # accumulator format, stacked along a leading axis (one per K range)
+    def partials(k_range, k_ranges=None):
+        """Accumulator-format partials over `k_ranges` of the operands' piece `k_range`, stacked (one per range)."""
         a3, b3 = ops.pieces(a, b, k_range)
         return batched_partials(_f32(a3), _f32(b3), model, plan.exact, k_ranges or [(0, a3.shape[-1])])
 

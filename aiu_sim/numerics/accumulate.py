@@ -185,7 +185,11 @@ def partial_sums(
 
 
 def batched_partials(
-    a: np.ndarray, b: np.ndarray, model: AccumulationModel, exact_products: bool, k_ranges: list[tuple[int, int]]
+    a: np.ndarray,
+    b: np.ndarray,
+    model: AccumulationModel,
+    exact_products: bool,
+    k_ranges: list[tuple[int, int]],
 ) -> np.ndarray:
     """partial_sums' work on checked operands: float32 a (*batch, M, K) and b (*batch, K, N) of one batch shape
     (broadcast views allowed), valid k_ranges. Shape (len(k_ranges), *batch, M, N). The executor calls it directly

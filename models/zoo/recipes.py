@@ -27,6 +27,7 @@ import torch
 
 from models.zoo import catalog
 from models.zoo.inputs import fit_inputs, text_config
+from models.zoo.tolerance import judged
 
 LEVELS = ("tiny", "tiny_keep_vocab", "no_width", "width_no_layers", "layers_experts_only", "default")
 # What each level shrinks (census §3 step 8): layers, widths (and heads with them), experts, vocab.
@@ -605,8 +606,6 @@ INIT_FLOOR, INIT_RANGE = 1e-3, 0.02
 
 
 def _vanishes(output) -> bool:
-    from models.zoo.tolerance import judged
-
     try:
         out = judged(output)
     except TypeError:
