@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import torch
 import torch.utils._pytree as pytree
 
-from models.zoo.tolerance import judged as _tensor_out
+from models.zoo.tolerance import judged
 
 CLASSES = (
     "pass_device",
@@ -307,7 +307,7 @@ def _flow(rec: dict, model_type: str, variant: str, seed: int) -> Passed | None:
     with _Stage(rec, "cpu"), torch.no_grad():
         try:
             torch.manual_seed(seed)  # same draws in every judged forward (ViLT samples patches in its forward)
-            ref = _real(_tensor_out(zm.model(**zm.inputs)), zm.pad_mask)
+            ref = _real(judged(zm.model(**zm.inputs)), zm.pad_mask)
         except Exception as e:  # noqa: BLE001 - build ran this forward; a second one failing is the model's
             rec.update(
                 {"class": "not_buildable", "reason": f"CPU fp32 reference: {e}"[:2000], "error": _error(e)}
@@ -317,7 +317,7 @@ def _flow(rec: dict, model_type: str, variant: str, seed: int) -> Passed | None:
         inputs16 = _half_inputs(zm.inputs)
         try:
             torch.manual_seed(seed)
-            out16 = _real(_tensor_out(model16(**inputs16)), zm.pad_mask)
+            out16 = _real(judged(model16(**inputs16)), zm.pad_mask)
         except Exception as e:  # noqa: BLE001
             rec.update(
                 {
@@ -394,7 +394,7 @@ def _flow(rec: dict, model_type: str, variant: str, seed: int) -> Passed | None:
                     warnings.simplefilter("ignore", FallbackWarning)
                     torch.manual_seed(seed)
                     report = torch_spyre_emu.profile(compiled, mode="both", **inputs16)  # no trace written
-                out = _real(_tensor_out(report.outputs), zm.pad_mask)
+                out = _real(judged(report.outputs), zm.pad_mask)
             except Exception as e:  # noqa: BLE001
                 cls, blocking = classify_error(e)
                 if cls == "unsupported":  # the run stops at the first graph with a gap; the plan saw them all
@@ -425,7 +425,7 @@ def _flow(rec: dict, model_type: str, variant: str, seed: int) -> Passed | None:
             try:
                 with torch_spyre_emu.strict():
                     torch.manual_seed(seed)
-                    out_strict = _real(_tensor_out(compiled(**inputs16)), zm.pad_mask)
+                    out_strict = _real(judged(compiled(**inputs16)), zm.pad_mask)
             except SpyreUnsupportedOpError as e:
                 cls, blocking = classify_error(e)
                 rec.update(
@@ -495,7 +495,7 @@ def _device_resident(rec: dict, passed: Passed) -> None:
                 model.to("spyre")
                 inputs = pytree.tree_map_only(torch.Tensor, lambda t: t.to("spyre"), passed.inputs16)
                 torch.manual_seed(passed.seed)
-                out = _real(_tensor_out(model(**inputs)).cpu(), zm.pad_mask)
+                out = _real(judged(model(**inputs)).cpu(), zm.pad_mask)
         except Exception as e:  # noqa: BLE001 - the model's record, as in the flow
             cls, blocking = classify_error(e)
             rec["device_resident"] = {"class": cls, "blocking": blocking, "error": _error(e)}

@@ -88,16 +88,17 @@ EAGER_TYPES = [
 @pytest.mark.parametrize("model_type", EAGER_TYPES)
 def test_an_eager_forward_of_a_model_moved_after_patching_matches_the_cpu(model_type):
     """The eager forward on the device stays within DL16 rounding of the CPU's fp32 forward."""
-    from models.zoo.classify import _half_inputs, _tensor_out
+    from models.zoo.classify import _half_inputs
+    from models.zoo.tolerance import judged
 
     z = build(model_type, "default", seed=0)
     with torch.no_grad():
-        ref = _tensor_out(z.model(**z.inputs)).float()
+        ref = judged(z.model(**z.inputs)).float()
     model = z.model.half()
     inputs = {k: v.to("spyre") if isinstance(v, torch.Tensor) else v for k, v in _half_inputs(z.inputs).items()}
     with adapters.apply(model), torch.no_grad():
         model.to("spyre")
-        out = _tensor_out(model(**inputs)).cpu().float()
+        out = judged(model(**inputs)).cpu().float()
     assert (out - ref).abs().max() <= 0.02 * ref.abs().max()
 
 
