@@ -398,6 +398,9 @@ def getitem(args, kwargs):
     if any(s == 0 for s in sizes):
         return _PASS
     idx = [i.to(torch.int64) if i.dtype != torch.int64 else i for i in idx]
+    # stock indexing takes CPU index tensors for a tensor on another device (SAM's relative positions come from a
+    # plain arange): moved to x's device, as stock moves them, so the lookup sees one device
+    idx = [i.to(x.device) if i.device.type == "cpu" and x.device.type != "cpu" else i for i in idx]
     idx = torch.broadcast_tensors(*idx) if k > 1 else idx
     if k > 1 and not torch.compiler.is_compiling():
         for i, s in zip(

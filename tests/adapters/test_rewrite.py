@@ -287,6 +287,24 @@ def test_constant_position_lists_are_bit_identical(dtype):
         assert rewrite._list_key(x, key) is None, key
 
 
+def test_a_device_tensor_indexed_by_cpu_positions_as_stock():
+    """SAM's relative-position lookup `rel_pos[coords.long()]` indexes a table on the device with positions from a
+    plain (CPU) arange, which stock indexing allows: the row lookup moves them to the table's device, so it runs
+    eagerly and compiled on the device (compiled, the lookup had met a device mismatch)."""
+    table = _rand(7, 16, dtype=torch.float16).to("spyre").cpu()  # DL16 values: a lookup then changes none
+    ref = table[torch.arange(4)[:, None] - torch.arange(4)[None, :] + 3]
+
+    def look(t):
+        coords = torch.arange(4)[:, None] - torch.arange(4)[None, :] + 3
+        return t[coords.long()]
+
+    with _mode(), torch.no_grad():
+        eager = look(table.to("spyre"))
+        compiled = torch.compile(look)(table.to("spyre"))
+    for out in (eager, compiled):
+        assert out.device.type == "spyre" and torch.equal(out.cpu(), ref)
+
+
 def test_index_forms_left_to_stock():
     """Bool masks, None, Ellipsis before the index, step/partial slices before it: not row lookups, never rewritten."""
     x = _rand(6, 5, 4)
