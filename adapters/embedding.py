@@ -11,9 +11,10 @@ dtype), BART's scaled word and learned positional embeddings, OPT's positions fr
 the other leaf subclasses transformers defines. Recognised by structure: a module that is an nn.Embedding, is not
 nn.Embedding itself, has no child modules, does not renormalise (max_norm), and whose forward (defined by
 transformers) calls the base lookup (`super().forward` or `F.embedding`). Its *stock forward* runs on the host
-(`_stack.host_forward`, as the MoE routers), on host copies of its own parameters and buffers in their current dtype: the lookup, the position arithmetic and the
-scale are the stock code on the same values in the same dtype, so the result is bit-identical (the scale is rounded
-exactly as stock: it is the stock multiply); only the [tokens, hidden] result crosses to the device.
+(`_stack.host_forward`, as the MoE routers), on host copies of its own parameters and buffers in their current
+dtype: the lookup, the position arithmetic and the scale are the stock code on the same values in the same dtype,
+so the result is bit-identical (the scale is rounded exactly as stock: it is the stock multiply); only the
+[tokens, hidden] result crosses to the device.
 """
 
 from __future__ import annotations

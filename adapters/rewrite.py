@@ -43,7 +43,8 @@ stock refuses (overflow), an index key with a bool mask, None, a step or partial
 index tensor, an `all` over an empty reduction (amin of nothing is an error, `all` of nothing is True), a
 logsumexp of an empty tensor, a scatter of a src tensor, with reduce=, of an index narrower than x off its dim, or
 an empty index, an index_select with a multi-dim or empty index, a gather with sparse_grad, an index that is not int64
-or is empty, a prod of another dtype than int64, with dtype=, of no or of more than 16 factors. The scatter form costs K * T compares per row where stock writes K elements.
+or is empty, a prod of another dtype than int64, with dtype=, of no or of more than 16 factors. The scatter form
+costs K * T compares per row where stock writes K elements.
 Differences in error behaviour, documented rather than hidden: with several index tensors, an out-of-range index
 of a later dim that still lands inside the flattened table is checked only in eager runs (a data-dependent check
 cannot be traced); a compiled graph reads that row, where stock raises IndexError. Likewise a scatter index out of
