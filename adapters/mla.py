@@ -33,7 +33,9 @@ earlier adapter put there: head_dim_pad's padded interface) hands out its functi
 It runs after head_dim_pad (order), so a sub-stick head is padded inside this wrapper, on the one width.
 
 Retirement: per part. The key concatenation is used while the stack refuses the window write (the probe), the
-value padding while the capability table lacks `aten._safe_softmax`; with neither needed the adapter is retired.
+value padding while SDPA calls can reach torch's math kernel (a stack without torch-spyre's SDPA op,
+sdpa.math_kernel_reachable; the default stack has it, so the padding is retired there) and the capability table
+lacks `aten._safe_softmax`; with neither needed the adapter is retired.
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ from adapters.host_inputs import rebind_forward
 from adapters.patch import Patch
 from adapters.registry import register_adapter
 from adapters.rewrite import _probe_view_write
+from adapters.sdpa import math_kernel_reachable
 
 SAFE_SOFTMAX = "aten._safe_softmax"
 SLICE_SCATTER = "aten.slice_scatter"
@@ -120,7 +123,7 @@ def _interface_of(fn) -> object | None:
 
 def _parts(caps) -> tuple[bool, bool]:
     """(concatenate the key, pad the value): what the stack `caps` calls for."""
-    return _probe_view_write(caps), not caps.supports(SAFE_SOFTMAX)
+    return _probe_view_write(caps), math_kernel_reachable(caps) and not caps.supports(SAFE_SOFTMAX)
 
 
 @register_adapter

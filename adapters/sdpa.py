@@ -94,7 +94,7 @@ class MathAttention(Adapter):
 
 
 # -- SDPA calls torch would send to its math kernel ----------------------------------------------------------------
-_SDPA_ARGS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
+_SDPA_ARGS = tuple(a.name for a in torch.ops.aten.scaled_dot_product_attention.default._schema.arguments)
 
 
 def _sdpa_args(args, kwargs):
@@ -127,6 +127,16 @@ def fused_form(args, kwargs):
     return torch.matmul(out, e.t()) if e is not None else out
 
 
+# The op torch's SDPA runs on a stack that has it (capture.device_sdpa: the device's own SDPA choice): with it no
+# SDPA call on the device reaches torch's math kernel, so its `_safe_softmax` never needs re-expressing around.
+DEVICE_SDPA = "aten._scaled_dot_product_fused_attention_overrideable"
+
+
+def math_kernel_reachable(caps) -> bool:
+    """Whether an SDPA call can reach torch's math kernel (and `_safe_softmax`) on the stack `caps`."""
+    return not caps.supports(DEVICE_SDPA)
+
+
 def _fused_rewrite() -> Rewrite:
     return Rewrite(
         "aten._safe_softmax",
@@ -157,7 +167,10 @@ class FusedSDPA(Adapter):
     helpers they reach) are scanned for the name `scaled_dot_product_attention` (rewrite.uses), and the model's forward
     runs under the rewrite adapter's TorchFunctionMode (rewrite.Reexpress, entered outside dynamo) with this one
     handler; a call in any other form, or one the fused kernel takes already, runs unchanged. Attentions that reach
-    SDPA through transformers' attention registry are the mla adapter's (their V width is fixed in expand_kv)."""
+    SDPA through transformers' attention registry are the mla adapter's (their V width is fixed in expand_kv).
+
+    Retired on a stack with torch-spyre's own SDPA op (the default, DEVICE_SDPA): there every SDPA call on the
+    device goes to that op (capture.device_sdpa), never to torch's math kernel."""
 
     name = "sdpa_fused"
     gap = "aten._safe_softmax"
@@ -166,12 +179,12 @@ class FusedSDPA(Adapter):
     summary = "SDPA calls re-expressed for the fused kernel (K/V heads repeated, V padded): no _safe_softmax"
 
     def retired(self, caps) -> bool:
-        return not _fused_rewrite().needed(caps)
+        return not (math_kernel_reachable(caps) and _fused_rewrite().needed(caps))
 
     def _needed(self) -> bool:
         caps = _stack.capabilities()
         rw = _fused_rewrite()
-        return rw.needed(caps) and all(caps.status(n) != "unsupported" for n in rw.needs)
+        return not self.retired(caps) and all(caps.status(n) != "unsupported" for n in rw.needs)
 
     def applicable(self, model: nn.Module) -> bool:
         return "aten._safe_softmax" in uses(model, (_fused_rewrite(),))

@@ -301,6 +301,12 @@ _OPS: list[OpEntry] = [
     _e("linear", "decomposed", F16, "-> matmul + add (eager decomposition too)"),
     _e("baddbmm", "decomposed", F16, "-> bmm + add"),
     _e("scaled_dot_product_attention", "decomposed", F16, "SDPA -> explicit QK^T.V math path"),
+    _e(
+        "_scaled_dot_product_fused_attention_overrideable",
+        "decomposed",
+        F16,
+        "SDPA on the device (its _fused_sdp_choice picks this op) -> math path",
+    ),
     _e("_scaled_dot_product_flash_attention_for_cpu", "decomposed", F16, "SDPA -> math path"),
     _e("_scaled_dot_product_efficient_attention", "decomposed", F16, "SDPA -> math path"),
     _e("_scaled_dot_product_flash_attention", "decomposed", F16, "SDPA -> math path"),

@@ -1,7 +1,11 @@
 """The mla and sdpa_fused adapters (issue 11): SDPA calls torch sends to its math kernel (`_safe_softmax`) and MLA's
 window-written key (`slice_scatter` on a 4-D base) re-expressed exactly. CPU fp32 equivalence on the zoo families
 they apply to (tiny, random weights, a padded batch), the facts the re-expression rests on, and strict-mode
-lowering of what they produce."""
+lowering of what they produce.
+
+On the default stack every SDPA call on the device goes to torch-spyre's own SDPA op (capture.device_sdpa), so the
+V padding and sdpa_fused are retired there (tests/adapters/test_device_sdpa.py); these tests run on a stack without
+that op (`math_kernel_stack`), where SDPA calls reach torch's math kernel, as the adapters were built for."""
 
 from __future__ import annotations
 
@@ -17,10 +21,17 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 import adapters
 import torch_spyre_emu
 from adapters.mla import mla_modules, narrow_v_attention
-from adapters.sdpa import fused_form
+from adapters.sdpa import DEVICE_SDPA, fused_form
 from models.zoo import build
 
 ATOL = RTOL = 1e-5
+
+
+@pytest.fixture(autouse=True)
+def math_kernel_stack():
+    """A stack without torch-spyre's SDPA op: SDPA calls reach torch's math kernel, as before the stack had it."""
+    with torch_spyre_emu.capabilities.override({DEVICE_SDPA: "unsupported"}):
+        yield
 MLA_FAMILIES = (
     "deepseek_v3",
     "minicpm3",

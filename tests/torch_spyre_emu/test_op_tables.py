@@ -253,6 +253,18 @@ SAMPLES = {
         (lambda q, k, v: F.scaled_dot_product_attention(q, k, v), (_t(*Q),) * 3, ()),
         (lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True), (_t(*Q),) * 3, ()),
     ],
+    aten._scaled_dot_product_fused_attention_overrideable: [
+        (
+            lambda q, k, v: aten._scaled_dot_product_fused_attention_overrideable(q, k, v, is_causal=True)[0],
+            (_t(*Q),) * 3,
+            (),
+        ),
+        (  # a V narrower than Q/K, as MLA's (torch's CPU choice would be its math kernel)
+            lambda q, k, v: aten._scaled_dot_product_fused_attention_overrideable(q, k, v)[0],
+            (_t(*Q), _t(*Q), _t(*Q[:-1], 32)),
+            (),
+        ),
+    ],
     aten._scaled_dot_product_flash_attention_for_cpu: [
         (lambda q, k, v: aten._scaled_dot_product_flash_attention_for_cpu(q, k, v)[0], (_t(*Q),) * 3, ())
     ],

@@ -10,6 +10,7 @@ the decompositions it does itself in passes/decompose.py: SDPA math path, silu, 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import re
 from collections.abc import Callable, Sequence
@@ -26,6 +27,7 @@ from torch._subclasses.fake_tensor import (
 )
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
+from torch.overrides import TorchFunctionMode
 
 from torch_spyre_emu.compiler.collectives import inplace_as_functional
 from torch_spyre_emu.device import custom_ops
@@ -60,6 +62,49 @@ KEEP_WHOLE = {
     aten.unbind,
     aten.select_scatter,
 }
+
+
+_SDPA_CALLS = (torch._C._nn.scaled_dot_product_attention, aten.scaled_dot_product_attention.default)
+_SDPA_ARGS = tuple(a.name for a in aten.scaled_dot_product_attention.default._schema.arguments)
+
+
+def device_sdpa(func, args, kwargs) -> torch.Tensor | None:
+    """An SDPA call traced as torch dispatches it for the Spyre device (None if `func` is no such call).
+
+    torch's SDPA asks the device's `_fused_sdp_choice` which kernel to run; torch-spyre's answer is the overrideable
+    op, which it decomposes into its own math path (STACK §1.2: "the SDPA overrideable op" is one of its eager
+    decompositions; passes/decompose.py has the math). Capture traces CPU fakes, whose choice would be the CPU's:
+    the flash kernel, or torch's fp32-upcasting math kernel with `_safe_softmax` (no lowering) whenever a Q/K/V has
+    a last stride other than 1, V is narrower than Q/K or K/V heads broadcast. The card never sees that kernel, so
+    every SDPA call goes to the overrideable op here. A call stock torch rejects (K/V heads neither Q's nor 1
+    without enable_gqa, not 3-D or 4-D) is left to stock, so the error is torch's."""
+    if func not in _SDPA_CALLS:
+        return None
+    a = {**dict(zip(_SDPA_ARGS, args, strict=False)), **kwargs}
+    q, k = a["query"], a["key"]
+    heads_ok = a.get("enable_gqa", False) or k.shape[-3] in (1, q.shape[-3])
+    if q.dim() not in (3, 4) or not heads_ok or set(a) - set(_SDPA_ARGS):
+        return None
+    sdpa = aten._scaled_dot_product_fused_attention_overrideable.default
+    mask, dropout, causal = a.get("attn_mask"), a.get("dropout_p", 0.0), a.get("is_causal", False)
+    return sdpa(q, k, a["value"], mask, dropout, causal, False, scale=a.get("scale"))[0]
+
+
+def routes_sdpa() -> bool:
+    """Whether the stack (its capability table) has the overrideable SDPA op, so SDPA calls are routed to it."""
+    from torch_spyre_emu.capabilities import capabilities
+
+    return capabilities().supports(aten._scaled_dot_product_fused_attention_overrideable)
+
+
+class DeviceSDPA(TorchFunctionMode):
+    """device_sdpa for a traced callable (a dynamo graph's calls are routed by _HostDeviceInterpreter: capture
+    runs those with torch functions disabled, as dynamo's backends are called)."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = device_sdpa(func, args, kwargs)
+        return func(*args, **kwargs) if out is None else out
 
 
 def decomposition_table() -> dict:
@@ -133,6 +178,10 @@ class _HostDeviceInterpreter(fx.Interpreter):
     levels as constants, counted from no transform at all. Capture runs it inside torch.func.functionalize, whose
     layer takes a level itself, so each level is shifted by the levels active when the run starts."""
 
+    def __init__(self, module: fx.GraphModule, route_sdpa: bool):
+        super().__init__(module)
+        self.route_sdpa = route_sdpa
+
     def run(self, *args, **kwargs):
         self.level_offset = torch._C._functorch.maybe_current_level() or 0
         return super().run(*args, **kwargs)
@@ -151,6 +200,9 @@ class _HostDeviceInterpreter(fx.Interpreter):
         as_copy = custom_ops.WRITES_AS_COPY.get(getattr(packet, "_qualified_op_name", None))
         if as_copy is not None:
             return as_copy(*args, **kwargs)
+        sdpa = device_sdpa(target, args, kwargs) if self.route_sdpa else None
+        if sdpa is not None:
+            return sdpa
         return super().call_function(target, args, kwargs)
 
     def call_method(self, target, args, kwargs):
@@ -183,17 +235,19 @@ def capture(
     mode = FakeTensorMode(allow_non_fake_inputs=True)
     fakes = as_fake_inputs(mode, inputs)
     table = decomposition_table() if decompositions is None else decompositions
+    route_sdpa = routes_sdpa()
 
     if isinstance(fn, fx.GraphModule):
         module = fn
 
         def run(*args):
             with fx_traceback.preserve_node_meta():
-                return _HostDeviceInterpreter(module).run(*args)
+                return _HostDeviceInterpreter(module, route_sdpa).run(*args)
     else:
 
         def run(*args):
-            with fx_traceback.preserve_node_meta():  # so a spyre_hint scope inside fn reaches the nodes (hints.py)
+            sdpa_mode = DeviceSDPA() if route_sdpa else contextlib.nullcontext()
+            with fx_traceback.preserve_node_meta(), sdpa_mode:  # preserve: a spyre_hint scope (hints.py)
                 return fn(*args)
 
     functional = torch.func.functionalize(run, remove="mutations")

@@ -85,6 +85,16 @@ def sdpa_flash_cpu(q, k, v, dropout_p=0.0, is_causal=False, *, attn_mask=None, s
     return out, lse
 
 
+def sdpa_overrideable(
+    q, k, v, attn_bias=None, dropout_p=0.0, is_causal=False, return_debug_mask=False, *, scale=None
+):
+    """The op torch's SDPA dispatches to on the Spyre device (capture.device_sdpa) -> the math path, laid out as its
+    meta kernel lays out the output (like q); the other outputs as that meta kernel gives them (dead in inference)."""
+    out, lse = sdpa_flash_cpu(q, k, v, dropout_p, is_causal, attn_mask=attn_bias, scale=scale)
+    seed = torch.zeros((), dtype=torch.int64)
+    return out, lse, None, None, q.shape[-2], k.shape[-2], seed, seed, None
+
+
 def sdpa_efficient(q, k, v, attn_bias, compute_log_sumexp, dropout_p=0.0, is_causal=False, *, scale=None):
     """The CUDA memory-efficient SDPA kernel's signature (a graph traced for CUDA) -> the math path."""
     out = sdpa_math(q, k, v, attn_bias, dropout_p, is_causal, scale)
@@ -249,6 +259,7 @@ SPYRE_DECOMPOSITIONS = {
     aten._scaled_dot_product_efficient_attention.default: sdpa_efficient,
     aten._scaled_dot_product_flash_attention.default: sdpa_flash,
     aten._scaled_dot_product_flash_attention_for_cpu.default: sdpa_flash_cpu,
+    aten._scaled_dot_product_fused_attention_overrideable.default: sdpa_overrideable,
     aten._scaled_dot_product_attention_math.default: sdpa_math_op,
     aten.scaled_dot_product_attention.default: sdpa_math,
     aten.rms_norm.default: rms_norm,
@@ -292,6 +303,7 @@ def spyre_custom_op_decompositions() -> dict:
 
 
 SDPA_OPS = {
+    aten._scaled_dot_product_fused_attention_overrideable,
     aten._scaled_dot_product_flash_attention_for_cpu,
     aten._scaled_dot_product_efficient_attention,
     aten._scaled_dot_product_flash_attention,
