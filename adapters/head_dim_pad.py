@@ -21,8 +21,9 @@ any dtype), V likewise, the stock function runs on the padded heads with the sto
 head_dim) when the forward passes none), and its output is sliced back by `out @ E^T` (exact again). Padded lanes
 of Q and K add zero products to every score, padded lanes of V give zero output lanes that the slice drops; so
 projections, rotary embeddings (full, partial, interleaved), q/k norms and caches run stock on the real head
-width, which is why partial rotary stays exact. A head width the module does not declare is left unpadded (the
-gap stays, the plan names it).
+width, which is why partial rotary stays exact. A module that declares no head size but a head count and a
+projection width (SAM's `internal_dim`, SAM2's `dim_out`) has its widths derived from those; a head width the module
+neither declares nor implies is left unpadded (the gap stays, the plan names it).
 """
 
 from __future__ import annotations
@@ -139,12 +140,19 @@ def _registry():
     return ALL_ATTENTION_FUNCTIONS
 
 
+# A module that declares no head size but its head count and a projection width (SAM's internal_dim, SAM2's dim_out)
+_HEAD_COUNTS = ("num_attention_heads", "num_heads")
+_HEAD_TOTALS = ("internal_dim", "dim_out", "all_head_size", "embed_dim", "hidden_size")
+
+
 def head_widths(module: nn.Module) -> set[int]:
-    """The head sizes a module declares (its attributes), whether or not they are whole sticks."""
-    out = set()
-    for name, value in vars(module).items():
-        if (name in _HEAD_ATTRS or name.endswith("_head_dim")) and type(value) is int and value > 0:
-            out.add(value)
+    """The head sizes a module declares (its attributes), whether or not they are whole sticks; with none declared,
+    each projection width over the head count that divides it (a width no call has only leaves that call stock)."""
+    attrs = {n: v for n, v in vars(module).items() if type(v) is int and v > 0}
+    out = {v for n, v in attrs.items() if n in _HEAD_ATTRS or n.endswith("_head_dim")}
+    if not out:
+        heads = [attrs[n] for n in _HEAD_COUNTS if n in attrs]
+        out = {attrs[t] // h for t in _HEAD_TOTALS if t in attrs for h in heads if attrs[t] % h == 0}
     return out
 
 

@@ -193,6 +193,24 @@ def test_head_dim_pad_matches_registry_attentions_by_structure():
     )  # LlamaAttention: weight surgery, not the call-site pad
 
 
+def test_head_dim_pad_derives_the_width_a_module_does_not_declare():
+    """SAM's mask-decoder attention keeps only internal_dim and its head count (256 / 8 = 32, downsampled 128 / 8 =
+    16), SAM2's Hiera attention dim_out and its head count (96 / 1): their widths are derived, so their calls are
+    padded, and the patched model matches stock. A module that declares a width gets no derived one."""
+    from adapters.head_dim_pad import head_widths, registry_attentions
+
+    sam = {p: w for p, _, w in registry_attentions(_zoo("sam").model)}
+    assert sam["mask_decoder.transformer.layers.0.self_attn"] == [32]
+    assert sam["mask_decoder.transformer.layers.0.cross_attn_token_to_image"] == [16, 32]
+    hiera = registry_attentions(_zoo("sam2_hiera_det_model").model)
+    assert hiera and all(w == [96] for _, _, w in hiera)
+    gemma = _zoo("gemma3_text").model.model.layers[0].self_attn  # head_dim 256 declared; hidden / heads would not be
+    assert head_widths(gemma) == {gemma.head_dim}
+    zm = _zoo("sam2_hiera_det_model")
+    result = adapters.get_adapter("head_dim_pad").check(zm.model, zm.inputs, atol=ATOL, rtol=RTOL)
+    assert result.ok, str(result)
+
+
 def test_padded_attention_pads_and_slices_back_exactly():
     """The stock SDPA function sees heads padded to 128 lanes and returns, sliced back, the stock output; with no
     scale passed it uses 1/sqrt(80), not 1/sqrt(128)."""
