@@ -178,13 +178,21 @@ def padded_attention(inner, module, query, key, value, attention_mask, *args, **
         kwargs["scaling"] = 1.0 / math.sqrt(d)  # the stock default (SDPA's): 1/sqrt of the real head width
     if eq is not None:
         e = eq.to(query.dtype)
-        query, key = torch.matmul(query, e), torch.matmul(key, e)
+        query, key = lanes(query, e), lanes(key, e)
     if ev is not None:
-        value = torch.matmul(value, ev.to(value.dtype))
+        value = lanes(value, ev.to(value.dtype))
     out, weights = inner(module, query, key, value, attention_mask, **kwargs)
     if ev is not None:
-        out = torch.matmul(out, ev.to(out.dtype).t())
+        out = lanes(out, ev.to(out.dtype).t())
     return out, weights
+
+
+def lanes(x: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
+    """x @ e over the last dim as one 2-D matmul. torch.matmul folds x's leading dims into rows only when their
+    strides are canonical; a size-1 head dim left with another stride by .contiguous() (SAM2's one-head attention)
+    makes it a batched matmul of e expanded to every row block, which the device materializes (400 MB at 256 x
+    256 pixels). The reshape is a view whatever a size-1 dim's stride is."""
+    return torch.matmul(x.reshape(-1, x.shape[-1]), e).reshape(*x.shape[:-1], e.shape[-1])
 
 
 class PaddedInterface(structure.WrappedInterface):

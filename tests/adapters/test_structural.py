@@ -237,6 +237,24 @@ def test_padded_attention_pads_and_slices_back_exactly():
     torch.testing.assert_close(out, ref, atol=1e-6, rtol=1e-6)
 
 
+def test_pad_lanes_are_one_2d_matmul_whatever_a_size_one_dim_stride():
+    """SAM2's one-head attention output after .contiguous() keeps its head dim's stride (size 1): torch.matmul would
+    then batch it with the pad matrix expanded to every row block (a 400 MB operand on the device at 256 x 256
+    pixels); lanes() is one mm on a view, with matmul's values."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from adapters.head_dim_pad import lanes, pad_matrix
+
+    out = torch.randn(64, 1, 64, 128).transpose(1, 2).contiguous()  # (64, 64, 1, 128), strides (8192, 128, 8192, 1)
+    assert out.stride(2) != 128  # the premise: a non-canonical size-1 stride
+    e = pad_matrix(96, 128).t()
+    torch.testing.assert_close(lanes(out, e), torch.matmul(out, e), atol=0, rtol=0)
+    ops = {str(n.target) for n in make_fx(lanes)(out, e).graph.nodes if n.op == "call_function"}
+    assert "aten.mm.default" in ops and not {"aten.bmm.default", "aten.expand.default"} & ops, ops
+    stock = {str(n.target) for n in make_fx(torch.matmul)(out, e).graph.nodes if n.op == "call_function"}
+    assert "aten.bmm.default" in stock  # what torch.matmul does with it
+
+
 def _executed_inner(fn):
     """The function a decorated copy runs: the one its closure holds (structure.rebind leaves a stale __wrapped__)."""
     while True:
