@@ -106,3 +106,21 @@ def test_the_adapters_that_bridged_the_math_kernel_are_retired():
     with torch_spyre_emu.capabilities.override({DEVICE_SDPA: "unsupported"}) as without:
         assert not adapters.get_adapter("sdpa_fused").retired(without)
         assert _parts(without)[1]
+
+
+def test_calls_torch_rejects_keep_torchs_error():
+    """The routing skips torch's input checks only where they would pass: mixed Q/K/V dtypes and an integer mask
+    still fail with torch's own message, eager and compiled."""
+    (q, k, v), _ = _case("narrow_v")
+    dev = [t.to("spyre") for t in (q, k, v)]
+    int_mask = torch.zeros(16, 16, dtype=torch.int32).to("spyre")
+    for args, kw, match in (
+        ((dev[0], dev[1].float(), dev[2]), {}, "Expected query, key, and value to have the same dtype"),
+        (tuple(dev), {"attn_mask": int_mask}, "Expected attn_mask dtype to be bool or float"),
+    ):
+        torch._dynamo.reset()
+        with pytest.raises(Exception, match=match):
+            _sdpa(*args, **kw)
+        with pytest.raises(Exception, match=match):
+            torch.compile(_sdpa)(*args, **kw)
+    torch._dynamo.reset()

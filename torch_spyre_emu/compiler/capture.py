@@ -77,16 +77,19 @@ def device_sdpa(func, args, kwargs) -> torch.Tensor | None:
     the flash kernel, or torch's fp32-upcasting math kernel with `_safe_softmax` (no lowering) whenever a Q/K/V has
     a last stride other than 1, V is narrower than Q/K or K/V heads broadcast. The card never sees that kernel, so
     every SDPA call goes to the overrideable op here. A call stock torch rejects (K/V heads neither Q's nor 1
-    without enable_gqa, not 3-D or 4-D) is left to stock, so the error is torch's."""
+    without enable_gqa, not 3-D or 4-D, Q/K/V of different dtypes, an integer mask) is left to stock, so the error
+    is torch's."""
     if func not in _SDPA_CALLS:
         return None
     a = {**dict(zip(_SDPA_ARGS, args, strict=False)), **kwargs}
-    q, k = a["query"], a["key"]
+    q, k, mask = a["query"], a["key"], a.get("attn_mask")
     heads_ok = a.get("enable_gqa", False) or k.shape[-3] in (1, q.shape[-3])
-    if q.dim() not in (3, 4) or not heads_ok or set(a) - set(_SDPA_ARGS):
+    mask_ok = mask is None or mask.is_floating_point() or mask.dtype == torch.bool
+    dtypes_ok = k.dtype == q.dtype == a["value"].dtype and mask_ok
+    if q.dim() not in (3, 4) or not (heads_ok and dtypes_ok) or set(a) - set(_SDPA_ARGS):
         return None
     sdpa = aten._scaled_dot_product_fused_attention_overrideable.default
-    mask, dropout, causal = a.get("attn_mask"), a.get("dropout_p", 0.0), a.get("is_causal", False)
+    dropout, causal = a.get("dropout_p", 0.0), a.get("is_causal", False)
     return sdpa(q, k, a["value"], mask, dropout, causal, False, scale=a.get("scale"))[0]
 
 
