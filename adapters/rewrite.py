@@ -262,6 +262,37 @@ def prod(args, kwargs):
     return out.unsqueeze(dim) if keepdim else out
 
 
+def _power_of_two(d) -> bool:
+    """A Python number 2^k, k >= 0 (1, 2, 4, ...): the divisors floor division is re-expressed for."""
+    if isinstance(d, bool) or not isinstance(d, int | float) or not d >= 1 or math.isinf(d):
+        return False
+    return math.frexp(d)[0] == 0.5
+
+
+def floor_div(args, kwargs):
+    """`x // d`, `torch.floor_divide(x, d)` and `torch.div(x, d, rounding_mode="floor")` for a floating x and a
+    Python divisor d = 2^k >= 1 (DETR's and SAM3's `dim_t // 2` of a position table) as
+    floor(floor(x) * (1/d)) * ((x - x) + 1). Exact: floor(x / n) = floor(floor(x) / n) for a whole n >= 1, an
+    integer times 2^-k is exact in any binary format, and the last factor is 1 (keeping -0.0 as stock) or NaN where
+    x is infinite (stock's floor division gives NaN there). Checked against torch on every fp16 and bf16 value.
+    Limit: under torch.compile dynamo hands the mode the `//` operator as a Python function it cannot look up in the
+    handler table, so the operator form is re-expressed in eager code only (torch.div / floor_divide calls in both)."""
+    x = _arg(args, kwargs, 0, "input", "self")
+    d = _arg(args, kwargs, 1, "other")
+    if len(args) > 2 or set(kwargs) - {"input", "self", "other"}:
+        return _PASS  # out=: stock
+    if not isinstance(x, torch.Tensor) or not x.is_floating_point() or not _power_of_two(d):
+        return _PASS  # integer tensors (exact integer division needs more than a multiply), tensor divisors
+    return torch.floor(torch.floor(x) * (1.0 / d)) * ((x - x) + 1)
+
+
+def div_floor(args, kwargs):
+    """`torch.div(x, d, rounding_mode="floor")`: floor_div; true and trunc division stay stock."""
+    if kwargs.get("rounding_mode") != "floor":
+        return _PASS
+    return floor_div(args, {k: v for k, v in kwargs.items() if k != "rounding_mode"})
+
+
 def logsumexp(args, kwargs):
     """ATen's own logsumexp (its CPU kernel and its reference decomposition), op for op: the max taken out, an
     infinite max replaced by 0 (so an all -inf row stays -inf and an inf row gives inf, not nan), then
@@ -683,6 +714,8 @@ _SCATTER_NEEDS = (
 )
 
 
+_FLOOR_DIV_NEEDS = ("aten.floor", "aten.mul", "aten.sub", "aten.add")
+
 REWRITES: tuple[Rewrite, ...] = (
     Rewrite(
         "aten.masked_fill",
@@ -816,6 +849,22 @@ REWRITES: tuple[Rewrite, ...] = (
         pool("max", 1),
         _POOL_NEEDS,
         "im2col over a height of 1, amax over each window (pooling.functional_pool)",
+    ),
+    Rewrite(
+        "aten.floor_divide",
+        (torch.Tensor.__floordiv__, torch.Tensor.floor_divide, torch.floor_divide),
+        frozenset({"//", "floor_divide"}),
+        floor_div,
+        _FLOOR_DIV_NEEDS,
+        "floor division of a float tensor by 2^k as floor(floor(x) * 2^-k) (position tables' dim_t // 2)",
+    ),
+    Rewrite(
+        "aten.floor_divide",
+        (torch.Tensor.div, torch.div),
+        frozenset({"div"}),
+        div_floor,
+        _FLOOR_DIV_NEEDS,
+        "div(x, 2^k, rounding_mode='floor') of a float tensor, as floor division above",
     ),
     Rewrite(
         "aten.prod",
@@ -952,6 +1001,12 @@ _skip_eager_frames(Reexpress.__torch_function__.__code__)
 # -- the structural scan -------------------------------------------------------------------------------------------
 _SUBSCRIPT_OPS = frozenset(dis.opmap[n] for n in _SUBSCRIPT)
 _STORE_SUBSCRIPT_OPS = frozenset(dis.opmap[n] for n in _STORE_SUBSCRIPT)
+# `a // b` and `a //= b`: BINARY_OP with its floor-division argument (CPython 3.11+ wordcode: opcode, arg)
+_FLOOR_DIVIDE = frozenset(
+    (dis.opmap["BINARY_OP"], i)
+    for i, (name, _) in enumerate(dis._nb_ops)
+    if name in ("NB_FLOOR_DIVIDE", "NB_INPLACE_FLOOR_DIVIDE")
+)
 
 
 @functools.cache
@@ -965,6 +1020,8 @@ def _code_uses(code: types.CodeType, names: frozenset[str]) -> frozenset[str]:
     ops = set(code.co_code[::2])
     if ops & _SUBSCRIPT_OPS:
         found.add("[]")
+    if "//" in names and _FLOOR_DIVIDE & set(zip(code.co_code[::2], code.co_code[1::2], strict=True)):
+        found.add("//")
     if ops & _STORE_SUBSCRIPT_OPS:
         found.add("[]=")
     for const in code.co_consts:

@@ -252,6 +252,74 @@ def test_prod_forms_left_to_stock():
         assert ("prod" not in seen.names) == rewritten, seen.names
 
 
+# -- floor division --------------------------------------------------------------------------------------------------
+def _every(dtype):
+    """Every fp16 / bf16 value (NaNs, infinities, subnormals, -0.0), or those widened to fp32."""
+    bits = torch.arange(-32768, 32768, dtype=torch.int32).to(torch.int16)
+    return bits.view(torch.bfloat16 if dtype == torch.bfloat16 else torch.float16).to(dtype)
+
+
+def _same_floats(a, b):
+    same = ((a == b) & (torch.signbit(a) == torch.signbit(b))) | (a.isnan() & b.isnan())
+    assert same.all(), (a[~same][:4], b[~same][:4])
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("d", [1, 2, 4, 64, 1024, 2.0])
+def test_floor_division_by_a_power_of_two_is_exact_on_every_value(dtype, d):
+    x = _every(dtype)
+    ref = torch.div(x, d, rounding_mode="floor")
+    for f in (lambda: x // d, lambda: torch.floor_divide(x, d), lambda: torch.div(x, d, rounding_mode="floor")):
+        seen = CallNames()
+        with seen, _mode():
+            out = f()
+        _same_floats(out, ref)
+        assert out.dtype == ref.dtype
+        assert not {"floor_divide", "div", "__floordiv__"} & seen.names, seen.names
+
+
+def test_floor_division_forms_left_to_stock():
+    """Integer tensors, divisors that are not 2^k >= 1, tensor divisors, true and trunc division, out=: stock."""
+    x, i = _rand(4, 8) * 10, torch.arange(-8, 8)
+    for f in (
+        lambda: i // 2,
+        lambda: x // 3,
+        lambda: x // 0.5,
+        lambda: x // torch.tensor(2.0),
+        lambda: torch.div(x, 2),
+        lambda: torch.div(x, 2, rounding_mode="trunc"),
+        lambda: torch.floor_divide(x, 2, out=torch.empty(4, 8)),
+    ):
+        ref, out = _both(f)
+        _same(out, ref)
+
+
+def test_floor_division_is_found_by_its_operator_and_leaves_only_device_ops():
+    """`//` is an operator, not a name: the scan finds it by opcode. Compiled, DETR's form leaves no floor-mode div
+    (the operator form is re-expressed in eager code only: see rewrite.floor_div)."""
+
+    class Position(torch.nn.Module):
+        def forward(self, x):
+            dim_t = torch.arange(64, device=x.device).to(x.dtype)
+            return x[..., None] / 10000 ** (2 * torch.div(dim_t, 2, rounding_mode="floor") / 64)
+
+    class Operator(torch.nn.Module):
+        def forward(self, x):
+            return x // 2
+
+    class Plain(torch.nn.Module):
+        def forward(self, x):
+            return x / 2
+
+    assert "aten.floor_divide" in rewrite.uses(Position())
+    assert "aten.floor_divide" in rewrite.uses(Operator())
+    assert "aten.floor_divide" not in rewrite.uses(Plain())
+    ops = _aten_ops(Position(), _rand(2, 5))
+    assert "floor_divide" not in ops and "floor" in ops, ops
+    caps = torch_spyre_emu.capabilities()
+    assert all(caps.status(f"aten.{op}") != "unsupported" for op in ops if op != "arange"), ops
+
+
 # -- index ---------------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("dtype", DTYPES + [torch.int64])
 def test_row_lookups_are_bit_identical(dtype):
