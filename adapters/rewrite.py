@@ -275,8 +275,9 @@ def floor_div(args, kwargs):
     floor(floor(x) * (1/d)) * ((x - x) + 1). Exact: floor(x / n) = floor(floor(x) / n) for a whole n >= 1, an
     integer times 2^-k is exact in any binary format, and the last factor is 1 (keeping -0.0 as stock) or NaN where
     x is infinite (stock's floor division gives NaN there). Checked against torch on every fp16 and bf16 value.
-    Limit: under torch.compile dynamo hands the mode the `//` operator as a Python function it cannot look up in the
-    handler table, so the operator form is re-expressed in eager code only (torch.div / floor_divide calls in both)."""
+    On the device too: floor(x) of a DL16 value is a DL16 value (below 2^9 an integer, above it x itself).
+    Limit: dynamo records a tensor's `//` as a method call without consulting torch function modes, so the operator
+    form is re-expressed in eager code only (torch.div / floor_divide calls in compiled code too)."""
     x = _arg(args, kwargs, 0, "input", "self")
     d = _arg(args, kwargs, 1, "other")
     if len(args) > 2 or set(kwargs) - {"input", "self", "other"}:
