@@ -24,6 +24,7 @@ retires by itself on the default table.)
 | `torch.gather(x, d, index)`, `x.gather(d, index)` | `F.embedding(index * stride_d + positions, x.reshape(-1, 1))`: each picked element's flat position, the other dims' positions host-built constants | embedding (a CPU fallback), mul, add |
 | `x.scatter(d, index, v)`, `scatter_` (a number v; index as wide as x off `d`: the DSA indexer's mask) | `where((index[..., :, None] == 0..T-1).amax over K, v, x)` | eq, the bool->fp16 cast, amax, ne, where |
 | `x.prod(dim)`, `x.prod()` (int64, at most 16 factors: an image grid's `grid_thw.prod(-1)`) | `x.select(dim, 0) * x.select(dim, 1) * ...` | select (a view), mul |
+| `x // 2^k`, `torch.floor_divide`, `torch.div(..., rounding_mode="floor")` (a float x: a position table's `dim_t // 2`) | `floor(floor(x) * 2^-k) * ((x - x) + 1)` (`floor_div`; the operator form in eager code only) | floor, mul, sub, add |
 | `F.max_pool1d/2d`, `F.avg_pool1d/2d` called in a model's own code (Funnel, CANINE, PP-OCR) | the pooling adapter's forms (`pooling.functional_pool`): im2col, then amax / mean / sum over the real elements | im2col (a CPU island), constant_pad_nd, amax, mean, sum, div |
 
 `torch.where(m, v, x)` is `masked_fill` by definition (elementwise select, both broadcast the mask and x); ATen
@@ -53,9 +54,9 @@ range is stock's error in eager runs; a compiled graph ignores it.
 How it recognises its target: by what the code calls. The methods of every module class of the model (its own code,
 transformers' or a user's, not torch.nn's) and the same-package helpers they call (`structure.reachable`) are
 scanned for the names these ops are called by (`masked_fill`, `masked_fill_`, `stack`, `new_full`, `glu`, `masked_scatter`, `all`,
-`logsumexp`, `scatter`, `scatter_`, `index_select`, `gather`, `prod`, `max_pool1d/2d`, `avg_pool1d/2d`) and for
-subscripts (`x[...]`: an aten.index when the key holds an integer tensor or a list; `x[...] = y`: a scatter into a
-view). The model's top-level forward then runs under a `torch.overrides.TorchFunctionMode` that re-expresses each
+`logsumexp`, `scatter`, `scatter_`, `index_select`, `gather`, `prod`, `floor_divide`, `div`, `max_pool1d/2d`,
+`avg_pool1d/2d`), for subscripts (`x[...]`: an aten.index when the key holds an integer tensor or a list;
+`x[...] = y`: a scatter into a view) and for the `//` operator. The model's top-level forward then runs under a `torch.overrides.TorchFunctionMode` that re-expresses each
 call of those ops whose capability the stack lacks and passes every other call through unchanged. Dynamo traces
 through the mode (fullgraph too) and records the re-expressed ops. The patch is one per-instance forward, undone
 exactly; it goes after every adapter that replaces forwards (`order`), so it wraps the final one.
@@ -1012,7 +1013,8 @@ _FLOOR_DIVIDE = frozenset(
 
 @functools.cache
 def _code_uses(code: types.CodeType, names: frozenset[str]) -> frozenset[str]:
-    """The `names` that `code` (and the functions nested in it) loads, plus "[]" / "[]=" where it subscripts.
+    """The `names` that `code` (and the functions nested in it) loads, plus "[]" / "[]=" where it subscripts and
+    "//" where it floor-divides (when "//" is among `names`).
     Cached: a scan of every module class of a model reaches the same transformers helpers many times, and each
     model's adapters scan them again (with dis.get_instructions and no cache, test collection took 60 s per worker,
     32 s after: 2026-12-03)."""
@@ -1127,8 +1129,7 @@ class ExactRewrite(ModeAdapter):
     applies_to = frozenset(
         {
             "any module whose code calls masked_fill, stack, new_full, all, logsumexp, scatter, index_select, gather,"
-            " F.max_pool"
-            " / F.avg_pool or indexes a tensor"
+            " prod, floor_divide / div / //, F.max_pool / F.avg_pool or indexes a tensor"
         }
     )
     order = (
@@ -1137,7 +1138,7 @@ class ExactRewrite(ModeAdapter):
     summary = (
         "exact re-expressions: masked_fill -> where, stack -> cat, new_full -> full, all -> amin, index -> embedding,"
         " logsumexp -> amax/exp/sum/log, scatter of a number -> where of index == position, index_select and gather"
-        " -> embedding,"
+        " -> embedding, int64 prod -> multiplies, floor division by 2^k -> floor(floor(x) * 2^-k),"
         " F.max_pool / F.avg_pool -> im2col + amax / mean"
     )
 
