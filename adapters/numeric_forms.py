@@ -1,14 +1,21 @@
-"""Re-expressions that differ from stock by rounding only: expm1, log1p and the unit lower-triangular solve.
+"""Re-expressions that differ from stock by rounding only: expm1, log1p, elu, logsigmoid, var, std and the unit
+lower-triangular solve.
 
-Gap: `aten.linalg_solve_triangular`, `aten.expm1` and `aten.log1p` have no Spyre lowering and no CPU island in the
-real stack (capability table: "unsupported"), and no bit-exact expression in ops it runs. Each has an expression with
-the same math in ops it does run (native or decomposed), whose result differs from stock's by rounding:
+Gap: `aten.linalg_solve_triangular`, `aten.expm1`, `aten.log1p`, `aten.var` and `aten.std` have no Spyre lowering
+and no CPU island in the real stack (capability table: "unsupported"; var and std are Welford reductions, STACK
+§1.7), and no bit-exact expression in ops it runs; elu and logsigmoid are in no op table either, and Inductor's
+decompositions take them to expm1 and log1p. Each has an expression with the same math in ops the stack does run
+(native or decomposed), whose result differs from stock's by rounding:
 
 | op                      | re-expressed as                                               | rounding difference      |
 |-------------------------|---------------------------------------------------------------|--------------------------|
 | `torch.expm1(x)`        | `exp(x) - 1`                                                  | absolute ~1 ulp of 1     |
 | `torch.log1p(x)`        | `log(1 + x)`                                                  | absolute ~1 ulp of 1     |
 | `solve_triangular(A, B, upper=False, unitriangular=True)` | `prod_j (I + P^(2^j)) @ B`, P = -(strict lower part of A), 2^j < n | matmul rounding, see below |
+| `F.elu(x, alpha)` (`nn.ELU`) | `where(x > 0, x, alpha * (exp(x) - 1))`                       | negative branch as expm1 |
+| `F.logsigmoid(x)` (`nn.LogSigmoid`) | `-softplus(-x)` (softplus is a Spyre custom op)        | ~1 ulp                   |
+| `x.var(dim, ...)`, `torch.var` (`unbiased` / `correction`, `keepdim`) | `sum((x - mean)^2) / max(0, N - correction)`, in fp32 for fp16/bf16 (ATen's op math), cast back | fp32 rounding, then the one rounding to x's dtype |
+| `x.std(...)`, `torch.std`   | `sqrt` of that variance                                       | as var                   |
 
 expm1 and log1p exist for their relative accuracy near 0: `exp(x) - 1` and `log(1 + x)` lose it (for |x| below about
 1e-7 in fp32 the result is 0 or one ulp of 1, where stock returns ~x), while the absolute error stays about one ulp
@@ -16,6 +23,10 @@ of 1 (1.2e-7 in fp32, 9.8e-4 in fp16) everywhere. The limits agree: expm1(-inf) 
 log1p(-1) = -inf, log1p(inf) = inf, log1p(x < -1) = nan, nan stays nan. The models that call them use the results
 where an absolute error of that size is far below their tolerance (xIELU's negative branch `expm1(min(x, eps)) - x`
 in Apertus; Beam's position scale `exp(0.1 * log1p((pos + 1) / 2048))`; OLMo-Hybrid's dt init).
+Two passes (the mean first, then the squared deviations) are as accurate as Welford's one pass for these sizes and
+keep the cancellation away (a large mean is removed before squaring); N - correction <= 0 gives nan or inf as
+stock's divisor max(0, N - correction) does (stock also warns). xLSTM's multi-head norm calls var, Gemma-3n's
+activation sparsity std; xLSTM's gates call logsigmoid, XCodec's residual units nn.ELU.
 The solve: a unit lower-triangular L = I + N (N strictly lower, so N^n = 0) has L^-1 = sum_k (-N)^k =
 prod_{j: 2^j < n} (I + (-N)^(2^j)), so L^-1 B is ceil(log2 n) steps `X <- X + P @ X; P <- P @ P` (the last squaring
 skipped): 2 ceil(log2 n) - 1 matmuls. The strict lower mask is a comparison of two host-built position constants
@@ -27,13 +38,15 @@ it on that system and on an ill-conditioned one). Other solve forms (upper, left
 stock, so the stack still reports them.
 
 How it recognises its targets: by what the code calls. The model's module classes' methods and the same-package
-helpers they reach are scanned for the names `expm1`, `log1p` and `solve_triangular` (rewrite.uses, the rewrite
-adapter's structural scan), and the model's forward runs under the rewrite adapter's TorchFunctionMode
+helpers they reach are scanned for the names `expm1`, `log1p`, `solve_triangular`, `elu`, `logsigmoid`, `var` and
+`std` (rewrite.uses, the rewrite adapter's structural scan), an `nn.ELU` or `nn.LogSigmoid` in the model counts as
+a call of its function, and the model's forward runs under the rewrite adapter's TorchFunctionMode
 (rewrite.Reexpress, entered outside dynamo by rewrite._wrapped) with only these handlers; any other call, and any
 call in a form not listed above, runs unchanged.
 
 Retirement: per op, as the rewrite adapter's: a form is switched on only if the stack lacks its op and has every op
-the form uses (status not "unsupported"); the adapter retires when the stack has all three.
+the form uses (status not "unsupported"); elu's form goes with expm1 and logsigmoid's with log1p (the pieces their
+decompositions need); the adapter retires when the stack has all of them.
 """
 
 from __future__ import annotations
@@ -41,6 +54,9 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
+from torch import nn
+from torch._prims_common import get_computation_dtype
 
 from adapters.registry import register_adapter
 from adapters.rewrite import _PASS, ModeAdapter, Rewrite, _arg, active_rewrites
@@ -74,6 +90,94 @@ def log1p(args, kwargs):
     if not x.is_floating_point():
         x = x.to(torch.get_default_dtype())
     return torch.log(x + 1)
+
+
+def elu(args, kwargs):
+    """`F.elu(x, alpha, inplace)` (nn.ELU): `where(x > 0, x, alpha * (exp(x) - 1))`, the negative branch's expm1
+    (Inductor's decomposition of elu) as exp - 1."""
+    if kwargs.keys() - {"input", "alpha", "inplace"} or len(args) + len(kwargs) > 3:
+        return _PASS
+    x = _arg(args, kwargs, 0, "input")
+    alpha = _arg(args, kwargs, 1, "alpha", default=1.0)
+    inplace = _arg(args, kwargs, 2, "inplace", default=False)
+    if not isinstance(x, torch.Tensor) or not x.is_floating_point() or x.layout != torch.strided:
+        return _PASS
+    if not isinstance(alpha, int | float) or isinstance(alpha, bool) or not isinstance(inplace, bool):
+        return _PASS
+    out = torch.where(x > 0, x, (torch.exp(x) - 1) * alpha)
+    return x.copy_(out) if inplace else out
+
+
+def logsigmoid(args, kwargs):
+    """`F.logsigmoid(x)` (nn.LogSigmoid): `-softplus(-x)`, which is log(sigmoid(x)) = -log(1 + exp(-x)); softplus's
+    linear branch (-x > 20) gives x, as stock's `min(x, 0) - log1p(exp(-|x|))` does there to rounding."""
+    x = _unary(args, kwargs)
+    if x is None or not x.is_floating_point():
+        return _PASS  # stock refuses integer inputs itself
+    return -F.softplus(-x)
+
+
+def _moments_args(args, kwargs):
+    """(x, dims, correction, keepdim) of a `var` / `std` call in any of its forms (`x.var(dim, unbiased, keepdim)`,
+    `torch.var(x, dim, correction=c, keepdim=k)`, `x.var(unbiased)`), or None for out=, both unbiased and
+    correction (stock's error), a non-float x, or a dim list stock reads otherwise (empty)."""
+    if kwargs.keys() - {"input", "self", "dim", "unbiased", "correction", "keepdim"} or len(args) > 4:
+        return None
+    x = _arg(args, kwargs, 0, "input", "self")
+    if not isinstance(x, torch.Tensor) or not x.is_floating_point() or x.layout != torch.strided:
+        return None
+    rest = list(args[1:])
+    if rest and isinstance(rest[0], bool):  # var(x, unbiased)
+        if len(rest) > 1 or "dim" in kwargs:
+            return None
+        rest = [None, rest[0]]
+    dim = rest[0] if len(rest) > 0 else kwargs.get("dim")
+    unbiased = rest[1] if len(rest) > 1 else kwargs.get("unbiased")
+    keepdim = rest[2] if len(rest) > 2 else kwargs.get("keepdim", False)
+    correction = kwargs.get("correction")
+    if unbiased is not None and correction is not None:
+        return None
+    if correction is None:
+        correction = 0 if unbiased is False else 1
+    if not isinstance(correction, int | float) or isinstance(correction, bool) or not isinstance(keepdim, bool):
+        return None
+    if dim is None:
+        dims = list(range(x.dim()))
+    elif isinstance(dim, int) and not isinstance(dim, bool):
+        dims = [dim]
+    elif isinstance(dim, list | tuple) and dim and all(isinstance(d, int) for d in dim):
+        dims = list(dim)
+    else:
+        return None
+    if x.dim() == 0 or any(not -x.dim() <= d < x.dim() for d in dims):
+        return None  # stock's own error (or its 0-d rules)
+    return x, sorted({d % x.dim() for d in dims}), correction, keepdim
+
+
+def _variance(parsed) -> torch.Tensor:
+    """The two-pass variance sum((x - mean)^2) / max(0, N - correction) in x's computation dtype (fp32 for
+    fp16/bf16, as ATen's op math), still in that dtype."""
+    x, dims, correction, keepdim = parsed
+    xc = x.to(get_computation_dtype(x.dtype))
+    n = math.prod(x.shape[d] for d in dims)
+    centred = xc - xc.mean(dims, keepdim=True)
+    return (centred * centred).sum(dims, keepdim=keepdim) / max(0, n - correction)
+
+
+def var(args, kwargs):
+    """`var` as two passes: the mean, then the mean square of the deviations (stock: a Welford reduction)."""
+    parsed = _moments_args(args, kwargs)
+    if parsed is None:
+        return _PASS
+    return _variance(parsed).to(parsed[0].dtype)
+
+
+def std(args, kwargs):
+    """`std` as the square root of the two-pass `var`."""
+    parsed = _moments_args(args, kwargs)
+    if parsed is None:
+        return _PASS
+    return torch.sqrt(_variance(parsed)).to(parsed[0].dtype)
 
 
 def _strict_lower(n: int, device) -> torch.Tensor:
@@ -111,6 +215,7 @@ def solve_unit_lower(args, kwargs):
     return x
 
 
+_MOMENTS_NEEDS = ("aten._to_copy", "aten.mean", "aten.sub", "aten.mul", "aten.sum", "aten.div")
 _REWRITES: tuple[Rewrite, ...] = (
     Rewrite(
         "aten.linalg_solve_triangular",
@@ -136,8 +241,42 @@ _REWRITES: tuple[Rewrite, ...] = (
         ("aten.add", "aten.log"),
         "log(1 + x)",
     ),
+    Rewrite(
+        "aten.expm1",  # the table names no elu: Inductor decomposes it, and its expm1 piece is the gap
+        (F.elu,),
+        frozenset({"elu"}),
+        elu,
+        ("aten.gt", "aten.where", "aten.exp", "aten.sub", "aten.mul"),
+        "elu: where(x > 0, x, alpha * (exp(x) - 1))",
+        modules=(nn.ELU,),
+    ),
+    Rewrite(
+        "aten.log1p",  # the table names no log_sigmoid_forward: Inductor decomposes it, and its log1p piece is the gap
+        (F.logsigmoid,),
+        frozenset({"logsigmoid"}),
+        logsigmoid,
+        ("aten.neg", "aten.softplus"),
+        "logsigmoid: -softplus(-x)",
+        modules=(nn.LogSigmoid,),
+    ),
+    Rewrite(
+        "aten.var",
+        (torch.var, torch.Tensor.var),
+        frozenset({"var"}),
+        var,
+        _MOMENTS_NEEDS,
+        "sum((x - mean)^2) / (N - correction), in fp32 for fp16/bf16",
+    ),
+    Rewrite(
+        "aten.std",
+        (torch.std, torch.Tensor.std),
+        frozenset({"std"}),
+        std,
+        (*_MOMENTS_NEEDS, "aten.sqrt"),
+        "sqrt of that variance",
+    ),
 )
-GAPS: tuple[str, ...] = tuple(r.gap for r in _REWRITES)
+GAPS: tuple[str, ...] = tuple(dict.fromkeys(r.gap for r in _REWRITES))
 
 
 def active_forms(caps) -> list[Rewrite]:
@@ -150,11 +289,14 @@ class NumericForms(ModeAdapter):
     name = "numeric_forms"
     gap = GAPS[0]
     also = GAPS[1:]
-    applies_to = frozenset({"any module whose code calls expm1, log1p or solve_triangular"})
+    applies_to = frozenset(
+        {"any module whose code calls expm1, log1p, solve_triangular, elu, logsigmoid, var or std; nn.ELU, nn.LogSigmoid"}
+    )
     order = 92  # after the forward-replacing adapters and sdpa_fused (90); rewrite (95) wraps it
     summary = (
-        "expm1 -> exp - 1, log1p -> log(1 + x), unit lower-triangular solve -> product of (I + P^(2^j)):"
-        " the same math, rounding differs from stock"
+        "expm1 -> exp - 1, log1p -> log(1 + x), unit lower-triangular solve -> product of (I + P^(2^j)),"
+        " elu -> where/exp, logsigmoid -> -softplus(-x), var/std -> two passes: the same math, rounding differs"
+        " from stock"
     )
     rewrites = _REWRITES
     kind = "rounding-level re-expressions"

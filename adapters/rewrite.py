@@ -656,6 +656,9 @@ class Rewrite:
     also: tuple[str, ...] = ()  # further capabilities the same rewrite bridges
     # when the table cannot say whether the stack lacks the gap (a limit on a supported op): ask the stack itself
     lacking: Callable | None = None
+    # torch.nn module classes whose forward calls it (nn.ELU calls F.elu): the scan skips torch.nn's code, so an
+    # instance of one of these in the model is what says the model calls the op
+    modules: tuple[type, ...] = ()
 
     def needed(self, caps) -> bool:
         """Does the stack `caps` lack what this rewrite bridges?"""
@@ -1042,12 +1045,13 @@ def _helpers(fn) -> list[types.FunctionType]:
     for _ in range(structure.HELPER_DEPTH):
         found = []
         for f in frontier:
-            for h in structure.globals_matching(f, lambda o, f=f: structure._same_package(f, o)).values():
-                # a decorated helper (functools.wraps: transformers' hub-kernel fallbacks) is scanned with what it wraps
-                for g in structure.chain(h):
-                    if id(g) not in seen:
-                        seen.add(id(g))
-                        found.append(g)
+            helpers = structure.globals_matching(f, lambda o, f=f: structure._same_package(f, o)).values()
+            # a decorated helper (functools.wraps: transformers' hub-kernel fallbacks) is scanned with what it wraps;
+            # an autograd.Function's forward (SEW-D's XSoftmax) is a helper too
+            for g in [*(g for h in helpers for g in structure.chain(h)), *structure.autograd_forwards(f)]:
+                if id(g) not in seen:
+                    seen.add(id(g))
+                    found.append(g)
         out += found
         frontier = found
     return out
@@ -1074,9 +1078,10 @@ def uses(model: nn.Module, rewrites=REWRITES) -> dict[str, list[str]]:
                     continue
                 for f in _helpers(value):
                     found |= _code_uses(f.__code__, names)
-        for n in found:
-            for gap in by_name.get(n, ()):
-                out.setdefault(gap, []).append(path or "<top>")
+        gaps = {gap for n in found for gap in by_name.get(n, ())}
+        gaps |= {r.gap for r in rewrites if r.modules and isinstance(m, r.modules)}
+        for gap in sorted(gaps):
+            out.setdefault(gap, []).append(path or "<top>")
     return out
 
 

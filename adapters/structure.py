@@ -59,6 +59,25 @@ def _same_package(f: types.FunctionType, g: object) -> bool:
     )
 
 
+def autograd_forwards(f: types.FunctionType) -> list[types.FunctionType]:
+    """The `forward`s of the same-package `torch.autograd.Function` subclasses `f` reads by global name: the code
+    a call such as SEW-D's `XSoftmax.apply(scores, mask, -1)` runs, which is a model's own code as much as a
+    helper function is (dynamo traces it, a TorchFunctionMode sees its calls)."""
+    import torch
+
+    out = []
+    for name in _global_names(f.__code__):
+        obj = f.__globals__.get(name)
+        if (
+            isinstance(obj, type)
+            and issubclass(obj, torch.autograd.Function)
+            and f.__module__ is not None
+            and obj.__module__.split(".")[0] == f.__module__.split(".")[0]
+        ):
+            out += chain(vars(obj).get("forward"))  # a staticmethod: chain unwraps it
+    return out
+
+
 def calls(fn: Callable, targets: Mapping[int, object], depth: int = HELPER_DEPTH) -> set[str]:
     """Names of the `targets` (id -> function) that `fn` calls directly or through same-package helpers."""
     found: set[str] = set()

@@ -588,6 +588,39 @@ def test_the_scan_reaches_helpers_of_helpers():
     assert "stack" not in seen.names and "cat" in seen.names
 
 
+class _XSoftmax(torch.autograd.Function):  # SEW-D's masked softmax: the model's own code behind Function.apply
+    @staticmethod
+    def forward(ctx, scores, mask):
+        return scores.masked_fill(~mask, -1e4).softmax(-1).masked_fill(~mask, 0.0)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad, None
+
+
+def test_the_scan_reaches_an_autograd_function_forward():
+    """`XSoftmax.apply(scores, mask)` runs XSoftmax.forward: its masked_fill is found and re-expressed, eager and
+    compiled for the device (where stock masked_fill has no lowering and no CPU island)."""
+
+    class Attn(torch.nn.Module):
+        def forward(self, scores, mask):
+            return _XSoftmax.apply(scores, mask)
+
+    assert "aten.masked_fill" in rewrite.uses(Attn())
+    scores, mask = _rand(2, 4, 8), _rand(2, 1, 8) > -0.5
+    ref = Attn()(scores, mask)
+    seen = CallNames()
+    with seen, _mode():
+        out = Attn()(scores, mask)
+    _same(out, ref)
+    assert "masked_fill" not in seen.names and "where" in seen.names
+    torch._dynamo.reset()
+    with torch_spyre_emu.strict(), _mode():
+        dev = torch.compile(Attn(), backend="spyre", dynamic=False)(scores.half(), mask)
+    torch._dynamo.reset()
+    assert F.cosine_similarity(dev.float().flatten(), ref.flatten(), dim=0) > 0.9999
+
+
 def test_graph_has_the_reexpressions_not_the_gaps():
     x = _rand(4, 5)
     ids = torch.tensor([0, 4, -1, 2])
@@ -672,7 +705,9 @@ def test_order_is_after_the_forward_replacing_adapters():
 
 # -- end to end: real zoo types through the emulated stack ---------------------------------------------------------
 @pytest.mark.slow
-@pytest.mark.parametrize("model_type,was", [("clip", "aten.index"), ("gptj", "aten.index")])
+@pytest.mark.parametrize(
+    "model_type,was", [("clip", "aten.index"), ("gptj", "aten.index"), ("sew-d", "aten.masked_fill")]
+)
 def test_zoo_types_leave_unsupported(model_type, was):
     from models.zoo.classify import run_one
 
