@@ -18,6 +18,10 @@ bit-identical) and handing its result to the device, as hf-adapters pass positio
   rotary position ids, attention sequence lengths, window order and position-embedding interpolation taps), integer
   arithmetic on `grid_thw` alone, and the argsort a vision forward inverts the window order with. Gaps:
   aten.remainder, aten.floor_divide (unsupported; floor_divide: #4643) and aten.sort (#4072).
+- `host_sort`: `torch.sort` / `torch.argsort` of a tensor (an order of scores or of random noise: ViT-MAE's
+  per-sample shuffle and its inverse, SAM-HQ's masks ordered by predicted IoU) on the host, the results back on the
+  tensor's device, the stock op on the same values (bit-identical, stable or not, as the host's kernel).
+  Gap: aten.sort (#4072: no lowering, no CPU island).
 - `host_position_embedding`: position embeddings made from shapes and the padding mask alone (DETR's sine embedding
   and its copies: an arange floor-divided by 2, then sin and cos), built on the host when they are for the device.
   In a compiled graph with CPU inputs the stock code runs (it folds to a constant); on a model moved with
@@ -38,6 +42,9 @@ How they recognise their targets (by structure, not by class name):
   `target_sizes`), reached from a module's forward as a global (or through the model package's helpers): rebound to
   the host call; when that forward calls `torch.argsort` itself, it reads a copy of `torch` whose argsort runs on
   the host;
+- a *sort* is a call of torch.sort / torch.argsort (or the Tensor methods) anywhere in the model's own code: the
+  rewrite adapter's structural scan (`rewrite.uses`) finds the names, and the model's forward runs under the same
+  kind of TorchFunctionMode (`rewrite.ModeAdapter`) with the host sort as its only handler; out= stays stock;
 - a *position generator* is a module of transformers holding no tensor whose forward takes a `device` argument, or
   whose own code calls arange and sin or cos: its forward becomes the stock one, called on the host when the
   result is for another device.
@@ -61,6 +68,7 @@ from adapters._stack import host, to_host
 from adapters.base import Adapter
 from adapters.patch import Patch
 from adapters.registry import register_adapter
+from adapters.rewrite import _PASS, ModeAdapter, Rewrite
 
 _POSITION_INPUTS = ("input_ids", "attention_mask")  # the first parameter of a cumsum position helper
 # the first parameter of a relative-position bucketing helper (T5's and its copies'; WavLM's is plural)
@@ -90,7 +98,11 @@ def _back(out, device):
     if isinstance(out, torch.Tensor):
         return out.to(device)
     if isinstance(out, tuple):
-        return tuple(_back(o, device) for o in out)
+        items = tuple(_back(o, device) for o in out)
+        if type(out) is tuple:
+            return items
+        # torch.return_types (sort's (values, indices)) and namedtuples keep their fields
+        return type(out)(*items) if hasattr(out, "_fields") else type(out)(items)
     if isinstance(out, list):
         return [_back(o, device) for o in out]
     return out
@@ -498,3 +510,45 @@ class HostPositionEmbedding(Adapter):
                 forward = structure.current_function(m, "forward")
                 patch.override_forward(m, host_generated(forward), f"{path}: built on the host")
         return patch
+
+
+# ------------------------------------------------------------------------------------------------------ sorts
+
+
+def _sort_on_host(stock):
+    """A Reexpress handler: `stock` (sort or argsort, function or method: same signature) run by `on_host`."""
+    run = on_host(stock)
+
+    def handler(args, kwargs):
+        x = args[0] if args else kwargs.get("input", kwargs.get("self"))
+        if "out" in kwargs or not isinstance(x, torch.Tensor) or x.layout != torch.strided:
+            return _PASS
+        return run(*args, **kwargs)
+
+    return handler
+
+
+_SORTS = (
+    Rewrite("aten.sort", (torch.sort, torch.Tensor.sort), frozenset({"sort"}), _sort_on_host(torch.sort), (), "sort"),
+    Rewrite(
+        "aten.sort",  # argsort is sort's indices (ATen's argsort calls sort)
+        (torch.argsort, torch.Tensor.argsort),
+        frozenset({"argsort"}),
+        _sort_on_host(torch.argsort),
+        (),
+        "argsort",
+    ),
+)
+
+
+@register_adapter
+class HostSort(ModeAdapter):
+    name = "host_sort"
+    gap = "aten.sort"
+    applies_to = frozenset({"any module whose code calls torch.sort / torch.argsort (or the Tensor methods)"})
+    order = 93  # a mode around the final forward, as numeric_forms (92) and rewrite (95)
+    summary = "sort and argsort on the host (index work, as hf-adapters keep it), results back on the device"
+    rewrites = _SORTS
+    kind = "host sorts"
+    scan_framework = False  # PreTrainedModel's weight init calls std, list code sort: not a forward's
+

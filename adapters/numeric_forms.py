@@ -300,3 +300,4 @@ class NumericForms(ModeAdapter):
     )
     rewrites = _REWRITES
     kind = "rounding-level re-expressions"
+    scan_framework = False  # PreTrainedModel's weight init calls std, list code sort: not a forward's

@@ -25,6 +25,7 @@ retires by itself on the default table.)
 | `x.scatter(d, index, v)`, `scatter_` (a number v; index as wide as x off `d`: the DSA indexer's mask) | `where((index[..., :, None] == 0..T-1).amax over K, v, x)` | eq, the bool->fp16 cast, amax, ne, where |
 | `x.prod(dim)`, `x.prod()` (int64, at most 16 factors: an image grid's `grid_thw.prod(-1)`) | `x.select(dim, 0) * x.select(dim, 1) * ...` | select (a view), mul |
 | `x // 2^k`, `torch.floor_divide`, `torch.div(..., rounding_mode="floor")` (a float x: a position table's `dim_t // 2`) | `floor(floor(x) * 2^-k) * ((x - x) + 1)` (`floor_div`; the operator form in eager code only) | floor, mul, sub, add |
+| `torch.bucketize(x, b, right=r)` (1-D b, at most 1024 boundaries: Idefics3's patch positions) | `sum(b < x)` (`b <= x` for right=True) over b as float16 ones, `where(x != x, len(b), count)`, cast to int64 / int32 | lt / le, ne, where, sum, the casts |
 | `F.max_pool1d/2d`, `F.avg_pool1d/2d` called in a model's own code (Funnel, CANINE, PP-OCR) | the pooling adapter's forms (`pooling.functional_pool`): im2col, then amax / mean / sum over the real elements | im2col (a CPU island), constant_pad_nd, amax, mean, sum, div |
 
 `torch.where(m, v, x)` is `masked_fill` by definition (elementwise select, both broadcast the mask and x); ATen
@@ -44,8 +45,10 @@ stock refuses (overflow), an index key with a bool mask, None, a step or partial
 index tensor, an `all` over an empty reduction (amin of nothing is an error, `all` of nothing is True), a
 logsumexp of an empty tensor, a scatter of a src tensor, with reduce=, of an index narrower than x off its dim, or
 an empty index, an index_select with a multi-dim or empty index, a gather with sparse_grad, an index that is not int64
-or is empty, a prod of another dtype than int64, with dtype=, of no or of more than 16 factors. The scatter form
-costs K * T compares per row where stock writes K elements.
+or is empty, a prod of another dtype than int64, with dtype=, of no or of more than 16 factors, a bucketize with
+out=, of boundaries that are not 1-D or number over 1024 (or none), of bool or complex tensors. The scatter form
+costs K * T compares per row where stock writes K elements, the bucketize form N compares where stock searches in
+log N steps; for boundaries that are not sorted (stock's results are then unspecified) the two can differ.
 Differences in error behaviour, documented rather than hidden: with several index tensors, an out-of-range index
 of a later dim that still lands inside the flattened table is checked only in eager runs (a data-dependent check
 cannot be traced); a compiled graph reads that row, where stock raises IndexError. Likewise a scatter index out of
@@ -54,7 +57,7 @@ range is stock's error in eager runs; a compiled graph ignores it.
 How it recognises its target: by what the code calls. The methods of every module class of the model (its own code,
 transformers' or a user's, not torch.nn's) and the same-package helpers they call (`structure.reachable`) are
 scanned for the names these ops are called by (`masked_fill`, `masked_fill_`, `stack`, `new_full`, `glu`, `masked_scatter`, `all`,
-`logsumexp`, `scatter`, `scatter_`, `index_select`, `gather`, `prod`, `floor_divide`, `div`, `max_pool1d/2d`,
+`logsumexp`, `scatter`, `scatter_`, `index_select`, `gather`, `prod`, `floor_divide`, `div`, `bucketize`, `max_pool1d/2d`,
 `avg_pool1d/2d`), for subscripts (`x[...]`: an aten.index when the key holds an integer tensor or a list;
 `x[...] = y`: a scatter into a view) and for the `//` operator. The model's top-level forward then runs under a `torch.overrides.TorchFunctionMode` that re-expresses each
 call of those ops whose capability the stack lacks and passes every other call through unchanged. Dynamo traces
@@ -261,6 +264,33 @@ def prod(args, kwargs):
     if n == 1:
         out = out.clone()
     return out.unsqueeze(dim) if keepdim else out
+
+
+BUCKETIZE_MAX = 1024  # boundaries: a count up to 2^10 is exact in DL16 (10 significant bits), where the sum lands
+
+
+def bucketize(args, kwargs):
+    """`torch.bucketize(x, boundaries, right=...)` of 1-D (sorted) boundaries as a count: the boundaries below x
+    (`b < x`; right=True: `b <= x`), summed as float16 ones; a NaN x goes past the last boundary, as stock's binary
+    search puts it. Idefics3's and SmolVLM's patch positions."""
+    if "out" in kwargs or kwargs.keys() - {"input", "boundaries", "out_int32", "right"} or len(args) > 2:
+        return _PASS
+    x = _arg(args, kwargs, 0, "input")
+    b = _arg(args, kwargs, 1, "boundaries")
+    right, out_int32 = kwargs.get("right", False), kwargs.get("out_int32", False)
+    if not (isinstance(x, torch.Tensor) and isinstance(b, torch.Tensor)) or b.dim() != 1:
+        return _PASS
+    if not 1 <= b.numel() <= BUCKETIZE_MAX or not (isinstance(right, bool) and isinstance(out_int32, bool)):
+        return _PASS
+    if any(t.is_complex() or t.dtype == torch.bool for t in (x, b)):
+        return _PASS
+    ct = torch.promote_types(x.dtype, b.dtype)
+    xs, bs = x.to(ct), b.to(device=x.device, dtype=ct)
+    below = (bs <= xs.unsqueeze(-1)) if right else (bs < xs.unsqueeze(-1))
+    count = below.to(torch.float16).sum(-1)
+    if ct.is_floating_point:
+        count = torch.where(xs != xs, torch.full((), float(b.numel()), dtype=torch.float16, device=x.device), count)
+    return count.to(torch.int32 if out_int32 else torch.int64)
 
 
 def _power_of_two(d) -> bool:
@@ -896,6 +926,14 @@ REWRITES: tuple[Rewrite, ...] = (
         "as avg_pool2d over a height of 1 (pooling.functional_pool)",
     ),
     Rewrite(
+        "aten.bucketize",
+        (torch.bucketize,),
+        frozenset({"bucketize"}),
+        bucketize,
+        ("aten.lt", "aten.le", "aten.ne", "aten.where", "aten.full", "aten._to_copy", "aten.sum"),
+        "the count of boundaries below x: (b < x) or (b <= x) as float16 ones, summed; NaN past the last",
+    ),
+    Rewrite(
         "aten.select_scatter",
         (torch.Tensor.__setitem__,),
         frozenset(),  # a subscript store, found by opcode (_STORE_SUBSCRIPT)
@@ -1057,9 +1095,15 @@ def _helpers(fn) -> list[types.FunctionType]:
     return out
 
 
-def uses(model: nn.Module, rewrites=REWRITES) -> dict[str, list[str]]:
+# transformers' framework modules, whose classes every model inherits (PreTrainedModel, GenerationMixin, hub and
+# PEFT mixins): weight init, resizing, saving and generation code that calls std, sort, all, ... by name
+_FRAMEWORK = ("transformers.modeling_utils", "transformers.generation.", "transformers.integrations.", "transformers.utils.")
+
+
+def uses(model: nn.Module, rewrites=REWRITES, framework: bool = True) -> dict[str, list[str]]:
     """capability -> paths of the modules whose own code (not torch.nn's) calls the op the way its rewrite recognises
-    (a subscript for aten.index)."""
+    (a subscript for aten.index). `framework=False` leaves out the methods of transformers' framework classes
+    (`_FRAMEWORK`): every model inherits them, so a name they use (std in weight init) would match every model."""
     names = frozenset().union(*(r.names for r in rewrites))
     by_name: dict[str, set[str]] = {}
     for r in rewrites:
@@ -1071,6 +1115,8 @@ def uses(model: nn.Module, rewrites=REWRITES) -> dict[str, list[str]]:
         for cls in type(m).__mro__:
             if cls.__module__.split(".")[0] in ("torch", "builtins"):
                 continue  # torch.nn's own modules: their ops are the stack's business, not a model's code
+            if not framework and cls.__module__.startswith(_FRAMEWORK):
+                continue
             for value in vars(cls).values():
                 if isinstance(value, staticmethod | classmethod):
                     value = value.__func__  # XLNet's rel_shift is a staticmethod
@@ -1105,16 +1151,22 @@ class ModeAdapter(Adapter):
 
     rewrites: tuple[Rewrite, ...] = ()
     kind = "re-expressions"  # what the patch description calls the forms
+    # scan transformers' framework classes too (`uses`): the rewrite adapter's and interpolate's gaps were found and
+    # swept with them read; the adapters whose names are common in that code (std, var, sort) leave them out
+    scan_framework = True
 
     def retired(self, caps) -> bool:
         return not any(r.needed(caps) for r in self.rewrites)
 
+    def _uses(self, model: nn.Module) -> dict[str, list[str]]:
+        return uses(model, self.rewrites, framework=self.scan_framework)
+
     def _targets(self, model: nn.Module) -> list[Rewrite]:
-        found = uses(model, self.rewrites)
+        found = self._uses(model)
         return [r for r in active_rewrites(_stack.capabilities(), self.rewrites) if r.gap in found]
 
     def applicable(self, model: nn.Module) -> bool:
-        return bool(uses(model, self.rewrites))
+        return bool(self._uses(model))
 
     def patch(self, model: nn.Module) -> Patch:
         patch = Patch(self.name)
@@ -1134,7 +1186,7 @@ class ExactRewrite(ModeAdapter):
     applies_to = frozenset(
         {
             "any module whose code calls masked_fill, stack, new_full, all, logsumexp, scatter, index_select, gather,"
-            " prod, floor_divide / div / //, F.max_pool / F.avg_pool or indexes a tensor"
+            " prod, floor_divide / div / //, bucketize, F.max_pool / F.avg_pool or indexes a tensor"
         }
     )
     order = (
@@ -1143,7 +1195,8 @@ class ExactRewrite(ModeAdapter):
     summary = (
         "exact re-expressions: masked_fill -> where, stack -> cat, new_full -> full, all -> amin, index -> embedding,"
         " logsumexp -> amax/exp/sum/log, scatter of a number -> where of index == position, index_select and gather"
-        " -> embedding, int64 prod -> multiplies, floor division by 2^k -> floor(floor(x) * 2^-k),"
+        " -> embedding, int64 prod -> multiplies, floor division by 2^k -> floor(floor(x) * 2^-k), bucketize ->"
+        " a count of compares,"
         " F.max_pool / F.avg_pool -> im2col + amax / mean"
     )
 

@@ -468,6 +468,7 @@ _OPS: list[OpEntry] = [
     _e("masked_scatter", "unsupported", (), "RFC 1632-v3", S4),
     _e("nonzero", "unsupported", (), "boolean indexing / data-dependent shape", S4),
     _e("histc", "unsupported", (), "#3982", S4),
+    _e("bucketize", "unsupported", (), "in no June op table (a binary search): emulation assumption, a gap"),
     _e("floor_divide", "unsupported", (), "#4643", S4),
     _e("remainder", "unsupported", (), "in no June op table: emulation assumption, a gap (integer division, as floor_divide)"),
     *(

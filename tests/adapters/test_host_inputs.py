@@ -16,6 +16,7 @@ from conftest import assert_restored, snapshot
 from torch import nn
 
 import adapters
+import torch_spyre_emu
 from adapters.base import primary_output
 from adapters.host_inputs import (
     HostPredicate,
@@ -355,3 +356,78 @@ def test_position_embedding_for_the_device_is_built_on_the_host():
     finally:
         patch.undo()
     assert "forward" not in module.__dict__
+
+
+# ------------------------------------------------------------------------------------------------------- sorts
+
+
+class _ShuffleMask(nn.Module):  # ViT-MAE's per-sample shuffle: argsort of noise, its inverse, a gather
+    def forward(self, x, noise):
+        keep = torch.argsort(noise, dim=1)[:, :3]
+        restore = keep.argsort(dim=1)
+        ordered, order = torch.sort(x.sum(-1), dim=1, descending=True)  # SAM-HQ: masks by predicted IoU
+        return torch.gather(x, 1, keep.unsqueeze(-1).expand(-1, -1, x.shape[-1])), restore, ordered, order
+
+
+def _shuffle_inputs(dtype=torch.float32):
+    g = torch.Generator().manual_seed(0)
+    return torch.randn(2, 8, 64, generator=g).to(dtype), torch.rand(2, 8, generator=g)
+
+
+def test_sorts_run_on_the_host_bit_identical():
+    """Stock: sort has no lowering and no CPU island (#4072), so the compiled model stops; patched, each sort runs
+    on the host (a graph break) and every output equals stock's, the sort's (values, indices) fields kept."""
+    from torch_spyre_emu.errors import SpyreUnsupportedOpError
+
+    model, (x, noise) = _ShuffleMask(), _shuffle_inputs(torch.float16)
+    ref = model(x, noise)
+    assert adapters.get_adapter("host_sort").applicable(model)
+    torch._dynamo.reset()
+    with pytest.raises(SpyreUnsupportedOpError, match="aten.sort"):
+        torch.compile(model, backend="spyre", dynamic=False)(x, noise)
+    torch._dynamo.reset()
+    snap = snapshot(model)
+    with adapters.apply(model, only=["host_sort", "rewrite"]) as handle:
+        assert "host_sort" in handle.report.applied
+        eager = model(x, noise)
+        compiled = torch.compile(model, backend="spyre", dynamic=False)(x, noise)
+    torch._dynamo.reset()
+    assert_restored(model, snap)
+    assert all(torch.equal(a, b) for a, b in zip(ref, eager, strict=True))  # on the CPU: the stock ops
+    assert torch.equal(ref[1], compiled[1]) and torch.equal(ref[3], compiled[3])  # the host orders
+    for i in (0, 2):  # the gathered rows and the sorted sums: device values, DL16 precision
+        torch.testing.assert_close(compiled[i], ref[i], rtol=2**-9, atol=0)
+
+
+def test_sorts_on_a_model_moved_to_the_device():
+    """Moved with Module.to("spyre"), the eager sort of a device tensor runs on the host and its results come back
+    to the device: the orders equal the CPU's (fp32 noise stays fp32 on the device; the sums' gaps are far above
+    DL16 rounding), the values are the CPU's to DL16 precision (fp16 rounds to DL16 on upload)."""
+    model, (x, noise) = _ShuffleMask(), _shuffle_inputs(torch.float16)
+    ref = model(x, noise)
+    with adapters.apply(model, only=["host_sort", "rewrite"]):
+        out = model.to("spyre")(x.to("spyre"), noise.to("spyre"))
+    assert all(o.device.type == "spyre" for o in out)
+    assert torch.equal(ref[1], out[1].cpu()) and torch.equal(ref[3], out[3].cpu())
+    for a, b in ((ref[0], out[0]), (ref[2], out[2])):
+        torch.testing.assert_close(b.cpu(), a, rtol=2**-9, atol=0)
+
+
+def test_a_host_sort_keeps_the_result_fields():
+    from adapters.host_inputs import _SORTS
+
+    res = _SORTS[0].handler((torch.tensor([3.0, 1.0, 2.0]),), {"descending": True})
+    assert res.values.tolist() == [3.0, 2.0, 1.0] and res.indices.tolist() == [0, 2, 1]
+
+
+def test_sort_forms_left_to_stock_and_retirement():
+    from adapters.host_inputs import _SORTS
+
+    x = torch.randn(5)
+    handler = _SORTS[0].handler
+    out = (torch.empty(5), torch.empty(5, dtype=torch.long))
+    assert handler((x,), {"out": out}) is adapters.rewrite._PASS
+    assert handler(([3, 1, 2],), {}) is adapters.rewrite._PASS
+    assert not adapters.get_adapter("host_sort").applicable(_zoo("llama").model)
+    with torch_spyre_emu.capabilities.override({"aten.sort": "native"}) as c:
+        assert adapters.get_adapter("host_sort").retired(c)

@@ -780,3 +780,51 @@ def test_a_store_keyed_by_sequences_of_tensors_traces_as_without_the_mode():
     finally:
         torch._dynamo.reset()
     _same(out, f(x, ind))
+
+
+# -- bucketize -------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("right", [False, True])
+@pytest.mark.parametrize("out_int32", [False, True])
+def test_bucketize_is_the_count_of_boundaries_below(right, out_int32):
+    """Bit-identical to stock's binary search on sorted boundaries: random points, the boundaries themselves (where
+    right decides), infinities and NaN (past the last boundary), integer points and mixed dtypes, a 0-d point."""
+    g = torch.Generator().manual_seed(0)
+    b = torch.sort(torch.rand(33, generator=g)).values
+    points = [
+        torch.rand(4, 7, generator=g) * 1.2 - 0.1,
+        torch.tensor([float("nan"), -1.0, 0.5, 5.0, float("inf"), -float("inf")]),
+        b[[0, 3, 5, 32]],
+        torch.tensor(0.3),
+        (torch.rand(3, 5, generator=g) * 1.2).half(),
+    ]
+    kw = {"right": right, "out_int32": out_int32}
+    for x in points:
+        ref = torch.bucketize(x, b, **kw)
+        with _mode():
+            out = torch.bucketize(x, b, **kw)
+        _same(out, ref)
+    ints, edges = torch.randint(0, 6, (3, 4), generator=g), torch.tensor([1, 2, 4])
+    with _mode():
+        _same(torch.bucketize(ints, edges, **kw), torch.bucketize(ints, edges, **kw))
+
+
+def test_bucketize_on_the_device_and_forms_left_to_stock():
+    """Idefics3's positions: compiled for Spyre the count runs on the device (its int64 cast a CPU island), equal to
+    stock; out=, 2-D boundaries and more than BUCKETIZE_MAX of them stay stock."""
+    b = torch.linspace(0, 1, 33)[1:]
+    x = torch.arange(7, dtype=torch.float32)[None, :] * torch.tensor([0.14, 0.2])[:, None]
+
+    def f(x):
+        return torch.bucketize(x, b, right=True) * 32
+
+    torch._dynamo.reset()
+    with _mode():
+        out = torch.compile(f, backend="spyre", dynamic=False)(x)
+    torch._dynamo.reset()
+    _same(out, f(x))
+    assert rewrite.bucketize((x, b), {"out": torch.empty(2, 7, dtype=torch.long)}) is rewrite._PASS
+    assert rewrite.bucketize((x, b.reshape(4, 8)), {}) is rewrite._PASS
+    assert rewrite.bucketize((x, torch.arange(rewrite.BUCKETIZE_MAX + 1.0)), {}) is rewrite._PASS
+    from transformers.models.idefics3.modeling_idefics3 import Idefics3VisionEmbeddings
+
+    assert "bucketize" in rewrite._code_uses(Idefics3VisionEmbeddings.forward.__code__, frozenset({"bucketize"}))
