@@ -35,13 +35,15 @@ FAMILIES = (
     "focalnet",
     "detr",
     "parakeet_rnnt",
+    "hiera",
 )  # glmasr: an audio tower beside a Llama decoder; minicpm3: multi-head latent attention (the mla adapter);
 # gpt_bigcode: a multi-query fused c_attn cut twice (the fused_split adapter); resnet: a CNN backbone's max pool (the
 # pooling adapter); wav2vec2: the feature encoder's GroupNorm (the group_norm adapter); llama4_text: complex rotary
 # (the rope_complex adapter; DeepSeek-V2's is in tests/adapters/test_rope_complex.py); qwen3_vl_vision: the shared
 # vision_utils grid helpers (the host_vision_indices adapter); focalnet: a ragged 1027-wide modulation projection (the
 # linear_split adapter); detr: a sine position embedding built from shapes (the host_position_embedding adapter);
-# parakeet_rnnt: an nn.LSTM prediction network (the lstm_unrolled adapter)
+# parakeet_rnnt: an nn.LSTM prediction network (the lstm_unrolled adapter); hiera: the argsorts of its random
+# masking, reached by the scan, not taken in this forward (the host_sort adapter; ViT-MAE's, taken, in test_host_inputs)
 
 
 @functools.cache
