@@ -58,6 +58,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch._prims_common import get_computation_dtype
 
+from adapters import _stack
 from adapters.registry import register_adapter
 from adapters.rewrite import _PASS, ModeAdapter, Rewrite, _arg, active_rewrites
 
@@ -180,6 +181,50 @@ def std(args, kwargs):
     return torch.sqrt(_variance(parsed)).to(parsed[0].dtype)
 
 
+GRID_MATRIX_MAX = 1 << 24  # elements of the host-built sampling matrices (64 MiB in fp32)
+
+
+@_stack.host
+def _sampling_matrix(grid, size, mode, padding_mode, align_corners, dtype, device):
+    """(N, Ho*Wo, Hi*Wi): row o of matrix n holds the weights stock grid_sample gives each input pixel for output
+    pixel o of batch n, read off stock's own kernel applied on the host to the Hi*Wi one-hot images."""
+    hi, wi = size
+    basis = torch.eye(hi * wi, dtype=torch.float32).reshape(hi * wi, 1, hi, wi)
+    grid = _stack.to_host(grid).float()
+    rows = [
+        F.grid_sample(basis, g.unsqueeze(0).expand(hi * wi, *g.shape), mode, padding_mode, align_corners)
+        .reshape(hi * wi, -1)
+        .T
+        for g in grid
+    ]
+    return torch.stack(rows).to(device=device, dtype=dtype)
+
+
+def grid_sample(args, kwargs):
+    """`F.grid_sample(x, grid, mode, padding_mode, align_corners)` of a 4-D x: linear in x for every mode and
+    padding, so it is `x (N, C, Hi*Wi) @ M_n^T` with M built on the host from the grid by stock's kernel (the grid is
+    positions: GLM-4V's position-embedding interpolation). Inductor's decomposition of grid_sampler_2d is an index
+    with four index tensors, which the stack cannot lower."""
+    names = ("input", "grid", "mode", "padding_mode", "align_corners")
+    if kwargs.keys() - set(names) or len(args) > len(names):
+        return _PASS
+    x, grid = _arg(args, kwargs, 0, "input"), _arg(args, kwargs, 1, "grid")
+    mode = _arg(args, kwargs, 2, "mode", default="bilinear")
+    padding_mode = _arg(args, kwargs, 3, "padding_mode", default="zeros")
+    align_corners = _arg(args, kwargs, 4, "align_corners", default=None)
+    if not (isinstance(x, torch.Tensor) and isinstance(grid, torch.Tensor)) or x.dim() != 4 or grid.dim() != 4:
+        return _PASS
+    if not x.is_floating_point() or grid.shape[0] != x.shape[0] or grid.shape[-1] != 2:
+        return _PASS  # stock's own errors
+    n, c, hi, wi = x.shape
+    ho, wo = grid.shape[1:3]
+    if n * ho * wo * hi * wi > GRID_MATRIX_MAX or x.numel() == 0 or grid.numel() == 0:
+        return _PASS
+    m = _sampling_matrix(grid, (hi, wi), mode, padding_mode, bool(align_corners), x.dtype, x.device)
+    out = torch.matmul(x.reshape(n, c, hi * wi), m.transpose(1, 2))
+    return out.reshape(n, c, ho, wo)
+
+
 def _strict_lower(n: int, device) -> torch.Tensor:
     """(n, n) bool, True below the diagonal: a compare of two host-built position constants (no arange, no tril)."""
     pos = torch.tensor(list(range(n)), dtype=torch.int64, device=device)
@@ -258,6 +303,14 @@ _REWRITES: tuple[Rewrite, ...] = (
         ("aten.neg", "aten.softplus"),
         "logsigmoid: -softplus(-x)",
         modules=(nn.LogSigmoid,),
+    ),
+    Rewrite(
+        "aten.index",  # the table names no grid_sampler_2d: Inductor decomposes it into an index, the gap
+        (F.grid_sample,),
+        frozenset({"grid_sample"}),
+        grid_sample,
+        ("aten.matmul", "aten.transpose", "aten.view"),
+        "grid_sample: x @ M^T, M the sampling weights built on the host from the grid",
     ),
     Rewrite(
         "aten.var",

@@ -16,6 +16,7 @@ retires by itself on the default table.)
 | `F.glu(x, dim)` (`nn.GLU`) | `a * sigmoid(b)` of `x.chunk(2, dim)`, in fp32 for fp16/bf16 (ATen's op math) | split (a CPU fallback), sigmoid, mul, the on-device casts |
 | `b.all(dim)` (bool, or a number tensor: `b != 0`) | `b.to(float16).amin(dim) != 0`  | amin (native), ne, the bool->fp16 cast |
 | `x[i]`, `x[i, j, ...]` (integer tensors on the leading dims) | `F.embedding(flat, x.reshape(rows, -1))` | embedding (a CPU fallback in the June table) |
+| `x[i, 1]`, `x[1, i]` (ints beside the integer tensors of the leading dims: GLM-4V's `image_shapes[seq_ids, 1]`) | the ints selected first (`x.select(d, 1)`, views), then the lookup above | select (a view), embedding |
 | `x[..., [p, q], :]` (a constant list of positions of one dim) | `torch.cat([x.select(d, p).unsqueeze(d), ...], d)` | select (a view), cat |
 | `x[:, i] = y`, `x[..., a:b] = y`, `x[..., i, :i] = y` on a base of rank >= 3 (select_scatter / slice_scatter, #4441) | `x.copy_(where(window, y in the window, x))`, one where per written dim | where, copy, constant_pad_nd |
 | `x[mask] = v` (index_put, #1880: a bool mask over leading dims, a number v; the media-token blanking of multimodal models) | `x.copy_(where(mask, v, x))` (masked_fill_ by definition) | where, full, copy |
@@ -442,12 +443,36 @@ def _list_key(x: torch.Tensor, key) -> tuple[int, list[int]] | None:
     return d, picks
 
 
+def _select_ints(x: torch.Tensor, key):
+    """(x with the ints of its leading index block selected out, the rest of the key) for a key whose leading items
+    are integer tensors and ints (`image_shapes[seq_ids, 1]`): the ints are 0-d indices of the same advanced block,
+    so selecting them first leaves the same lookup on the leading dims. None for any other key."""
+    items = list(key) if isinstance(key, tuple) else [key]
+    n = 0
+    while n < len(items) and (
+        isinstance(items[n], torch.Tensor) or (isinstance(items[n], int) and not isinstance(items[n], bool))
+    ):
+        n += 1
+    ints = [d for d in range(n) if not isinstance(items[d], torch.Tensor)]
+    if not ints or len(ints) == n or n > x.dim():
+        return None
+    for d in reversed(ints):
+        size = x.shape[d]
+        if not -size <= items[d] < size:
+            return None  # stock raises IndexError
+        x = x.select(d, items[d])
+    return x, tuple(i for d, i in enumerate(items) if d not in ints)
+
+
 def getitem(args, kwargs):
     if kwargs or len(args) != 2:
         return _PASS
     x, key = args
     if not isinstance(x, torch.Tensor) or x.is_complex() or x.layout != torch.strided:
         return _PASS
+    selected = _select_ints(x, key)
+    if selected is not None:
+        x, key = selected
     picked = _list_key(x, key)
     if (
         picked is not None
