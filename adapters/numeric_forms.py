@@ -1,10 +1,10 @@
-"""Re-expressions that differ from stock by rounding only: expm1, log1p, elu, logsigmoid, var, std and the unit
-lower-triangular solve.
+"""Re-expressions that differ from stock by rounding only: expm1, log1p, elu, logsigmoid, var, std, grid_sample and
+the unit lower-triangular solve.
 
 Gap: `aten.linalg_solve_triangular`, `aten.expm1`, `aten.log1p`, `aten.var` and `aten.std` have no Spyre lowering
 and no CPU island in the real stack (capability table: "unsupported"; var and std are Welford reductions, STACK
-§1.7), and no bit-exact expression in ops it runs; elu and logsigmoid are in no op table either, and Inductor's
-decompositions take them to expm1 and log1p. Each has an expression with the same math in ops the stack does run
+§1.7), and no bit-exact expression in ops it runs; elu, logsigmoid and grid_sample are in no op table either, and
+Inductor's decompositions take them to expm1, log1p and an index with four index tensors (#3484). Each has an expression with the same math in ops the stack does run
 (native or decomposed), whose result differs from stock's by rounding:
 
 | op                      | re-expressed as                                               | rounding difference      |
@@ -16,6 +16,7 @@ decompositions take them to expm1 and log1p. Each has an expression with the sam
 | `F.logsigmoid(x)` (`nn.LogSigmoid`) | `-softplus(-x)` (softplus is a Spyre custom op)        | ~1 ulp                   |
 | `x.var(dim, ...)`, `torch.var` (`unbiased` / `correction`, `keepdim`) | `sum((x - mean)^2) / max(0, N - correction)`, in fp32 for fp16/bf16 (ATen's op math), cast back | fp32 rounding, then the one rounding to x's dtype |
 | `x.std(...)`, `torch.std`   | `sqrt` of that variance                                       | as var                   |
+| `F.grid_sample(x, grid, ...)` (4-D, any mode, padding, align_corners) | `x.reshape(N, C, Hi*Wi) @ M_n^T`, M_n the weights stock's own kernel gives the Hi*Wi one-hot images at grid n, built on the host | the matmul's fp32 sum; bilinear and nearest exact |
 
 expm1 and log1p exist for their relative accuracy near 0: `exp(x) - 1` and `log(1 + x)` lose it (for |x| below about
 1e-7 in fp32 the result is 0 or one ulp of 1, where stock returns ~x), while the absolute error stays about one ulp
@@ -27,6 +28,11 @@ Two passes (the mean first, then the squared deviations) are as accurate as Welf
 keep the cancellation away (a large mean is removed before squaring); N - correction <= 0 gives nan or inf as
 stock's divisor max(0, N - correction) does (stock also warns). xLSTM's multi-head norm calls var, Gemma-3n's
 activation sparsity std; xLSTM's gates call logsigmoid, XCodec's residual units nn.ELU.
+grid_sample is linear in x for every mode and padding (padding clamps or reflects coordinates, never values), so the
+matrix holds exactly the weights stock applies; it is built on the host (a graph break) from the grid, which in
+GLM-4V's position-embedding interpolation is patch coordinates, and capped at GRID_MATRIX_MAX elements (a larger
+resampling stays stock). One difference beyond rounding: a NaN or inf pixel of x reaches every output through its
+zero weights (0 * inf), where stock's kernel reads only the pixels it samples.
 The solve: a unit lower-triangular L = I + N (N strictly lower, so N^n = 0) has L^-1 = sum_k (-N)^k =
 prod_{j: 2^j < n} (I + (-N)^(2^j)), so L^-1 B is ceil(log2 n) steps `X <- X + P @ X; P <- P @ P` (the last squaring
 skipped): 2 ceil(log2 n) - 1 matmuls. The strict lower mask is a comparison of two host-built position constants
@@ -39,14 +45,14 @@ stock, so the stack still reports them.
 
 How it recognises its targets: by what the code calls. The model's module classes' methods and the same-package
 helpers they reach are scanned for the names `expm1`, `log1p`, `solve_triangular`, `elu`, `logsigmoid`, `var` and
-`std` (rewrite.uses, the rewrite adapter's structural scan), an `nn.ELU` or `nn.LogSigmoid` in the model counts as
+`std`, `grid_sample` (rewrite.uses, the rewrite adapter's structural scan), an `nn.ELU` or `nn.LogSigmoid` in the model counts as
 a call of its function, and the model's forward runs under the rewrite adapter's TorchFunctionMode
 (rewrite.Reexpress, entered outside dynamo by rewrite._wrapped) with only these handlers; any other call, and any
 call in a form not listed above, runs unchanged.
 
 Retirement: per op, as the rewrite adapter's: a form is switched on only if the stack lacks its op and has every op
 the form uses (status not "unsupported"); elu's form goes with expm1 and logsigmoid's with log1p (the pieces their
-decompositions need); the adapter retires when the stack has all of them.
+decompositions need), grid_sample's with index; the adapter retires when the stack has all of them.
 """
 
 from __future__ import annotations
@@ -343,12 +349,16 @@ class NumericForms(ModeAdapter):
     gap = GAPS[0]
     also = GAPS[1:]
     applies_to = frozenset(
-        {"any module whose code calls expm1, log1p, solve_triangular, elu, logsigmoid, var or std; nn.ELU, nn.LogSigmoid"}
+        {
+            "any module whose code calls expm1, log1p, solve_triangular, elu, logsigmoid, var, std or grid_sample;"
+            " nn.ELU, nn.LogSigmoid"
+        }
     )
     order = 92  # after the forward-replacing adapters and sdpa_fused (90); rewrite (95) wraps it
     summary = (
         "expm1 -> exp - 1, log1p -> log(1 + x), unit lower-triangular solve -> product of (I + P^(2^j)),"
-        " elu -> where/exp, logsigmoid -> -softplus(-x), var/std -> two passes: the same math, rounding differs"
+        " elu -> where/exp, logsigmoid -> -softplus(-x), var/std -> two passes, grid_sample -> matmul with host-built"
+        " weights: the same math, rounding differs"
         " from stock"
     )
     rewrites = _REWRITES

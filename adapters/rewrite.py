@@ -17,6 +17,7 @@ retires by itself on the default table.)
 | `b.all(dim)` (bool, or a number tensor: `b != 0`) | `b.to(float16).amin(dim) != 0`  | amin (native), ne, the bool->fp16 cast |
 | `x[i]`, `x[i, j, ...]` (integer tensors on the leading dims) | `F.embedding(flat, x.reshape(rows, -1))` | embedding (a CPU fallback in the June table) |
 | `x[i, 1]`, `x[1, i]` (ints beside the integer tensors of the leading dims: GLM-4V's `image_shapes[seq_ids, 1]`) | the ints selected first (`x.select(d, 1)`, views), then the lookup above | select (a view), embedding |
+| `x[:, i]`, `x[..., i, :]` (one integer tensor on an inner dim, the others whole: LayoutLMv3's `bias.weight[:, buckets]`) | the lookup above on `x.movedim(d, 0)`, i's dims moved back to d | permute, embedding |
 | `x[..., [p, q], :]` (a constant list of positions of one dim) | `torch.cat([x.select(d, p).unsqueeze(d), ...], d)` | select (a view), cat |
 | `x[:, i] = y`, `x[..., a:b] = y`, `x[..., i, :i] = y` on a base of rank >= 3 (select_scatter / slice_scatter, #4441) | `x.copy_(where(window, y in the window, x))`, one where per written dim | where, copy, constant_pad_nd |
 | `x[mask] = v` (index_put, #1880: a bool mask over leading dims, a number v; the media-token blanking of multimodal models) | `x.copy_(where(mask, v, x))` (masked_fill_ by definition) | where, full, copy |
@@ -464,6 +465,20 @@ def _select_ints(x: torch.Tensor, key):
     return x, tuple(i for d, i in enumerate(items) if d not in ints)
 
 
+def _inner_index(x: torch.Tensor, key) -> tuple[int, torch.Tensor] | None:
+    """(d, i) of a key that is one integer tensor at dim d >= 1, every other dim whole (`bias.weight[:, buckets]`:
+    LayoutLMv3's relative-position table); None for any other key."""
+    items = _key_items(x, key)
+    if items is None:
+        return None
+    tensors = [d for d, it in enumerate(items) if isinstance(it, torch.Tensor)]
+    if len(tensors) != 1 or tensors[0] == 0 or items[tensors[0]].dtype not in _INDEX_DTYPES:
+        return None
+    if any(not (isinstance(it, slice) and it == slice(None)) for d, it in enumerate(items) if d != tensors[0]):
+        return None
+    return tensors[0], items[tensors[0]]
+
+
 def getitem(args, kwargs):
     if kwargs or len(args) != 2:
         return _PASS
@@ -473,6 +488,13 @@ def getitem(args, kwargs):
     selected = _select_ints(x, key)
     if selected is not None:
         x, key = selected
+    inner = _inner_index(x, key)
+    if inner is not None:  # x[:, i] is x moved to put dim d first, looked up, and i's dims moved back to d
+        d, i = inner
+        out = getitem((x.movedim(d, 0), (i,)), {})
+        if out is _PASS:
+            return _PASS
+        return out.movedim(tuple(range(i.dim())), tuple(range(d, d + i.dim())))
     picked = _list_key(x, key)
     if (
         picked is not None

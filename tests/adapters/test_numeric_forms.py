@@ -16,7 +16,17 @@ from torch.overrides import TorchFunctionMode
 import adapters
 import torch_spyre_emu
 from adapters import numeric_forms
-from adapters.numeric_forms import _REWRITES, elu, expm1, log1p, logsigmoid, solve_unit_lower, std, var
+from adapters.numeric_forms import (
+    _REWRITES,
+    elu,
+    expm1,
+    grid_sample,
+    log1p,
+    logsigmoid,
+    solve_unit_lower,
+    std,
+    var,
+)
 from adapters.rewrite import _PASS, Reexpress
 from models.zoo import build
 
@@ -292,6 +302,30 @@ def test_var_std_forms_left_to_stock():
     assert elu((x,), {"alpha": torch.tensor(1.0)}) is _PASS
 
 
+# -- grid_sample ----------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("mode", ["bilinear", "nearest", "bicubic"])
+@pytest.mark.parametrize("padding_mode", ["zeros", "border", "reflection"])
+@pytest.mark.parametrize("align_corners", [False, True])
+def test_grid_sample_is_a_matmul_with_stocks_weights(mode, padding_mode, align_corners):
+    """Grid points inside and outside [-1, 1]: bilinear and nearest equal to stock (each output a sum of at most four
+    weighted pixels, the rest exact zeros), bicubic to fp32 rounding of its 16 terms."""
+    x, grid = _rand(2, 5, 6, 7), _rand(2, 4, 3, 2, seed=1) * 0.8
+    grid[0, 0, 0] = torch.tensor([1.3, -1.7])  # outside: padding decides
+    ref = F.grid_sample(x, grid, mode, padding_mode, align_corners)
+    out = grid_sample((x, grid, mode, padding_mode, align_corners), {})
+    assert out.shape == ref.shape and out.dtype == ref.dtype
+    torch.testing.assert_close(out, ref, atol=16 * EPS32 * float(x.abs().max()), rtol=0)
+
+
+def test_grid_sample_forms_left_to_stock():
+    x, grid = _rand(2, 5, 6, 7), _rand(2, 4, 3, 2) * 0.5
+    assert grid_sample((x[:1], grid), {}) is _PASS  # batch mismatch: stock's error
+    assert grid_sample((x.unsqueeze(2), grid.unsqueeze(1)), {}) is _PASS  # 5-D (volumetric)
+    assert grid_sample((x.long(), grid), {}) is _PASS
+    big = torch.zeros(1, 1, 512, 512), torch.zeros(1, 512, 512, 2)
+    assert grid_sample(big, {}) is _PASS  # the sampling matrix would pass GRID_MATRIX_MAX
+
+
 # -- strict-mode lowering ------------------------------------------------------------------------------------------
 class _UT(torch.nn.Module):
     def forward(self, a, v):
@@ -328,6 +362,15 @@ class _MLSTMGates(torch.nn.Module):  # xLSTM: the forget gate's logsigmoid, the 
         return F.logsigmoid(f), hc * torch.rsqrt(h.var(dim=-1, keepdim=True, unbiased=False) + 1e-6)
 
 
+class _PositionGrid(torch.nn.Module):  # GLM-4V: a learned position table resampled at patch coordinates
+    def __init__(self):
+        super().__init__()
+        self.table = torch.nn.Parameter(_rand(1, 64, 8, 8).half())
+
+    def forward(self, grid):
+        return F.grid_sample(self.table.float(), grid, mode="bicubic", align_corners=False, padding_mode="border")
+
+
 class _Std(torch.nn.Module):  # Gemma-3n's activation sparsity: mean + k * std
     def forward(self, x):
         return x.mean(-1, keepdim=True) + 1.6 * torch.std(x, dim=-1, keepdim=True, unbiased=False)
@@ -339,6 +382,7 @@ class _Std(torch.nn.Module):  # Gemma-3n's activation sparsity: mean + k * std
         (_ELU, lambda: ((_rand(4, 64) * 2).half(),), "elu|expm1"),
         (_MLSTMGates, lambda: ((_rand(2, 64) * 4).half(), (_rand(2, 4, 64) + 3).half()), "log_sigmoid|var"),
         (_Std, lambda: ((_rand(2, 16, 128) + 1).half(),), "std"),
+        (_PositionGrid, lambda: ((_rand(1, 32, 1, 2) * 0.9).clamp(-1, 1),), "index|grid_sampler"),
         (_UT, _ut_inputs, "linalg_solve_triangular"),
         (_XIELU, lambda: ((_rand(4, 64) * 2).half(),), "expm1"),
         (_BeamScale, lambda: (torch.arange(64 * 4).reshape(4, 64).half(),), "log1p"),

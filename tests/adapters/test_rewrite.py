@@ -598,6 +598,53 @@ class _XSoftmax(torch.autograd.Function):  # SEW-D's masked softmax: the model's
         return grad, None
 
 
+def test_ints_beside_index_tensors_are_selected_first():
+    """`image_shapes[seq_ids, 1]` (GLM-4V) and the other orders: the int dims are selected (views), the tensors'
+    lookup is the embedding form; bit-identical, and no aten.index reaches torch."""
+    shapes, ids = torch.randint(0, 100, (2, 3)), torch.randint(0, 2, (32,))
+    y, j, k = _rand(4, 5, 6, 7), torch.randint(-4, 4, (3, 2)), torch.randint(0, 5, (3, 1))
+    for f in (
+        lambda: shapes[ids, 1],
+        lambda: shapes[ids, -1],
+        lambda: shapes[1, ids[:3]],
+        lambda: y[j, 2],
+        lambda: y[2, k],
+        lambda: y[j, k, 3],
+        lambda: y[1, k, 2, ...],
+    ):
+        ref = f()
+        seen = CallNames()
+        with seen, _mode():
+            out = f()
+        _same(out, ref)
+        assert "embedding" in seen.names
+    with _mode():  # an int out of range stays stock: its IndexError
+        with pytest.raises(IndexError):
+            shapes[ids, 3]
+
+
+def test_one_index_tensor_on_an_inner_dim():
+    """`bias.weight[:, buckets]` (LayoutLMv3), `x[..., i, :]`, a multi-dim index: the lookup on x with dim d moved
+    first, i's dims moved back to d; bit-identical, no aten.index."""
+    y, i, k = _rand(4, 5, 6, 7), torch.randint(-5, 5, (3, 2)), torch.randint(0, 6, (9,))
+    table, buckets = _rand(12, 64), torch.randint(0, 64, (513,))
+    for f in (
+        lambda: table[:, buckets],
+        lambda: y[:, i],
+        lambda: y[:, :, k],
+        lambda: y[..., k, :],
+        lambda: y[..., torch.tensor([1, 0])],
+    ):
+        ref = f()
+        seen = CallNames()
+        with seen, _mode():
+            out = f()
+        _same(out, ref)
+        assert "embedding" in seen.names
+    assert rewrite._inner_index(y, (slice(None), i, slice(1, 3))) is None  # a partial slice: stock
+    assert rewrite._inner_index(y, (slice(None), i, k)) is None  # two index tensors apart: stock's own layout
+
+
 def test_the_scan_reaches_an_autograd_function_forward():
     """`XSoftmax.apply(scores, mask)` runs XSoftmax.forward: its masked_fill is found and re-expressed, eager and
     compiled for the device (where stock masked_fill has no lowering and no CPU island)."""
