@@ -6,7 +6,7 @@ bit-identical) and handing its result to the device, as hf-adapters pass positio
 - `host_position_ids`: position ids derived from the padding (RoBERTa's `create_position_ids_from_input_ids`, a
   cumsum of `input_ids != padding_idx`; BLOOM's ALiBi positions, a cumsum of the attention mask) and the token types
   BERT-style embeddings gather from their all-zero `token_type_ids` buffer (`torch.gather(buffer, 1, position_ids)`);
-  T5's and WavLM's relative position buckets (integer positions -> bucket ids: a log of 0 cast to int64 gives int64's minimum,
+  T5's, WavLM's and LayoutLMv3's relative position buckets (integer positions -> bucket ids: a log of 0 cast to int64 gives int64's minimum,
   which the device's int32 cannot hold). Gaps: aten.cumsum (a CPU fallback: the scan is not implemented),
   aten.gather (unsupported), aten.log on integer positions.
 - `host_clamp_guard`: the fp16 overflow guards of T5 (`torch.where(torch.isinf(h).any(), max - 1000, max)`) and
@@ -219,7 +219,12 @@ def position_helpers(module: nn.Module) -> tuple[dict[int, object], dict[str, ob
     return globs, statics
 
 
-def _self_calls_deep(cls: type, fn, depth: int = structure.HELPER_DEPTH) -> set[str]:
+# how deep `self.<method>` calls are followed to a position helper: LayoutLMv3's encoder forward ->
+# _cal_1d_pos_emb -> _relative_position_lookup -> relative_position_bucket is three
+SELF_CALL_DEPTH = 3
+
+
+def _self_calls_deep(cls: type, fn, depth: int = SELF_CALL_DEPTH) -> set[str]:
     """Attribute names loaded from `self` by `fn` and by the plain methods of `cls` it calls that way (T5's
     forward -> self.compute_bias -> self._relative_position_bucket)."""
     names = _self_calls(fn)

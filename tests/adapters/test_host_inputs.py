@@ -318,6 +318,15 @@ def test_wavlm_relative_position_buckets_are_a_position_helper():
     assert "_relative_positions_bucket" in " ".join(patch.changes), patch.changes
 
 
+def test_layoutlmv3_buckets_three_self_calls_deep_run_on_the_host():
+    """LayoutLMv3's encoder forward -> _cal_1d_pos_emb -> _relative_position_lookup -> relative_position_bucket: the
+    bucketing (T5's, a log of 0 cast to int64) is found three `self.` calls deep and runs on the host; moved to the
+    device, the model no longer meets int64's minimum in an int32 device tensor."""
+    ref, out, patch = _stock_and_patched("layoutlmv3", "host_position_ids", torch.float32)
+    assert torch.equal(out, ref)
+    assert "encoder.relative_position_bucket: on the host" in patch.changes, patch.changes
+
+
 # ------------------------------------------------------------------------------------------- position generators
 
 
