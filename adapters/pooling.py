@@ -20,8 +20,10 @@ average is the same sum divided by the same count, summed in another order: with
 The same forms serve `F.max_pool1d/2d` and `F.avg_pool1d/2d` called in a model's own code (Funnel, CANINE, the PP-OCR
 recognisers): `functional_pool` is what the rewrite adapter calls for them.
 ceil_mode (max pooling only: HGNetV2's stem) pads the bottom and right further with -inf, so ATen's partial last windows
-hold the same elements. What is not rewritten (runs as stock, so the stack still reports it): `return_indices=True`,
-`ceil_mode=True` on an average pool,
+hold the same elements. An unpadded `nn.AvgPool1d/2d` with ceil_mode whose one window covers the whole input (ALIGN's
+`AvgPool2d(hidden_dim, ceil_mode=True)`, a global pool) is the mean over it, as ATen divides by the window clipped to
+the input. What is not rewritten (runs as stock, so the stack still reports it): `return_indices=True`,
+any other `ceil_mode=True` average pool (checked per call: the input size decides),
 `divisor_override`, adaptive pools whose windows are uneven, inputs that are
 not 2-D/3-D (1d) or 3-D/4-D (2d).
 
@@ -123,7 +125,22 @@ def _avg_reduce(count_include_pad: bool, padding) -> str:
 
 
 def _avg_forward(self, input: torch.Tensor) -> torch.Tensor:
+    if self.ceil_mode:
+        return _ceil_global_mean(self, input)
     return _as_2d(self, input, _avg_reduce(self.count_include_pad, _pair(self.padding, 2)))
+
+
+def _ceil_global_mean(m: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """An unpadded average pool with ceil_mode whose one window covers its whole input (ALIGN's
+    `AvgPool2d(hidden_dim, ceil_mode=True)`, a global pool: kernel >= size and kernel - size < stride in each dim, so
+    ATen's output is 1 x 1 and it divides by the window clipped to the input, the input's size): the mean. Any other
+    ceil_mode average runs as stock (its partial windows divide by fewer elements), so the stack reports it."""
+    n = 1 if isinstance(m, nn.AvgPool1d) else 2
+    kernel, stride = _pair(m.kernel_size, n), _pair(m.stride or m.kernel_size, n)
+    sizes = tuple(x.shape[-n:])
+    if not all(k >= size and k - size < st for k, size, st in zip(kernel, sizes, stride, strict=True)):
+        return type(m).forward(m, x)
+    return x.mean(dim=tuple(range(-n, 0)), keepdim=True)
 
 
 def _max_args(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False, return_indices=False):
@@ -178,8 +195,10 @@ def _rewritable(m: nn.Module) -> bool:
     """A torch.nn pooling module (or a subclass keeping its forward) with options the re-expression covers."""
     if not any(isinstance(m, c) and type(m).forward is c.forward for c in (*_MAX, *_AVG, *_ADAPTIVE)):
         return False
-    if getattr(m, "return_indices", False) or (getattr(m, "ceil_mode", False) and not isinstance(m, _MAX)):
-        return False  # an average's partial ceil windows divide by fewer elements: not this form
+    if getattr(m, "return_indices", False):
+        return False
+    if getattr(m, "ceil_mode", False) and not isinstance(m, _MAX) and any(_pair(m.padding, 2)):
+        return False  # an average's partial ceil windows divide by fewer elements: only the global window is a form
     if isinstance(m, _AVG) and getattr(m, "divisor_override", None):
         return False
     return True

@@ -9,7 +9,7 @@ import warnings
 
 import pytest
 import torch
-from conftest import assert_restored, snapshot
+from conftest import CallNames, assert_restored, snapshot
 from torch import nn
 
 import adapters
@@ -36,7 +36,7 @@ COVERED = [
     nn.AdaptiveAvgPool1d(1),  # Swin's pooler
 ]
 LEFT_ALONE = [
-    nn.AvgPool2d(3, 2, ceil_mode=True),  # its partial windows divide by fewer elements
+    nn.AvgPool2d(3, 2, padding=1, ceil_mode=True),  # its partial windows divide by fewer elements
     nn.MaxPool2d(2, return_indices=True),
     nn.AvgPool2d(2, divisor_override=3),
 ]
@@ -97,6 +97,30 @@ def test_on_device_only_im2col_is_left_and_values_match():
             got = torch.compile(model, backend="spyre", dynamic=False)(x.half())
     torch._dynamo.reset()
     assert torch.allclose(got.float(), ref, rtol=2**-7, atol=2**-6), float((got.float() - ref).abs().max())
+
+
+@pytest.mark.parametrize("kernel,stride", [(2560, None), (20, None), (18, 1), (19, 2)])
+def test_a_ceil_mode_average_over_one_window_is_the_mean(kernel, stride):
+    """ALIGN's pooler, AvgPool2d(hidden_dim, ceil_mode=True) on an 18 x 18 map: one window, clipped to the input, so
+    ATen's 1 x 1 output is the mean, computed here as a mean (no im2col, no island)."""
+    m = nn.AvgPool2d(kernel, stride, ceil_mode=True)
+    x = torch.randn(2, 5, 18, 18, generator=torch.Generator().manual_seed(0))
+    ref = m(x)
+    seen = CallNames()
+    with adapters.apply(m, only=["pooling"]), seen:
+        out = m(x)
+    assert out.shape == ref.shape == (2, 5, 1, 1)
+    # the same 324 elements summed in another order: a few ulps of the largest partial sum
+    torch.testing.assert_close(out, ref, rtol=0, atol=16 * torch.finfo(torch.float32).eps * float(x.abs().max()))
+    assert "avg_pool2d" not in seen.names and "mean" in seen.names
+
+
+def test_a_ceil_mode_average_over_several_windows_runs_stock():
+    m = nn.AvgPool2d(7, 7, ceil_mode=True)  # 18 -> 3 windows, the last partial: stock's divisor, stock's op
+    x = _x(m)
+    ref = m(x)
+    with adapters.apply(m, only=["pooling"]):
+        assert torch.equal(m(x), ref)
 
 
 def test_uneven_adaptive_windows_run_stock():
