@@ -598,6 +598,16 @@ class _XSoftmax(torch.autograd.Function):  # SEW-D's masked softmax: the model's
         return grad, None
 
 
+def _looked_up(f):
+    """f's index read under the mode: stock's result bit for bit, through F.embedding (no aten.index)."""
+    ref = f()
+    seen = CallNames()
+    with seen, _mode():
+        out = f()
+    _same(out, ref)
+    assert "embedding" in seen.names
+
+
 def test_ints_beside_index_tensors_are_selected_first():
     """`image_shapes[seq_ids, 1]` (GLM-4V) and the other orders: the int dims are selected (views), the tensors'
     lookup is the embedding form; bit-identical, and no aten.index reaches torch."""
@@ -612,12 +622,7 @@ def test_ints_beside_index_tensors_are_selected_first():
         lambda: y[j, k, 3],
         lambda: y[1, k, 2, ...],
     ):
-        ref = f()
-        seen = CallNames()
-        with seen, _mode():
-            out = f()
-        _same(out, ref)
-        assert "embedding" in seen.names
+        _looked_up(f)
     with _mode():  # an int out of range stays stock: its IndexError
         with pytest.raises(IndexError):
             shapes[ids, 3]
@@ -635,12 +640,7 @@ def test_one_index_tensor_on_an_inner_dim():
         lambda: y[..., k, :],
         lambda: y[..., torch.tensor([1, 0])],
     ):
-        ref = f()
-        seen = CallNames()
-        with seen, _mode():
-            out = f()
-        _same(out, ref)
-        assert "embedding" in seen.names
+        _looked_up(f)
     assert rewrite._inner_index(y, (slice(None), i, slice(1, 3))) is None  # a partial slice: stock
     assert rewrite._inner_index(y, (slice(None), i, k)) is None  # two index tensors apart: stock's own layout
 
