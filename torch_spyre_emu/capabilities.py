@@ -469,6 +469,8 @@ _OPS: list[OpEntry] = [
     _e("nonzero", "unsupported", (), "boolean indexing / data-dependent shape", S4),
     _e("histc", "unsupported", (), "#3982", S4),
     _e("bucketize", "unsupported", (), "in no June op table (a binary search): emulation assumption, a gap"),
+    # what Inductor decomposes reflection / replication pads into (an indexed read, no bounds check): as index
+    _e("_unsafe_index", "unsupported", (), "an indexed read (reflect / replicate pads decompose into it): as index"),
     _e("floor_divide", "unsupported", (), "#4643", S4),
     _e("remainder", "unsupported", (), "in no June op table: emulation assumption, a gap (integer division, as floor_divide)"),
     *(

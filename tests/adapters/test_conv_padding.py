@@ -1,0 +1,92 @@
+"""adapters/conv_padding.py: a conv's reflect / replicate / circular padding as selects of the input and a cat. The
+padded input is the elements stock's pad reads, so every result is bit-identical to stock; the stack no longer meets
+the `_unsafe_index` Inductor decomposes these pads into."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import assert_restored, snapshot
+from torch import nn
+
+import adapters
+from adapters.conv_padding import PAD_MAX, border_pad
+
+MODES = ["reflect", "replicate", "circular"]
+
+
+def _rand(*shape, seed=0):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize(
+    "shape,widths",
+    [((2, 3, 10), (3, 3)), ((3, 10), (2, 5)), ((2, 3, 8, 9), (1, 2, 3, 0)), ((1, 2, 5, 6), (0, 0, 4, 4))],
+)
+def test_border_pad_is_stocks_pad(mode, shape, widths):
+    x = _rand(*shape)
+    assert torch.equal(border_pad(x, widths, mode), F.pad(x, widths, mode))
+    assert torch.equal(border_pad(x.half(), widths, mode), F.pad(x.half(), widths, mode))
+
+
+def _convs(mode):
+    return [
+        (nn.Conv1d(4, 3, 7, padding=3, padding_mode=mode), (2, 4, 20)),
+        (nn.Conv2d(4, 3, (3, 5), padding=(1, 2), stride=2, padding_mode=mode), (2, 4, 9, 11)),
+        (nn.Conv1d(4, 4, 3, padding="same", dilation=2, groups=2, padding_mode=mode), (4, 20)),  # unbatched
+    ]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_patched_convs_are_bit_identical_and_undone(mode):
+    for conv, shape in _convs(mode):
+        model, x = nn.Sequential(conv), _rand(*shape, seed=1)
+        ref, snap = model(x), snapshot(model)
+        with adapters.apply(model, only=["conv_padding"]) as handle:
+            assert handle.report.applied == ["conv_padding"]
+            assert torch.equal(model(x), ref)
+        assert_restored(model, snap)
+
+
+def test_what_it_takes_and_what_stays_stock():
+    adapter = adapters.get_adapter("conv_padding")
+    assert not adapter.applicable(nn.Sequential(nn.Conv1d(2, 2, 3, padding=1)))  # zeros: the conv pads itself
+    assert not adapter.applicable(nn.Sequential(nn.Conv1d(2, 2, 41, padding=PAD_MAX + 4, padding_mode="reflect")))
+    model = nn.Sequential(nn.Conv1d(2, 2, 7, padding=3, padding_mode="reflect"))
+    with adapters.apply(model, only=["conv_padding"]), pytest.raises(RuntimeError, match="[Pp]adding size"):
+        model(torch.randn(1, 2, 3))  # a reflect pad of 3 on a length-3 input: stock's own error
+
+
+def test_compiled_for_spyre_the_pad_leaves_the_graph():
+    """Stock: the reflect pad becomes `_unsafe_index`, which the stack cannot run in any mode; patched, the model
+    compiles (the conv is the stack's im2col island) and matches the CPU to fp16 precision."""
+    from torch_spyre_emu.errors import SpyreUnsupportedOpError
+
+    model = nn.Sequential(nn.Conv1d(64, 64, 7, padding=3, padding_mode="reflect")).half()
+    x = _rand(2, 64, 32).half()
+    ref = model.float()(x.float())
+    model.half()
+    torch._dynamo.reset()
+    with pytest.raises(SpyreUnsupportedOpError, match="_unsafe_index"):
+        torch.compile(model, backend="spyre", dynamic=False)(x)
+    torch._dynamo.reset()
+    with adapters.apply(model, only=["conv_padding"]):
+        out = torch.compile(model, backend="spyre", dynamic=False)(x)
+    torch._dynamo.reset()
+    assert F.cosine_similarity(out.float().flatten(), ref.flatten(), dim=0) > 0.9999
+
+
+def test_univnet_with_its_noise_pinned_is_bit_identical():
+    """UnivNet's conv_pre / conv_post pad by reflection; its forward draws noise unless given, so the check pins it."""
+    from models.zoo import build
+
+    zm = build("univnet", "default", seed=0)
+    inputs = dict(zm.inputs)
+    spectrogram = inputs["input_features"]
+    inputs["noise_sequence"] = _rand(spectrogram.shape[0], spectrogram.shape[1], zm.model.config.model_in_channels)
+    adapter = adapters.get_adapter("conv_padding")
+    assert adapter.applicable(zm.model)
+    result = adapter.check(zm.model, inputs, atol=0, rtol=0)
+    assert result.ok, str(result)
