@@ -1,5 +1,5 @@
-"""Re-expressions that differ from stock by rounding only: expm1, log1p, elu, logsigmoid, var, std, grid_sample and
-the unit lower-triangular solve.
+"""Re-expressions that differ from stock by rounding only: expm1, log1p, elu, logsigmoid, var, std, group norm and batch
+norm with batch statistics, grid_sample and the unit lower-triangular solve.
 
 Gap: `aten.linalg_solve_triangular`, `aten.expm1`, `aten.log1p`, `aten.var` and `aten.std` have no Spyre lowering
 and no CPU island in the real stack (capability table: "unsupported"; var and std are Welford reductions, STACK
@@ -16,6 +16,8 @@ Inductor's decompositions take them to expm1, log1p and an index with four index
 | `F.logsigmoid(x)` (`nn.LogSigmoid`) | `-softplus(-x)` (softplus is a Spyre custom op)        | ~1 ulp                   |
 | `x.var(dim, ...)`, `torch.var` (`unbiased` / `correction`, `keepdim`) | `sum((x - mean)^2) / max(0, N - correction)`, in fp32 for fp16/bf16 (ATen's op math), cast back | fp32 rounding, then the one rounding to x's dtype |
 | `x.std(...)`, `torch.std`   | `sqrt` of that variance                                       | as var                   |
+| `F.group_norm(x, g, w, b, eps)` in a model's own code (BiT's GroupNorm subclass) | `group_norm.group_norm_two_pass`: mean, then mean square of the deviations, fp32 | as var |
+| `F.batch_norm(x, None, None, w, b, training=True)` (no running statistics: BiT's weight standardisation) | the same two passes over every dim but the channels, fp32 | as var |
 | `F.grid_sample(x, grid, ...)` (4-D, any mode, padding, align_corners) | `x.reshape(N, C, Hi*Wi) @ M_n^T`, M_n the weights stock's own kernel gives the Hi*Wi one-hot images at grid n, built on the host | the matmul's fp32 sum; bilinear and nearest exact |
 
 expm1 and log1p exist for their relative accuracy near 0: `exp(x) - 1` and `log(1 + x)` lose it (for |x| below about
@@ -45,14 +47,14 @@ stock, so the stack still reports them.
 
 How it recognises its targets: by what the code calls. The model's module classes' methods and the same-package
 helpers they reach are scanned for the names `expm1`, `log1p`, `solve_triangular`, `elu`, `logsigmoid`, `var` and
-`std`, `grid_sample` (rewrite.uses, the rewrite adapter's structural scan), an `nn.ELU` or `nn.LogSigmoid` in the model counts as
+`std`, `group_norm`, `batch_norm`, `grid_sample` (rewrite.uses, the rewrite adapter's structural scan), an `nn.ELU` or `nn.LogSigmoid` in the model counts as
 a call of its function, and the model's forward runs under the rewrite adapter's TorchFunctionMode
 (rewrite.Reexpress, entered outside dynamo by rewrite._wrapped) with only these handlers; any other call, and any
 call in a form not listed above, runs unchanged.
 
 Retirement: per op, as the rewrite adapter's: a form is switched on only if the stack lacks its op and has every op
 the form uses (status not "unsupported"); elu's form goes with expm1 and logsigmoid's with log1p (the pieces their
-decompositions need), grid_sample's with index; the adapter retires when the stack has all of them.
+decompositions need), grid_sample's with index, group norm's and batch norm's with var_mean (their statistics); the adapter retires when the stack has all of them.
 """
 
 from __future__ import annotations
@@ -65,6 +67,7 @@ from torch import nn
 from torch._prims_common import get_computation_dtype
 
 from adapters import _stack
+from adapters.group_norm import group_norm_two_pass
 from adapters.registry import register_adapter
 from adapters.rewrite import _PASS, ModeAdapter, Rewrite, _arg, active_rewrites
 
@@ -185,6 +188,50 @@ def std(args, kwargs):
     if parsed is None:
         return _PASS
     return torch.sqrt(_variance(parsed)).to(parsed[0].dtype)
+
+
+def group_norm(args, kwargs):
+    """`F.group_norm(x, groups, weight, bias, eps)` in a model's own code (BiT's GroupNorm subclass, whose forward
+    the group_norm adapter leaves alone): the same two-pass statistics in fp32 (group_norm.group_norm_two_pass)."""
+    names = ("input", "num_groups", "weight", "bias", "eps")
+    if kwargs.keys() - set(names) or len(args) > len(names):
+        return _PASS
+    x, groups = _arg(args, kwargs, 0, "input"), _arg(args, kwargs, 1, "num_groups")
+    weight, bias = _arg(args, kwargs, 2, "weight", default=None), _arg(args, kwargs, 3, "bias", default=None)
+    eps = _arg(args, kwargs, 4, "eps", default=1e-5)
+    if not isinstance(x, torch.Tensor) or not x.is_floating_point() or x.dim() < 2 or not isinstance(groups, int):
+        return _PASS
+    if groups <= 0 or x.shape[1] % groups or x.numel() == 0:
+        return _PASS  # stock's own errors
+    return group_norm_two_pass(x, groups, weight, bias, eps)
+
+
+def batch_norm_batch_stats(args, kwargs):
+    """`F.batch_norm(x, None, None, weight, bias, training=True, ...)`: normalised by the batch's own statistics with
+    no running statistics to update (BiT's weight standardisation of its conv kernels), as two passes in fp32 over
+    every dim but the channels: `(x - mean) * rsqrt(biased var + eps) * weight + bias`."""
+    names = ("input", "running_mean", "running_var", "weight", "bias", "training", "momentum", "eps")
+    if kwargs.keys() - set(names) or len(args) > len(names):
+        return _PASS
+    x = _arg(args, kwargs, 0, "input")
+    running = _arg(args, kwargs, 1, "running_mean", default=None), _arg(args, kwargs, 2, "running_var", default=None)
+    weight, bias = _arg(args, kwargs, 3, "weight", default=None), _arg(args, kwargs, 4, "bias", default=None)
+    training, eps = _arg(args, kwargs, 5, "training", default=False), _arg(args, kwargs, 7, "eps", default=1e-5)
+    if training is not True or running != (None, None) or not isinstance(x, torch.Tensor) or x.dim() < 2:
+        return _PASS  # inference (Inductor decomposes it) or running statistics to update: stock
+    if not x.is_floating_point() or x.numel() == x.shape[1]:
+        return _PASS  # one value per channel: stock's error
+    acc = get_computation_dtype(x.dtype)
+    dims = [0, *range(2, x.dim())]
+    xf = x.to(acc)
+    centred = xf - xf.mean(dims, keepdim=True)
+    y = centred * torch.rsqrt((centred * centred).mean(dims, keepdim=True) + eps)
+    per_channel = (1, x.shape[1]) + (1,) * (x.dim() - 2)
+    if weight is not None:
+        y = y * weight.to(acc).reshape(per_channel)
+    if bias is not None:
+        y = y + bias.to(acc).reshape(per_channel)
+    return y.to(x.dtype)
 
 
 GRID_MATRIX_MAX = 1 << 24  # elements of the host-built sampling matrices (64 MiB in fp32)
@@ -319,6 +366,22 @@ _REWRITES: tuple[Rewrite, ...] = (
         "grid_sample: x @ M^T, M the sampling weights built on the host from the grid",
     ),
     Rewrite(
+        "aten.var_mean",  # group norm's and training batch norm's statistics: a Welford reduction (STACK §1.7)
+        (F.group_norm,),
+        frozenset({"group_norm"}),
+        group_norm,
+        (*_MOMENTS_NEEDS[:-1], "aten.rsqrt", "aten.add"),
+        "group_norm: two-pass statistics in fp32 (as the group_norm adapter)",
+    ),
+    Rewrite(
+        "aten.var_mean",
+        (F.batch_norm,),
+        frozenset({"batch_norm"}),
+        batch_norm_batch_stats,
+        (*_MOMENTS_NEEDS[:-1], "aten.rsqrt", "aten.add"),
+        "batch_norm with batch statistics and no running ones: two passes in fp32",
+    ),
+    Rewrite(
         "aten.var",
         (torch.var, torch.Tensor.var),
         frozenset({"var"}),
@@ -350,14 +413,16 @@ class NumericForms(ModeAdapter):
     also = GAPS[1:]
     applies_to = frozenset(
         {
-            "any module whose code calls expm1, log1p, solve_triangular, elu, logsigmoid, var, std or grid_sample;"
+            "any module whose code calls expm1, log1p, solve_triangular, elu, logsigmoid, var, std, group_norm,"
+            " batch_norm (batch statistics) or grid_sample;"
             " nn.ELU, nn.LogSigmoid"
         }
     )
     order = 92  # after the forward-replacing adapters and sdpa_fused (90); rewrite (95) wraps it
     summary = (
         "expm1 -> exp - 1, log1p -> log(1 + x), unit lower-triangular solve -> product of (I + P^(2^j)),"
-        " elu -> where/exp, logsigmoid -> -softplus(-x), var/std -> two passes, grid_sample -> matmul with host-built"
+        " elu -> where/exp, logsigmoid -> -softplus(-x), var/std/group norm/batch statistics -> two passes,"
+        " grid_sample -> matmul with host-built"
         " weights: the same math, rounding differs"
         " from stock"
     )

@@ -18,9 +18,11 @@ import torch_spyre_emu
 from adapters import numeric_forms
 from adapters.numeric_forms import (
     _REWRITES,
+    batch_norm_batch_stats,
     elu,
     expm1,
     grid_sample,
+    group_norm,
     log1p,
     logsigmoid,
     solve_unit_lower,
@@ -300,6 +302,37 @@ def test_var_std_forms_left_to_stock():
         assert var(args, kwargs) is _PASS and std(args, kwargs) is _PASS
     assert elu((x.long(),), {}) is _PASS and logsigmoid((x.long(),), {}) is _PASS
     assert elu((x,), {"alpha": torch.tensor(1.0)}) is _PASS
+
+
+# -- group_norm / batch norm with batch statistics -------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_group_norm_and_batch_statistics_match_stock(dtype):
+    """Two passes in fp32 against stock's Welford statistics: fp32 to a few ulps of the normalised values, fp16/bf16
+    within one rounding of the output dtype."""
+    x, w, b = (_rand(2, 8, 5, 5) * 3 + 1).to(dtype), _rand(8, seed=1).to(dtype), _rand(8, seed=2).to(dtype)
+    kernels = (_rand(1, 16, 27, seed=3) * 0.1).to(dtype)  # BiT's weight standardisation: one "batch" of kernels
+    pairs = [
+        (group_norm((x, 4, w, b, 1e-5), {}), F.group_norm(x, 4, w, b, 1e-5)),
+        (group_norm((x, 8), {}), F.group_norm(x, 8)),
+        (batch_norm_batch_stats((x, None, None, w, b, True), {}), F.batch_norm(x, None, None, w, b, True)),
+        (
+            batch_norm_batch_stats((kernels, None, None), {"training": True, "momentum": 0.0, "eps": 1e-8}),
+            F.batch_norm(kernels, None, None, training=True, momentum=0.0, eps=1e-8),
+        ),
+    ]
+    tol = 16 * EPS32 if dtype == torch.float32 else 2 * torch.finfo(dtype).eps
+    for out, ref in pairs:
+        assert out.dtype == ref.dtype and out.shape == ref.shape
+        torch.testing.assert_close(out.float(), ref.float(), atol=tol * float(ref.float().abs().max()), rtol=0)
+
+
+def test_batch_norm_forms_left_to_stock():
+    x = _rand(2, 8, 5)
+    stats = torch.zeros(8), torch.ones(8)
+    assert batch_norm_batch_stats((x, *stats), {"training": True}) is _PASS  # running statistics to update
+    assert batch_norm_batch_stats((x, None, None), {}) is _PASS  # inference without statistics: stock's error
+    assert batch_norm_batch_stats((_rand(1, 8), None, None), {"training": True}) is _PASS  # one value per channel
+    assert group_norm((x, 3), {}) is _PASS  # 8 channels in 3 groups: stock's error
 
 
 # -- grid_sample ----------------------------------------------------------------------------------------------------
