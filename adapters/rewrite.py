@@ -27,6 +27,7 @@ retires by itself on the default table.)
 | `x.scatter(d, index, v)`, `scatter_` (a number v; index as wide as x off `d`: the DSA indexer's mask) | `where((index[..., :, None] == 0..T-1).amax over K, v, x)` | eq, the bool->fp16 cast, amax, ne, where |
 | `x.prod(dim)`, `x.prod()` (int64, at most 16 factors: an image grid's `grid_thw.prod(-1)`) | `x.select(dim, 0) * x.select(dim, 1) * ...` | select (a view), mul |
 | `x // 2^k`, `torch.floor_divide`, `torch.div(..., rounding_mode="floor")` (a float x: a position table's `dim_t // 2`) | `floor(floor(x) * 2^-k) * ((x - x) + 1)` (`floor_div`; the operator form in eager code only) | floor, mul, sub, add |
+| `F.fold(x, size, k, stride=k)` of patches tiling the output exactly (MobileViTv2) | `reshape` to (N, C, kh, kw, Lh, Lw), `permute` to (N, C, Lh, kh, Lw, kw), `reshape`: one input element per output element | view, permute |
 | `torch.bucketize(x, b, right=r)` (1-D b, at most 1024 boundaries: Idefics3's patch positions) | `sum(b < x)` (`b <= x` for right=True) over b as float16 ones, `where(x != x, len(b), count)`, cast to int64 / int32 | lt / le, ne, where, sum, the casts |
 | `F.max_pool1d/2d`, `F.avg_pool1d/2d` called in a model's own code (Funnel, CANINE, PP-OCR) | the pooling adapter's forms (`pooling.functional_pool`): im2col, then amax / mean / sum over the real elements | im2col (a CPU island), constant_pad_nd, amax, mean, sum, div |
 
@@ -266,6 +267,37 @@ def prod(args, kwargs):
     if n == 1:
         out = out.clone()
     return out.unsqueeze(dim) if keepdim else out
+
+
+def _pair2(v) -> tuple[int, int] | None:
+    v = tuple(v) if isinstance(v, tuple | list) else (v, v)
+    return v if len(v) == 2 and all(isinstance(i, int) and not isinstance(i, bool) for i in v) else None
+
+
+def fold(args, kwargs):
+    """`F.fold(x, output_size, kernel, stride=kernel)` of non-overlapping patches that tile the output exactly
+    (MobileViTv2's patches back to a feature map): every output element is one input element, so the fold is a
+    reshape and a permute, `(N, C*kh*kw, Lh*Lw) -> (N, C, kh, kw, Lh, Lw) -> (N, C, Lh, kh, Lw, kw)`. Inductor
+    decomposes col2im into an index_put, which the stack cannot lower."""
+    names = ("input", "output_size", "kernel_size", "dilation", "padding", "stride")
+    if kwargs.keys() - set(names) or len(args) > len(names):
+        return _PASS
+    x = _arg(args, kwargs, 0, "input")
+    size, kernel = _pair2(_arg(args, kwargs, 1, "output_size")), _pair2(_arg(args, kwargs, 2, "kernel_size"))
+    dilation, padding = _pair2(_arg(args, kwargs, 3, "dilation", default=1)), _pair2(_arg(args, kwargs, 4, "padding", default=0))
+    stride = _pair2(_arg(args, kwargs, 5, "stride", default=1))
+    if not isinstance(x, torch.Tensor) or x.dim() not in (2, 3) or None in (size, kernel, dilation, padding, stride):
+        return _PASS
+    if stride != kernel or dilation != (1, 1) or padding != (0, 0) or any(s % k for s, k in zip(size, kernel, strict=True)):
+        return _PASS  # overlapping, dilated, padded or partial tilings sum or skip elements: stock
+    (h, w), (kh, kw) = size, kernel
+    lh, lw = h // kh, w // kw
+    batched = x if x.dim() == 3 else x.unsqueeze(0)
+    n, ck, blocks = batched.shape
+    if ck % (kh * kw) or blocks != lh * lw:
+        return _PASS  # stock's own error
+    out = batched.reshape(n, ck // (kh * kw), kh, kw, lh, lw).permute(0, 1, 4, 2, 5, 3).reshape(n, -1, h, w)
+    return out if x.dim() == 3 else out.squeeze(0)
 
 
 BUCKETIZE_MAX = 1024  # boundaries: a count up to 2^10 is exact in DL16 (10 significant bits), where the sum lands
@@ -971,6 +1003,14 @@ REWRITES: tuple[Rewrite, ...] = (
         pool("avg", 1),
         _POOL_NEEDS,
         "as avg_pool2d over a height of 1 (pooling.functional_pool)",
+    ),
+    Rewrite(
+        "aten.index_put",  # the table names no col2im: Inductor decomposes it into an index_put, the gap
+        (F.fold,),
+        frozenset({"fold"}),
+        fold,
+        ("aten.view", "aten.permute", "aten.clone"),
+        "fold of non-overlapping patches tiling the output: a reshape and a permute",
     ),
     Rewrite(
         "aten.bucketize",

@@ -875,3 +875,26 @@ def test_bucketize_on_the_device_and_forms_left_to_stock():
     from transformers.models.idefics3.modeling_idefics3 import Idefics3VisionEmbeddings
 
     assert "bucketize" in rewrite._code_uses(Idefics3VisionEmbeddings.forward.__code__, frozenset({"bucketize"}))
+
+
+# -- fold --------------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("c,kh,kw,lh,lw", [(3, 2, 2, 4, 5), (5, 1, 3, 2, 2), (2, 4, 4, 1, 1)])
+def test_fold_of_tiling_patches_is_a_permutation(c, kh, kw, lh, lw):
+    """MobileViTv2's patches back to a map: bit-identical to stock's col2im, batched and unbatched, no fold left."""
+    x = _rand(2, c * kh * kw, lh * lw)
+    size, kernel = (lh * kh, lw * kw), (kh, kw)
+    for t in (x, x[0]):
+        ref = F.fold(t, size, kernel, stride=kernel)
+        seen = CallNames()
+        with seen, _mode():
+            out = F.fold(t, output_size=size, kernel_size=kernel, stride=kernel)
+        _same(out, ref)
+        assert "fold" not in seen.names and "permute" in seen.names
+
+
+def test_overlapping_or_partial_folds_stay_stock():
+    x = _rand(2, 12, 20)
+    assert rewrite.fold((x, (8, 10), 2), {}) is rewrite._PASS  # stride 1: overlapping patches are summed
+    assert rewrite.fold((x, (8, 10), 2), {"stride": 2, "padding": 1}) is rewrite._PASS
+    assert rewrite.fold((x, (9, 10), 2), {"stride": 2}) is rewrite._PASS  # a partial tiling leaves zeros
+
