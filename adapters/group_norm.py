@@ -33,12 +33,17 @@ def group_norm_two_pass(x: torch.Tensor, groups: int, weight, bias, eps: float) 
     g = xf.reshape(x.shape[0], groups, -1)
     d = g - g.mean(-1, keepdim=True)
     y = (d * torch.rsqrt((d * d).mean(-1, keepdim=True) + eps)).reshape(x.shape)
-    per_channel = (1, x.shape[1]) + (1,) * (x.dim() - 2)
+    return channel_affine(y, weight, bias, x.dtype)
+
+
+def channel_affine(y: torch.Tensor, weight, bias, dtype: torch.dtype) -> torch.Tensor:
+    """A norm's `y * weight + bias` per channel (dim 1), in y's (computation) dtype, then cast to `dtype`."""
+    per_channel = (1, y.shape[1]) + (1,) * (y.dim() - 2)
     if weight is not None:
-        y = y * weight.to(acc).reshape(per_channel)
+        y = y * weight.to(y.dtype).reshape(per_channel)
     if bias is not None:
-        y = y + bias.to(acc).reshape(per_channel)
-    return y.to(x.dtype)
+        y = y + bias.to(y.dtype).reshape(per_channel)
+    return y.to(dtype)
 
 
 def _forward(self, input: torch.Tensor) -> torch.Tensor:

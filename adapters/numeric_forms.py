@@ -67,7 +67,7 @@ from torch import nn
 from torch._prims_common import get_computation_dtype
 
 from adapters import _stack
-from adapters.group_norm import group_norm_two_pass
+from adapters.group_norm import channel_affine, group_norm_two_pass
 from adapters.registry import register_adapter
 from adapters.rewrite import _PASS, ModeAdapter, Rewrite, _arg, active_rewrites
 
@@ -226,12 +226,7 @@ def batch_norm_batch_stats(args, kwargs):
     xf = x.to(acc)
     centred = xf - xf.mean(dims, keepdim=True)
     y = centred * torch.rsqrt((centred * centred).mean(dims, keepdim=True) + eps)
-    per_channel = (1, x.shape[1]) + (1,) * (x.dim() - 2)
-    if weight is not None:
-        y = y * weight.to(acc).reshape(per_channel)
-    if bias is not None:
-        y = y + bias.to(acc).reshape(per_channel)
-    return y.to(x.dtype)
+    return channel_affine(y, weight, bias, x.dtype)
 
 
 GRID_MATRIX_MAX = 1 << 24  # elements of the host-built sampling matrices (64 MiB in fp32)
