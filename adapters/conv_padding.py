@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from adapters import structure
 from adapters.base import Adapter
 from adapters.patch import Patch
 from adapters.registry import register_adapter
@@ -92,9 +93,7 @@ class ConvBorderPadding(Adapter):
         return [
             (p, m)
             for p, m in model.named_modules()
-            if any(isinstance(m, c) and type(m).forward is c.forward for c in _CONVS)
-            and "forward" not in m.__dict__
-            and _fits(m, m._reversed_padding_repeated_twice)
+            if structure.keeps_stock_forward(m, _CONVS) and _fits(m, m._reversed_padding_repeated_twice)
         ]
 
     def patch(self, model: nn.Module) -> Patch:

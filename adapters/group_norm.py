@@ -21,6 +21,7 @@ import torch
 from torch import nn
 from torch._prims_common import get_computation_dtype
 
+from adapters import structure
 from adapters.base import Adapter
 from adapters.patch import Patch
 from adapters.registry import register_adapter
@@ -30,10 +31,15 @@ def group_norm_two_pass(x: torch.Tensor, groups: int, weight, bias, eps: float) 
     """F.group_norm(x, groups, weight, bias, eps) from mean / sub / mul / rsqrt, in fp32."""
     acc = get_computation_dtype(x.dtype)  # ATen's op math: fp32 for fp16/bf16
     xf = x.to(acc)
-    g = xf.reshape(x.shape[0], groups, -1)
-    d = g - g.mean(-1, keepdim=True)
-    y = (d * torch.rsqrt((d * d).mean(-1, keepdim=True) + eps)).reshape(x.shape)
+    y = standardise(xf.reshape(x.shape[0], groups, -1), -1, eps).reshape(x.shape)
     return channel_affine(y, weight, bias, x.dtype)
+
+
+def standardise(x: torch.Tensor, dims, eps: float) -> torch.Tensor:
+    """`(x - mean) * rsqrt(mean((x - mean)^2) + eps)` over `dims`, in x's dtype: a norm's two-pass statistics (the mean
+    first, then the biased variance of the deviations), where stock's var_mean is a Welford reduction."""
+    d = x - x.mean(dims, keepdim=True)
+    return d * torch.rsqrt((d * d).mean(dims, keepdim=True) + eps)
 
 
 def channel_affine(y: torch.Tensor, weight, bias, dtype: torch.dtype) -> torch.Tensor:
@@ -65,9 +71,7 @@ class TwoPassGroupNorm(Adapter):
         return [
             (p, m)
             for p, m in model.named_modules()
-            if isinstance(m, nn.GroupNorm)
-            and type(m).forward is nn.GroupNorm.forward
-            and "forward" not in m.__dict__
+            if structure.keeps_stock_forward(m, (nn.GroupNorm,))
         ]
 
     def patch(self, model: nn.Module) -> Patch:

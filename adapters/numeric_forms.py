@@ -67,7 +67,7 @@ from torch import nn
 from torch._prims_common import get_computation_dtype
 
 from adapters import _stack
-from adapters.group_norm import channel_affine, group_norm_two_pass
+from adapters.group_norm import channel_affine, group_norm_two_pass, standardise
 from adapters.registry import register_adapter
 from adapters.rewrite import _PASS, ModeAdapter, Rewrite, _arg, active_rewrites
 
@@ -221,11 +221,7 @@ def batch_norm_batch_stats(args, kwargs):
         return _PASS  # inference (Inductor decomposes it) or running statistics to update: stock
     if not x.is_floating_point() or x.numel() == x.shape[1]:
         return _PASS  # one value per channel: stock's error
-    acc = get_computation_dtype(x.dtype)
-    dims = [0, *range(2, x.dim())]
-    xf = x.to(acc)
-    centred = xf - xf.mean(dims, keepdim=True)
-    y = centred * torch.rsqrt((centred * centred).mean(dims, keepdim=True) + eps)
+    y = standardise(x.to(get_computation_dtype(x.dtype)), [0, *range(2, x.dim())], eps)
     return channel_affine(y, weight, bias, x.dtype)
 
 

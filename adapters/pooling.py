@@ -40,6 +40,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from adapters import structure
 from adapters.base import Adapter
 from adapters.patch import Patch
 from adapters.registry import register_adapter
@@ -193,7 +194,7 @@ def _adaptive_forward(self, input: torch.Tensor) -> torch.Tensor:
 
 def _rewritable(m: nn.Module) -> bool:
     """A torch.nn pooling module (or a subclass keeping its forward) with options the re-expression covers."""
-    if not any(isinstance(m, c) and type(m).forward is c.forward for c in (*_MAX, *_AVG, *_ADAPTIVE)):
+    if not structure.keeps_stock_forward(m, (*_MAX, *_AVG, *_ADAPTIVE)):
         return False
     if getattr(m, "return_indices", False):
         return False
@@ -217,7 +218,7 @@ class PoolingAsUnfold(Adapter):
         return bool(self._targets(model))
 
     def _targets(self, model: nn.Module) -> list[tuple[str, nn.Module]]:
-        return [(p, m) for p, m in model.named_modules() if _rewritable(m) and "forward" not in m.__dict__]
+        return [(p, m) for p, m in model.named_modules() if _rewritable(m)]
 
     def patch(self, model: nn.Module) -> Patch:
         patch = Patch(self.name)

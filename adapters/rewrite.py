@@ -270,7 +270,8 @@ def prod(args, kwargs):
 
 
 def _pair2(v) -> tuple[int, int] | None:
-    v = tuple(v) if isinstance(v, tuple | list) else (v, v)
+    """pooling's (h, w) reading of an int-or-pair option, or None unless it is two ints."""
+    v = pooling._pair(v, 2)
     return v if len(v) == 2 and all(isinstance(i, int) and not isinstance(i, bool) for i in v) else None
 
 

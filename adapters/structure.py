@@ -50,12 +50,22 @@ def _global_names(code: types.CodeType) -> set[str]:
     return names
 
 
+def _package(obj: object) -> str | None:
+    """The top-level package an object (function, class) was defined in, or None."""
+    module = getattr(obj, "__module__", None)
+    return module.split(".")[0] if isinstance(module, str) else None
+
+
 def _same_package(f: types.FunctionType, g: object) -> bool:
-    return (
-        isinstance(g, types.FunctionType)
-        and g.__module__ is not None
-        and f.__module__ is not None
-        and g.__module__.split(".")[0] == f.__module__.split(".")[0]
+    return isinstance(g, types.FunctionType) and _package(f) is not None and _package(g) == _package(f)
+
+
+def keeps_stock_forward(module: object, classes) -> bool:
+    """`module` is an instance of one of the torch.nn `classes` (or of a subclass) whose forward is still that class's:
+    neither a subclass's own forward (model code, with its own ops) nor a per-instance one (an earlier patch). What a
+    module-type adapter (group_norm, pooling, conv_padding) may replace."""
+    return "forward" not in vars(module) and any(
+        isinstance(module, c) and type(module).forward is c.forward for c in classes
     )
 
 
@@ -71,8 +81,8 @@ def autograd_forwards(f: types.FunctionType) -> list[types.FunctionType]:
         if (
             isinstance(obj, type)
             and issubclass(obj, torch.autograd.Function)
-            and f.__module__ is not None
-            and obj.__module__.split(".")[0] == f.__module__.split(".")[0]
+            and _package(f) is not None
+            and _package(obj) == _package(f)
         ):
             out += chain(vars(obj).get("forward"))  # a staticmethod: chain unwraps it
     return out
