@@ -1,4 +1,5 @@
-"""Convolutions with reflect, replicate or circular padding: the border as selects of the input, then the conv.
+"""Convolutions with reflect, replicate or circular padding: the border as selects of the input, then the conv; and
+EnCodec-style convolutions whose padding amounts live in int64 buffers (`seanet_conv`).
 
 Gap: `nn.Conv1d/2d(padding_mode="reflect" | "replicate" | "circular")` pads its input with `F.pad` in that mode
 before an unpadded convolution. Inductor decomposes those pads into `aten._unsafe_index` (an indexed read with
@@ -18,6 +19,19 @@ model's own code (SwinIR's reflect pad to a window multiple) is therefore not br
 
 How it recognises its target: by module type, instances of nn.Conv1d / nn.Conv2d (or subclasses keeping the forward)
 whose padding_mode is not "zeros". Retirement: when the stack supports `aten._unsafe_index`.
+
+A second adapter here, `seanet_conv`, covers EnCodec's convolution and its copies in transformers (MimiConv1d,
+WavTokenizerConv1d, PocketTTSAudioTokenizerConv1d): a zero-padded Conv1d whose input the module pads itself, by
+amounts computed from three 0-d int64 buffers (stride, effective kernel size, padding_total) and the input length.
+On the device that arithmetic runs on device tensors (`padding_total // 2` is floor_divide, #4643) and F.pad then
+reads the amounts back: a size taken from a tensor's value inside the graph (shape.data_dependent), which a
+static-shape program cannot have; and the pad mode is often reflect (`_unsafe_index`, above). The buffers never
+change (no state dict holds them: persistent=False), so the patch reads them once, on the host, and the forward
+computes the same amounts in Python ints (the frame rounding `ceil((L - k + total) / s + 1) - 1` exactly, where stock
+divides in float32), pads with `border_pad` (stock's extra zero pad for a reflect pad wider than the input, too) and
+runs the conv and, for EnCodec's time_group_norm variant, its norm: bit-identical. A streaming call with a padding
+cache keeps stock's forward. Recognised by structure: a transformers module with `_get_extra_padding_for_conv1d`,
+`_pad1d`, a Conv1d `conv` and the three buffers as 0-d integer tensors, still running its class's forward.
 """
 
 from __future__ import annotations
@@ -100,4 +114,83 @@ class ConvBorderPadding(Adapter):
         patch = Patch(self.name)
         for path, m in self._targets(model):
             patch.override_forward(m, _forward, f"{path}: {m.padding_mode} padding as selects + cat, then the conv")
+        return patch
+
+
+# ------------------------------------------------------------------------------------ SEANet convolutions
+
+# EnCodec's convolution and its copies (Mimi, WavTokenizer, Pocket TTS's audio tokenizer) keep the conv's geometry as
+# 0-d int64 buffers, so on the device every padding amount is computed from device tensors and then read back
+# (aten._local_scalar_dense: a data-dependent size, which a static-shape program cannot have; WavTokenizer's
+# `padding_total // 2` is aten.floor_divide first), and their pad mode is often reflect (aten._unsafe_index).
+_SEANET_BUFFERS = ("stride", "kernel_size", "padding_total")
+
+
+def is_seanet_conv(m: nn.Module) -> bool:
+    """A transformers module with EnCodec's padded-conv1d structure and still its class's forward: the
+    `_get_extra_padding_for_conv1d` / `_pad1d` pair, a Conv1d `conv`, and the three geometry buffers as 0-d ints."""
+    cls = type(m)
+    buffers = [m._buffers.get(b) for b in _SEANET_BUFFERS]
+    return (
+        (cls.__module__ or "").startswith("transformers.")
+        and "forward" not in vars(m)
+        and callable(getattr(cls, "_get_extra_padding_for_conv1d", None))
+        and callable(getattr(cls, "_pad1d", None))
+        and isinstance(m._modules.get("conv"), nn.Conv1d)
+        and all(isinstance(b, torch.Tensor) and b.dim() == 0 and not b.is_floating_point() for b in buffers)
+    )
+
+
+def seanet_pad(x: torch.Tensor, pads: tuple[int, int], mode: str) -> torch.Tensor:
+    """Stock's `_pad1d` on the last dim: a reflect pad wider than the input first zero-pads it on the right (and
+    drops that again), as stock does; border modes as selects + cat, constant through F.pad."""
+    if mode not in ("reflect", "replicate", "circular"):
+        return F.pad(x, pads, mode)  # constant: the stack's constant_pad_nd
+    extra = max(*pads) - x.shape[-1] + 1 if mode == "reflect" and x.shape[-1] <= max(pads) else 0
+    if extra:
+        x = F.pad(x, (0, extra))
+    padded = border_pad(x, pads, mode)
+    return padded[..., : padded.shape[-1] - extra] if extra else padded
+
+
+def seanet_forward(kernel: int, stride: int, total: int, stock):
+    """The conv's forward with its geometry as host ints (read once, when patched). The frame count is stock's
+    `ceil((length - kernel + total) / stride + 1) - 1` in exact integer arithmetic (stock divides in float32,
+    which is exact at any audio length a model sees)."""
+
+    def forward(self, hidden_states, padding_cache=None):
+        if padding_cache is not None:  # streaming: its cache update is stock's; not bridged
+            return stock(self, hidden_states, padding_cache)
+        length = hidden_states.shape[-1]
+        frames = -((kernel - total - length) // stride)
+        extra = frames * stride + kernel - total - length
+        right = total // 2
+        pads = (total, extra) if self.causal else (total - right, right + extra)
+        out = self.conv(seanet_pad(hidden_states, pads, self.pad_mode))
+        if getattr(self, "norm_type", None) == "time_group_norm":
+            out = self.norm(out)
+        return out
+
+    return forward
+
+
+@register_adapter
+class SeanetConvPadding(Adapter):
+    name = "seanet_conv"
+    gap = "shape.data_dependent"
+    also = ("aten.floor_divide", "aten._unsafe_index")
+    applies_to = frozenset({"EnCodec-style padded Conv1d (EncodecConv1d, MimiConv1d, WavTokenizerConv1d, ...)"})
+    order = 85  # with conv_padding; changes no shape
+    summary = "EnCodec-style conv1d: padding amounts from the int buffers as host ints, reflect pad as selects + cat"
+
+    def applicable(self, model: nn.Module) -> bool:
+        return any(is_seanet_conv(m) for m in model.modules())
+
+    def patch(self, model: nn.Module) -> Patch:
+        patch = Patch(self.name)
+        for path, m in model.named_modules():
+            if is_seanet_conv(m):
+                kernel, stride, total = (int(m._buffers[b]) for b in ("kernel_size", "stride", "padding_total"))
+                forward = seanet_forward(kernel, stride, total, type(m).forward)
+                patch.override_forward(m, forward, f"{path}: padding {total} (+ frame rounding) as host ints")
         return patch

@@ -1,9 +1,9 @@
 """Re-expressions that differ from stock by rounding only: expm1, log1p, elu, logsigmoid, var, std, group norm and batch
-norm with batch statistics, grid_sample and the unit lower-triangular solve.
+norm with batch statistics, grid_sample, acos and the unit lower-triangular solve.
 
 Gap: `aten.linalg_solve_triangular`, `aten.expm1`, `aten.log1p`, `aten.var` and `aten.std` have no Spyre lowering
 and no CPU island in the real stack (capability table: "unsupported"; var and std are Welford reductions, STACK
-§1.7), and no bit-exact expression in ops it runs; elu, logsigmoid and grid_sample are in no op table either, and
+§1.7), and no bit-exact expression in ops it runs; nor does `aten.acos` (in no June op table); elu, logsigmoid and grid_sample are in no op table either, and
 Inductor's decompositions take them to expm1, log1p and an index with four index tensors (#3484). Each has an expression with the same math in ops the stack does run
 (native or decomposed), whose result differs from stock's by rounding:
 
@@ -18,6 +18,7 @@ Inductor's decompositions take them to expm1, log1p and an index with four index
 | `x.std(...)`, `torch.std`   | `sqrt` of that variance                                       | as var                   |
 | `F.group_norm(x, g, w, b, eps)` in a model's own code (BiT's GroupNorm subclass) | `group_norm.group_norm_two_pass`: mean, then mean square of the deviations, fp32 | as var |
 | `F.batch_norm(x, None, None, w, b, training=True)` (no running statistics: BiT's weight standardisation) | the same two passes over every dim but the channels, fp32 | as var |
+| `torch.acos(x)` (`arccos`, the methods) | `sqrt(1 - |x|) * p(|x|)`, p of degree 7 (Abramowitz & Stegun 4.4.46), `pi - that` for x < 0, fp32 for fp16/bf16 | <= 2 ulps fp32, 1 ulp fp16/bf16 (tested over every fp16/bf16 value) |
 | `F.grid_sample(x, grid, ...)` (4-D, any mode, padding, align_corners) | `x.reshape(N, C, Hi*Wi) @ M_n^T`, M_n the weights stock's own kernel gives the Hi*Wi one-hot images at grid n, built on the host | the matmul's fp32 sum; bilinear and nearest exact |
 
 expm1 and log1p exist for their relative accuracy near 0: `exp(x) - 1` and `log(1 + x)` lose it (for |x| below about
@@ -44,10 +45,12 @@ substitution by the matmuls' rounding, which grows with the size of L^-1's entri
 delta net's UT transform: l2-normed keys, beta in (0, 1), decays <= 1; tests/adapters/test_numeric_forms.py measures
 it on that system and on an ill-conditioned one). Other solve forms (upper, left=False, non-unit diagonal, out=) stay
 stock, so the stack still reports them.
+acos: YOSO's LSH attention takes the collision probability `(1 - acos(q.k) / pi) ** tau` of unit vectors; the
+polynomial's own error (2e-8) is below fp32's rounding, |x| > 1 and nan give nan through the sqrt, as stock.
 
 How it recognises its targets: by what the code calls. The model's module classes' methods and the same-package
 helpers they reach are scanned for the names `expm1`, `log1p`, `solve_triangular`, `elu`, `logsigmoid`, `var` and
-`std`, `group_norm`, `batch_norm`, `grid_sample` (rewrite.uses, the rewrite adapter's structural scan), an `nn.ELU` or `nn.LogSigmoid` in the model counts as
+`std`, `group_norm`, `batch_norm`, `grid_sample`, `acos` (rewrite.uses, the rewrite adapter's structural scan), an `nn.ELU` or `nn.LogSigmoid` in the model counts as
 a call of its function, and the model's forward runs under the rewrite adapter's TorchFunctionMode
 (rewrite.Reexpress, entered outside dynamo by rewrite._wrapped) with only these handlers; any other call, and any
 call in a form not listed above, runs unchanged.
@@ -125,6 +128,38 @@ def logsigmoid(args, kwargs):
     if x is None or not x.is_floating_point():
         return _PASS  # stock refuses integer inputs itself
     return -F.softplus(-x)
+
+
+# acos on [0, 1] as sqrt(1 - x) * a polynomial: Abramowitz & Stegun, Handbook of Mathematical Functions, 4.4.46
+# (|error| <= 2e-8, below fp32's rounding of results up to pi, 2.4e-7). a0 is the book's 1.5707963050 taken as pi/2
+# (1.8e-9 apart), so that acos(0) is pi/2 exactly as in stock.
+_ACOS_COEFFS = (
+    math.pi / 2,
+    -0.2145988016,
+    0.0889789874,
+    -0.0501743046,
+    0.0308918810,
+    -0.0170881256,
+    0.0066700901,
+    -0.0012624911,
+)
+
+
+def acos(args, kwargs):
+    """`sqrt(1 - |x|) * p(|x|)` (A&S 4.4.46), `pi - that` for x < 0, in fp32 for fp16/bf16 (ATen's op math), cast
+    back. |x| > 1 and nan give nan (sqrt of a negative), as stock."""
+    x = _unary(args, kwargs)
+    if x is None:
+        return _PASS
+    if not x.is_floating_point():
+        x = x.to(torch.get_default_dtype())
+    wide = x.to(get_computation_dtype(x.dtype))
+    a = wide.abs()
+    poly = a * _ACOS_COEFFS[-1] + _ACOS_COEFFS[-2]
+    for c in reversed(_ACOS_COEFFS[:-2]):
+        poly = poly * a + c
+    root = torch.sqrt(1 - a) * poly
+    return torch.where(x < 0, math.pi - root, root).to(x.dtype)
 
 
 def _moments_args(args, kwargs):
@@ -331,6 +366,14 @@ _REWRITES: tuple[Rewrite, ...] = (
         "log(1 + x)",
     ),
     Rewrite(
+        "aten.acos",
+        (torch.acos, torch.Tensor.acos, torch.arccos, torch.Tensor.arccos),
+        frozenset({"acos", "arccos"}),
+        acos,
+        ("aten._to_copy", "aten.abs", "aten.mul", "aten.add", "aten.sub", "aten.sqrt", "aten.lt", "aten.where"),
+        "acos: sqrt(1 - |x|) * a degree-7 polynomial (A&S 4.4.46), reflected for x < 0",
+    ),
+    Rewrite(
         "aten.expm1",  # the table names no elu: Inductor decomposes it, and its expm1 piece is the gap
         (F.elu,),
         frozenset({"elu"}),
@@ -405,7 +448,7 @@ class NumericForms(ModeAdapter):
     applies_to = frozenset(
         {
             "any module whose code calls expm1, log1p, solve_triangular, elu, logsigmoid, var, std, group_norm,"
-            " batch_norm (batch statistics) or grid_sample;"
+            " batch_norm (batch statistics), grid_sample or acos;"
             " nn.ELU, nn.LogSigmoid"
         }
     )
@@ -413,8 +456,8 @@ class NumericForms(ModeAdapter):
     summary = (
         "expm1 -> exp - 1, log1p -> log(1 + x), unit lower-triangular solve -> product of (I + P^(2^j)),"
         " elu -> where/exp, logsigmoid -> -softplus(-x), var/std/group norm/batch statistics -> two passes,"
-        " grid_sample -> matmul with host-built"
-        " weights: the same math, rounding differs"
+        " grid_sample -> matmul with host-built weights, acos -> a polynomial:"
+        " the same math, rounding differs"
         " from stock"
     )
     rewrites = _REWRITES

@@ -90,3 +90,106 @@ def test_univnet_with_its_noise_pinned_is_bit_identical():
     assert adapter.applicable(zm.model)
     result = adapter.check(zm.model, inputs, atol=0, rtol=0)
     assert result.ok, str(result)
+
+
+# -- seanet_conv: EnCodec-style padded Conv1d (int64 geometry buffers) -----------------------------------------------
+def _seanet_classes():
+    from transformers.models.encodec.modeling_encodec import EncodecConv1d
+    from transformers.models.mimi.modeling_mimi import MimiConv1d
+    from transformers.models.pocket_tts_audio_tokenizer.modeling_pocket_tts_audio_tokenizer import (
+        PocketTTSAudioTokenizerConv1d,
+    )
+    from transformers.models.wavtokenizer.modeling_wavtokenizer import WavTokenizerConv1d
+
+    return [EncodecConv1d, MimiConv1d, WavTokenizerConv1d, PocketTTSAudioTokenizerConv1d]
+
+
+def _seanet(cls, causal, pad_mode, kernel, stride, dilation=1, norm_type="weight_norm"):
+    from types import SimpleNamespace
+
+    config = SimpleNamespace(use_causal_conv=causal, pad_mode=pad_mode, norm_type=norm_type)
+    torch.manual_seed(0)
+    return cls(config, 4, 6, kernel, stride, dilation).eval()
+
+
+_GEOMETRIES = [(7, 1, 1), (4, 2, 1), (8, 4, 1), (3, 1, 3), (5, 3, 1)]  # kernel, stride, dilation
+
+
+@pytest.mark.parametrize("cls", range(4))
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("pad_mode", ["reflect", "constant", "replicate"])
+def test_seanet_convs_are_bit_identical_and_undone(cls, causal, pad_mode):
+    """Every geometry, at lengths that need no frame rounding, need some, and are shorter than the reflect pad
+    (stock's extra zero pad first)."""
+    cls = _seanet_classes()[cls]
+    for kernel, stride, dilation in _GEOMETRIES:
+        model = nn.Sequential(_seanet(cls, causal, pad_mode, kernel, stride, dilation))
+        snap = snapshot(model)
+        for length in (2, 5, 16, 33):
+            x = _rand(2, 4, length, seed=length)
+            ref = model(x)
+            with adapters.apply(model, only=["seanet_conv"]) as handle:
+                assert handle.report.applied == ["seanet_conv"]
+                assert torch.equal(model(x), ref), (cls.__name__, kernel, stride, dilation, length)
+            assert_restored(model, snap)
+
+
+def test_seanet_time_group_norm_and_the_streaming_cache():
+    """EnCodec's time_group_norm variant; a Mimi padding cache (streaming) keeps stock's path."""
+    encodec, mimi = _seanet_classes()[0], _seanet_classes()[1]
+    model = nn.Sequential(_seanet(encodec, False, "reflect", 7, 2, norm_type="time_group_norm"))
+    x = _rand(2, 4, 19)
+    ref = model(x)
+    with adapters.apply(model, only=["seanet_conv"]):
+        assert torch.equal(model(x), ref)
+
+    class Cache:  # the one method MimiConv1d calls: the frames kept from the previous chunk
+        def update(self, hidden_states, layer_idx):
+            return torch.ones(*hidden_states.shape[:2], 6)
+
+    conv = _seanet(mimi, True, "constant", 7, 1)
+    ref = conv(x, padding_cache=Cache())
+    with adapters.apply(nn.Sequential(conv), only=["seanet_conv"]):
+        assert torch.equal(conv(x, padding_cache=Cache()), ref)
+
+
+def test_seanet_what_it_takes():
+    adapter = adapters.get_adapter("seanet_conv")
+    encodec = _seanet_classes()[0]
+    assert adapter.applicable(nn.Sequential(_seanet(encodec, True, "reflect", 7, 1)))
+    assert not adapter.applicable(nn.Sequential(nn.Conv1d(2, 2, 3, padding=1)))
+    conv = _seanet(encodec, True, "reflect", 7, 1)
+    conv.forward = lambda x: x  # an earlier patch owns the forward: left alone
+    assert not adapter.applicable(nn.Sequential(conv))
+
+
+def test_seanet_compiled_for_spyre():
+    """Stock: the padding amounts are computed from the int64 buffers inside the graph (`padding_total // 2` is
+    floor_divide, then the amount is read back: a data-dependent size) and the reflect pad is `_unsafe_index`;
+    patched, the conv compiles (its im2col island) and matches the CPU."""
+    from torch_spyre_emu.errors import SpyreError
+
+    model = nn.Sequential(_seanet(_seanet_classes()[0], False, "reflect", 7, 2))
+    x = _rand(2, 4, 37)
+    ref = model(x)
+    model.half()
+    torch._dynamo.reset()
+    with pytest.raises(SpyreError, match="floor_divide"):
+        torch.compile(model, backend="spyre", dynamic=False)(x.half())
+    torch._dynamo.reset()
+    with adapters.apply(model, only=["seanet_conv"]):
+        out = torch.compile(model, backend="spyre", dynamic=False)(x.half())
+    torch._dynamo.reset()
+    assert out.shape == ref.shape
+    assert F.cosine_similarity(out.float().flatten(), ref.flatten(), dim=0) > 0.9999
+
+
+@pytest.mark.parametrize("model_type", ["encodec", "mimi_encoder", "pocket_tts_audio_tokenizer_encoder"])
+def test_seanet_zoo_families_are_bit_identical(model_type):
+    from models.zoo import build
+
+    zm = build(model_type, "default", seed=0)
+    adapter = adapters.get_adapter("seanet_conv")
+    assert adapter.applicable(zm.model)
+    result = adapter.check(zm.model.float(), zm.inputs, atol=0, rtol=0)
+    assert result.ok, str(result)

@@ -1,5 +1,6 @@
 """adapters/numeric_forms.py (issue 11): expm1 -> exp - 1, log1p -> log(1 + x), the unit lower-triangular solve ->
-a product of (I + P^(2^j)), elu -> where/exp, logsigmoid -> -softplus(-x), var/std -> two passes. Not bit-identical: each form is checked against the stock op at the rounding it
+a product of (I + P^(2^j)), elu -> where/exp, logsigmoid -> -softplus(-x), var/std -> two passes, acos -> a
+polynomial. Not bit-identical: each form is checked against the stock op at the rounding it
 introduces (random inputs and edge cases), the forms left to stock, a strict-mode lowering of each, and CPU fp32
 equivalence of the zoo families whose only blocker they were, at a tolerance justified below."""
 
@@ -18,6 +19,7 @@ import torch_spyre_emu
 from adapters import numeric_forms
 from adapters.numeric_forms import (
     _REWRITES,
+    acos,
     batch_norm_batch_stats,
     elu,
     expm1,
@@ -48,6 +50,7 @@ FAMILIES = {
     "beam": "aten.log1p",
     "xcodec": "aten.expm1:elu",
     "xlstm": "aten.var",
+    "yoso": "aten.acos",
 }
 
 
@@ -359,6 +362,38 @@ def test_grid_sample_forms_left_to_stock():
     assert grid_sample(big, {}) is _PASS  # the sampling matrix would pass GRID_MATRIX_MAX
 
 
+# -- acos ------------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype,ulps", [(torch.float32, 2), (torch.float16, 1), (torch.bfloat16, 1)])
+def test_acos_matches_stock_within_ulps(dtype, ulps):
+    """Every representable value of [-1, 1] in fp16/bf16 (a dense sweep in fp32): within `ulps` of the result's own
+    rounding step, and exact at the ends and at 0 (A&S 4.4.46's a0 is pi/2 to fp32)."""
+    if dtype == torch.float32:
+        x = torch.linspace(-1, 1, 400_001, dtype=torch.float64).float()
+    else:
+        bits = torch.arange(-(2**15), 2**15, dtype=torch.int32).to(torch.int16).view(dtype)
+        x = bits[bits.float().abs() <= 1]
+    ref = torch.acos(x)
+    out = acos((x,), {})
+    assert out.dtype == dtype
+    step = torch.finfo(dtype).eps * ref.float().abs().clamp(min=2**-1)  # the rounding step near |y| (>= 1/2 ulp of 1)
+    assert bool(((out.float() - ref.float()).abs() <= ulps * step).all())
+    ends = torch.tensor([-1.0, 0.0, 1.0], dtype=dtype)
+    assert torch.equal(acos((ends,), {}), torch.acos(ends))
+
+
+def test_acos_specials_and_signatures():
+    x = torch.tensor([1.0001, -1.5, INF, -INF, NAN, -0.0])
+    _same_specials(acos((x,), {}), torch.acos(x))
+    ints = torch.tensor([-1, 0, 1])
+    torch.testing.assert_close(acos((ints,), {}), torch.acos(ints), rtol=0, atol=2 * EPS32)
+    assert acos((x,), {"out": torch.empty(6)}) is _PASS
+    y = _rand(64).tanh()
+    with Reexpress(list(_REWRITES)):
+        outs = [torch.acos(y), y.acos(), torch.arccos(y), y.arccos()]
+    for out in outs:
+        torch.testing.assert_close(out, torch.acos(y), rtol=0, atol=4 * EPS32)
+
+
 # -- strict-mode lowering ------------------------------------------------------------------------------------------
 class _UT(torch.nn.Module):
     def forward(self, a, v):
@@ -409,9 +444,20 @@ class _Std(torch.nn.Module):  # Gemma-3n's activation sparsity: mean + k * std
         return x.mean(-1, keepdim=True) + 1.6 * torch.std(x, dim=-1, keepdim=True, unbiased=False)
 
 
+class _Expectation(torch.nn.Module):  # YOSO: collision probability of unit query/key hashes
+    def forward(self, q, k):  # YOSO raises it to hash_code_len (a pow CPU island past exponent 3): squared here
+        return (1 - torch.acos(q @ k.transpose(-1, -2)) / torch.pi) ** 2
+
+
+def _unit(*shape, seed=0):
+    x = _rand(*shape, seed=seed)
+    return (x / x.norm(dim=-1, keepdim=True) * 0.999).half()
+
+
 @pytest.mark.parametrize(
     "module,inputs,gap",
     [
+        (_Expectation, lambda: (_unit(2, 32, 64), _unit(2, 32, 64, seed=1)), "acos"),
         (_ELU, lambda: ((_rand(4, 64) * 2).half(),), "elu|expm1"),
         (_MLSTMGates, lambda: ((_rand(2, 64) * 4).half(), (_rand(2, 4, 64) + 3).half()), "log_sigmoid|var"),
         (_Std, lambda: ((_rand(2, 16, 128) + 1).half(),), "std"),
@@ -463,7 +509,7 @@ class _OneUlp(TorchFunctionMode):
         return out
 
 
-_OPS = {"expm1", "special_expm1", "log1p", "special_log1p", "linalg_solve_triangular", "elu", "var", "std", "log_sigmoid"}
+_OPS = {"acos", "expm1", "special_expm1", "log1p", "special_log1p", "linalg_solve_triangular", "elu", "var", "std", "log_sigmoid"}
 
 
 @functools.cache
