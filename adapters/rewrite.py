@@ -29,6 +29,7 @@ retires by itself on the default table.)
 | `x // 2^k`, `torch.floor_divide`, `torch.div(..., rounding_mode="floor")` (a float x: a position table's `dim_t // 2`) | `floor(floor(x) * 2^-k) * ((x - x) + 1)` (`floor_div`; the operator form in eager code only) | floor, mul, sub, add |
 | `F.fold(x, size, k, stride=k)` of patches tiling the output exactly (MobileViTv2) | `reshape` to (N, C, kh, kw, Lh, Lw), `permute` to (N, C, Lh, kh, Lw, kw), `reshape`: one input element per output element | view, permute |
 | `torch.bucketize(x, b, right=r)` (1-D b, at most 1024 boundaries: Idefics3's patch positions) | `sum(b < x)` (`b <= x` for right=True) over b as float16 ones, `where(x != x, len(b), count)`, cast to int64 / int32 | lt / le, ne, where, sum, the casts |
+| `x.as_strided(size, stride)` of a dense x, every read inside x (Longformer's and LED's overlapping chunks) | x in storage order, flattened, `narrow` to the span read, then one `unfold(-1, inner extent, stride)` per dim (largest stride first), permuted back; stride-0 dims expanded | slice, unfold (CPU islands: as_strided has none), permute, expand |
 | `F.max_pool1d/2d`, `F.avg_pool1d/2d` called in a model's own code (Funnel, CANINE, PP-OCR) | the pooling adapter's forms (`pooling.functional_pool`): im2col, then amax / mean / sum over the real elements | im2col (a CPU island), constant_pad_nd, amax, mean, sum, div |
 
 `torch.where(m, v, x)` is `masked_fill` by definition (elementwise select, both broadcast the mask and x); ATen
@@ -49,7 +50,8 @@ index tensor, an `all` over an empty reduction (amin of nothing is an error, `al
 logsumexp of an empty tensor, a scatter of a src tensor, with reduce=, of an index narrower than x off its dim, or
 an empty index, an index_select with a multi-dim or empty index, a gather with sparse_grad, an index that is not int64
 or is empty, a prod of another dtype than int64, with dtype=, of no or of more than 16 factors, a bucketize with
-out=, of boundaries that are not 1-D or number over 1024 (or none), of bool or complex tensors. The scatter form
+out=, of boundaries that are not 1-D or number over 1024 (or none), of bool or complex tensors, an as_strided of a
+tensor with gaps or overlaps in its span, with an explicit storage offset, a negative stride or a read past x. The scatter form
 costs K * T compares per row where stock writes K elements, the bucketize form N compares where stock searches in
 log N steps; for boundaries that are not sorted (stock's results are then unspecified) the two can differ.
 Differences in error behaviour, documented rather than hidden: with several index tensors, an out-of-range index
@@ -60,7 +62,8 @@ range is stock's error in eager runs; a compiled graph ignores it.
 How it recognises its target: by what the code calls. The methods of every module class of the model (its own code,
 transformers' or a user's, not torch.nn's) and the same-package helpers they call (`structure.reachable`) are
 scanned for the names these ops are called by (`masked_fill`, `masked_fill_`, `stack`, `new_full`, `glu`, `masked_scatter`, `all`,
-`logsumexp`, `scatter`, `scatter_`, `index_select`, `gather`, `prod`, `floor_divide`, `div`, `bucketize`, `max_pool1d/2d`,
+`logsumexp`, `scatter`, `scatter_`, `index_select`, `gather`, `prod`, `floor_divide`, `div`, `bucketize`, `as_strided`,
+`max_pool1d/2d`,
 `avg_pool1d/2d`), for subscripts (`x[...]`: an aten.index when the key holds an integer tensor or a list;
 `x[...] = y`: a scatter into a view) and for the `//` operator. The model's top-level forward then runs under a `torch.overrides.TorchFunctionMode` that re-expresses each
 call of those ops whose capability the stack lacks and passes every other call through unchanged. Dynamo traces
@@ -299,6 +302,69 @@ def fold(args, kwargs):
         return _PASS  # stock's own error
     out = batched.reshape(n, ck // (kh * kw), kh, kw, lh, lw).permute(0, 1, 4, 2, 5, 3).reshape(n, -1, h, w)
     return out if x.dim() == 3 else out.squeeze(0)
+
+
+def as_strided(args, kwargs):
+    """`x.as_strided(size, stride)` of a dense x (no gaps, no overlap: a contiguous tensor or a permutation of one) whose
+    every read lies inside x: Longformer's overlapping chunks (`_chunk`, the sliding value windows) as unfolds of
+    x's storage order. as_strided indexes x's storage, which for a dense x from its offset on holds x's elements in
+    decreasing-stride order, so the flat view is x permuted to that order and flattened. The dims with a stride of 0
+    are expanded, those of size 1 unsqueezed, the others taken by stride, largest first, each one `unfold(-1, extent
+    of the dims inside it, its stride)` on the span they read; then permuted back. The same elements (in eager code a
+    view of x, as stock's); in a compiled graph unfold and the span's slice are CPU islands where as_strided has no
+    lowering and no island at all. Sizes may be 0-d integer tensors (Longformer's `torch.div(..., "trunc")`)."""
+    if kwargs.keys() - {"input", "self", "size", "stride", "storage_offset"} or len(args) + len(kwargs) > 4:
+        return _PASS
+    x = _arg(args, kwargs, 0, "input", "self")
+    size, stride = _int_list(_arg(args, kwargs, 1, "size")), _int_list(_arg(args, kwargs, 2, "stride"))
+    offset = _arg(args, kwargs, 3, "storage_offset", default=None)
+    if not isinstance(x, torch.Tensor) or x.layout != torch.strided or x.numel() == 0 or not _dense(x):
+        return _PASS
+    if size is None or stride is None or len(size) != len(stride) or min(size, default=1) <= 0:
+        return _PASS
+    if offset is not None and offset != x.storage_offset():
+        return _PASS  # an offset into the storage, which may hold more than x
+    if any(st < 0 for st in stride) or sum((n - 1) * st for n, st in zip(size, stride, strict=True)) >= x.numel():
+        return _PASS  # a read outside x (stock reads whatever the storage holds there)
+    taken = [d for d, (n, st) in enumerate(zip(size, stride, strict=True)) if n > 1 and st > 0]
+    taken.sort(key=lambda d: -stride[d])
+    extents = [1]
+    for d in reversed(taken):
+        extents.insert(0, extents[0] + (size[d] - 1) * stride[d])
+    storage_order = sorted(range(x.dim()), key=lambda d: -x.stride(d))
+    out = x.permute(storage_order).reshape(-1).narrow(0, 0, extents[0])
+    for d, inner in zip(taken, extents[1:], strict=True):
+        out = out.unfold(-1, inner, stride[d])
+    rest = [d for d in range(len(size)) if d not in taken]
+    out = out.squeeze(-1).reshape(*[size[d] for d in taken], *[1] * len(rest))  # the innermost window: 1 element
+    order = [*taken, *rest]
+    return out.permute([order.index(d) for d in range(len(size))]).expand(size)
+
+
+def _dense(x: torch.Tensor) -> bool:
+    """x's elements fill its storage span exactly (strides, sorted, are the contiguous strides of the sorted sizes)."""
+    expected = 1
+    for d in sorted(range(x.dim()), key=lambda d: x.stride(d)):
+        if x.size(d) == 1:
+            continue
+        if x.stride(d) != expected:
+            return False
+        expected *= x.size(d)
+    return True
+
+
+def _int_list(v) -> list[int] | None:
+    """A size or stride argument as ints (Python ints, or 0-d integer tensors as Longformer passes), else None."""
+    if not isinstance(v, torch.Size | list | tuple):
+        return None
+    out = []
+    for i in v:
+        if isinstance(i, torch.Tensor) and i.dim() == 0 and not i.is_floating_point() and i.dtype != torch.bool:
+            i = int(i)
+        if not isinstance(i, int) or isinstance(i, bool):
+            return None
+        out.append(i)
+    return out
 
 
 BUCKETIZE_MAX = 1024  # boundaries: a count up to 2^10 is exact in DL16 (10 significant bits), where the sum lands
@@ -1014,6 +1080,14 @@ REWRITES: tuple[Rewrite, ...] = (
         "fold of non-overlapping patches tiling the output: a reshape and a permute",
     ),
     Rewrite(
+        "aten.as_strided",
+        (torch.as_strided, torch.Tensor.as_strided),
+        frozenset({"as_strided"}),
+        as_strided,
+        ("aten.view", "aten.slice", "aten.unfold", "aten.squeeze", "aten.permute", "aten.expand"),
+        "as_strided of a contiguous tensor: unfolds of its flat view, largest stride first",
+    ),
+    Rewrite(
         "aten.bucketize",
         (torch.bucketize,),
         frozenset({"bucketize"}),
@@ -1274,7 +1348,7 @@ class ExactRewrite(ModeAdapter):
     applies_to = frozenset(
         {
             "any module whose code calls masked_fill, stack, new_full, all, logsumexp, scatter, index_select, gather,"
-            " prod, floor_divide / div / //, bucketize, F.max_pool / F.avg_pool or indexes a tensor"
+            " prod, floor_divide / div / //, bucketize, as_strided, F.max_pool / F.avg_pool or indexes a tensor"
         }
     )
     order = (
@@ -1284,7 +1358,7 @@ class ExactRewrite(ModeAdapter):
         "exact re-expressions: masked_fill -> where, stack -> cat, new_full -> full, all -> amin, index -> embedding,"
         " logsumexp -> amax/exp/sum/log, scatter of a number -> where of index == position, index_select and gather"
         " -> embedding, int64 prod -> multiplies, floor division by 2^k -> floor(floor(x) * 2^-k), bucketize ->"
-        " a count of compares,"
+        " a count of compares, as_strided of a dense tensor -> unfolds,"
         " F.max_pool / F.avg_pool -> im2col + amax / mean"
     )
 

@@ -469,6 +469,13 @@ _OPS: list[OpEntry] = [
     _e("nonzero", "unsupported", (), "boolean indexing / data-dependent shape", S4),
     _e("histc", "unsupported", (), "#3982", S4),
     _e("bucketize", "unsupported", (), "in no June op table (a binary search): emulation assumption, a gap"),
+    _e(
+        "as_strided",
+        "unsupported",
+        (),
+        "in no June op table as a lowering or a CPU island (a view with arbitrary strides has no stick layout): "
+        "emulation assumption, a gap in compiled code; eager it is a view (metadata only)",
+    ),
     _e("acos", "unsupported", (), "in no June op table, as a lowering or a CPU island: emulation assumption, a gap"),
     # what Inductor decomposes reflection / replication pads into (an indexed read, no bounds check): as index
     _e("_unsafe_index", "unsupported", (), "an indexed read (reflect / replicate pads decompose into it): as index"),

@@ -898,3 +898,61 @@ def test_overlapping_or_partial_folds_stay_stock():
     assert rewrite.fold((x, (8, 10), 2), {"stride": 2, "padding": 1}) is rewrite._PASS
     assert rewrite.fold((x, (9, 10), 2), {"stride": 2}) is rewrite._PASS  # a partial tiling leaves zeros
 
+
+
+# -- as_strided -------------------------------------------------------------------------------------------------------
+def _strided_cases():
+    """(x, size, stride): every combination of small sizes and strides (0 included) over dense bases, contiguous and
+    permuted, whose reads stay inside x."""
+    import itertools
+
+    cases = []
+    for shape, perm in [((24,), (0,)), ((4, 6), (0, 1)), ((4, 6), (1, 0)), ((2, 3, 4), (2, 0, 1))]:
+        x = torch.arange(24, dtype=torch.float32).reshape(shape).permute(perm)
+        for k in (1, 2, 3):
+            for size in itertools.product((1, 2, 3), repeat=k):
+                for stride in itertools.product((0, 1, 2, 5), repeat=k):
+                    if sum((n - 1) * s for n, s in zip(size, stride, strict=True)) < 24:
+                        cases.append((x, list(size), list(stride)))
+    return cases
+
+
+def test_as_strided_is_the_same_elements_as_unfolds():
+    cases = _strided_cases()
+    assert len(cases) > 500
+    for x, size, stride in cases:
+        ref = x.as_strided(size, stride)
+        with _mode():
+            out = x.as_strided(size=size, stride=stride)
+        _same(out, ref)
+    half = torch.randn(6, 40, 4).half()  # with a 0-d tensor size, as Longformer's torch.div(..., "trunc")
+    size, stride = [6, torch.tensor(9), 8, 4], [160, 16, 4, 1]
+    _same(rewrite.as_strided((half, size, stride), {}), half.as_strided([6, 9, 8, 4], stride))
+
+
+def test_as_strided_forms_left_to_stock():
+    x = torch.arange(24.0).reshape(4, 6)
+    assert rewrite.as_strided((x, [2, 2], [1, 30]), {}) is rewrite._PASS  # a read past x's last element
+    assert rewrite.as_strided((x[:, :4], [2, 2], [1, 1]), {}) is rewrite._PASS  # x not dense: gaps in its span
+    assert rewrite.as_strided((x, [2, 2], [1, 1], 3), {}) is rewrite._PASS  # an explicit storage offset
+    assert rewrite.as_strided((x, [2, 2], [-1, 1]), {}) is rewrite._PASS
+
+
+def test_longformer_chunks_on_the_device():
+    """Longformer's `_chunk` (overlapping windows of half-window stride): compiled for Spyre, the as_strided is gone
+    (unfold and slice CPU islands instead), the result equals the CPU's to fp16 rounding of the scaling."""
+    from transformers.models.longformer.modeling_longformer import LongformerSelfAttention
+
+    def f(x):
+        return LongformerSelfAttention._chunk(x * 2, 4)
+
+    x = _rand(4, 32, 16).half()
+    torch._dynamo.reset()
+    with pytest.raises(torch_spyre_emu.errors.SpyreUnsupportedOpError, match="as_strided"):
+        torch.compile(f, backend="spyre", dynamic=False)(x)
+    torch._dynamo.reset()
+    with _mode():
+        out = torch.compile(f, backend="spyre", dynamic=False)(x)
+    torch._dynamo.reset()
+    torch.testing.assert_close(out.cpu().float(), f(x).float(), rtol=2e-3, atol=0)
+    assert "aten.as_strided" in {r.gap for r in active_rewrites(torch_spyre_emu.capabilities())}
