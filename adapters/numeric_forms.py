@@ -1,9 +1,9 @@
 """Re-expressions that differ from stock by rounding only: expm1, log1p, elu, logsigmoid, var, std, group norm and batch
-norm with batch statistics, grid_sample, acos and the unit lower-triangular solve.
+norm with batch statistics, grid_sample, acos, scatter_reduce and the unit lower-triangular solve.
 
 Gap: `aten.linalg_solve_triangular`, `aten.expm1`, `aten.log1p`, `aten.var` and `aten.std` have no Spyre lowering
 and no CPU island in the real stack (capability table: "unsupported"; var and std are Welford reductions, STACK
-§1.7), and no bit-exact expression in ops it runs; nor does `aten.acos` (in no June op table); elu, logsigmoid and grid_sample are in no op table either, and
+§1.7), and no bit-exact expression in ops it runs; nor do `aten.acos` and `aten.scatter_reduce` (in no June op table; scatter_reduce an indirect write as scatter_add); elu, logsigmoid and grid_sample are in no op table either, and
 Inductor's decompositions take them to expm1, log1p and an index with four index tensors (#3484). Each has an expression with the same math in ops the stack does run
 (native or decomposed), whose result differs from stock's by rounding:
 
@@ -19,6 +19,7 @@ Inductor's decompositions take them to expm1, log1p and an index with four index
 | `F.group_norm(x, g, w, b, eps)` in a model's own code (BiT's GroupNorm subclass) | `group_norm.group_norm_two_pass`: mean, then mean square of the deviations, fp32 | as var |
 | `F.batch_norm(x, None, None, w, b, training=True)` (no running statistics: BiT's weight standardisation) | the same two passes over every dim but the channels, fp32 | as var |
 | `torch.acos(x)` (`arccos`, the methods) | `sqrt(1 - |x|) * p(|x|)`, p of degree 7 (Abramowitz & Stegun 4.4.46), `pi - that` for x < 0, fp32 for fp16/bf16 | <= 2 ulps fp32, 1 ulp fp16/bf16 (tested over every fp16/bf16 value) |
+| `x.scatter_reduce(d, index, src, reduce)` (sum, mean, amax, amin; index shaped as src, and as x off d) | `where(index == position, src, identity)` reduced over the index (positions a host constant), x kept where no index names a position | amax/amin exact; sum/mean the order of additions |
 | `F.grid_sample(x, grid, ...)` (4-D, any mode, padding, align_corners) | `x.reshape(N, C, Hi*Wi) @ M_n^T`, M_n the weights stock's own kernel gives the Hi*Wi one-hot images at grid n, built on the host | the matmul's fp32 sum; bilinear and nearest exact |
 
 expm1 and log1p exist for their relative accuracy near 0: `exp(x) - 1` and `log(1 + x)` lose it (for |x| below about
@@ -47,10 +48,13 @@ it on that system and on an ill-conditioned one). Other solve forms (upper, left
 stock, so the stack still reports them.
 acos: YOSO's LSH attention takes the collision probability `(1 - acos(q.k) / pi) ** tau` of unit vectors; the
 polynomial's own error (2e-8) is below fp32's rounding, |x| > 1 and nan give nan through the sqrt, as stock.
+scatter_reduce: TAPAS's segment reductions (cell and column means, extrema) scatter K token values into N segments;
+the form costs K * N compares where stock writes K elements (capped at SCATTER_REDUCE_MAX), integer x (whose mean is
+a floor division) and prod stay stock.
 
 How it recognises its targets: by what the code calls. The model's module classes' methods and the same-package
 helpers they reach are scanned for the names `expm1`, `log1p`, `solve_triangular`, `elu`, `logsigmoid`, `var` and
-`std`, `group_norm`, `batch_norm`, `grid_sample`, `acos` (rewrite.uses, the rewrite adapter's structural scan), an `nn.ELU` or `nn.LogSigmoid` in the model counts as
+`std`, `group_norm`, `batch_norm`, `grid_sample`, `acos`, `scatter_reduce` (rewrite.uses, the rewrite adapter's structural scan), an `nn.ELU` or `nn.LogSigmoid` in the model counts as
 a call of its function, and the model's forward runs under the rewrite adapter's TorchFunctionMode
 (rewrite.Reexpress, entered outside dynamo by rewrite._wrapped) with only these handlers; any other call, and any
 call in a form not listed above, runs unchanged.
@@ -160,6 +164,54 @@ def acos(args, kwargs):
         poly = poly * a + c
     root = torch.sqrt(1 - a) * poly
     return torch.where(x < 0, math.pi - root, root).to(x.dtype)
+
+
+SCATTER_REDUCE_MAX = 1 << 24  # elements of the (index, position) comparison a scatter_reduce form builds
+_SCATTER_EMPTY = {"sum": 0.0, "mean": 0.0, "amax": -math.inf, "amin": math.inf}
+
+
+def scatter_reduce(args, kwargs):
+    """`x.scatter_reduce(dim, index, src, reduce, include_self=...)` (sum, mean, amax, amin; floating x; index shaped as
+    src and as x off `dim`: TAPAS's segment sums, means and extrema) as a comparison: hit[k, n] = index[k] == n,
+    each reduction over k of `where(hit, src, identity)`, positions no index names keeping x (include_self=False) or
+    reduced with it. amax / amin pick the same elements as stock (bit-identical); sum and mean add in another order
+    (rounding only). Costs K * N compares per row where stock writes K elements: capped at SCATTER_REDUCE_MAX."""
+    names = ("input", "self"), ("dim",), ("index",), ("src",), ("reduce",)
+    if kwargs.keys() - {"input", "self", "dim", "index", "src", "reduce", "include_self"} or len(args) > 5:
+        return _PASS
+    x, dim, index, src, reduce = (_arg(args, kwargs, i, *n) for i, n in enumerate(names))
+    include_self = kwargs.get("include_self", True)
+    if not (isinstance(x, torch.Tensor) and isinstance(index, torch.Tensor) and isinstance(src, torch.Tensor)):
+        return _PASS
+    if reduce not in _SCATTER_EMPTY or not isinstance(include_self, bool) or not isinstance(dim, int):
+        return _PASS
+    if not x.is_floating_point() or src.dtype != x.dtype or index.dtype != torch.int64 or x.dim() == 0:
+        return _PASS
+    if index.shape != src.shape or index.dim() != x.dim() or index.numel() == 0:
+        return _PASS
+    d = dim % x.dim()
+    if any(index.shape[i] != x.shape[i] for i in range(x.dim()) if i != d):
+        return _PASS
+    n = x.shape[d]
+    if index.numel() * n > SCATTER_REDUCE_MAX:
+        return _PASS
+    xs, idx, vals = x.movedim(d, -1), index.movedim(d, -1).to(x.device), src.movedim(d, -1)
+    positions = torch.tensor(list(range(n)), dtype=torch.int64, device=x.device)  # a host constant, not an arange
+    hit = idx.unsqueeze(-1) == positions  # [..., K, N]
+    count = hit.to(x.dtype).sum(-2)
+    fill = torch.full((), _SCATTER_EMPTY[reduce], dtype=x.dtype, device=x.device)
+    picked = torch.where(hit, vals.unsqueeze(-1), fill)
+    if reduce in ("amax", "amin"):
+        out = picked.amax(-2) if reduce == "amax" else picked.amin(-2)
+        if include_self:
+            out = torch.maximum(out, xs) if reduce == "amax" else torch.minimum(out, xs)
+    else:
+        out = picked.sum(-2)
+        if include_self:
+            out = out + xs
+        if reduce == "mean":
+            out = out / (count + 1 if include_self else count)
+    return torch.where(count > 0, out, xs).movedim(-1, d)
 
 
 def _moments_args(args, kwargs):
@@ -366,6 +418,15 @@ _REWRITES: tuple[Rewrite, ...] = (
         "log(1 + x)",
     ),
     Rewrite(
+        "aten.scatter_reduce",
+        (torch.scatter_reduce, torch.Tensor.scatter_reduce),
+        frozenset({"scatter_reduce"}),
+        scatter_reduce,
+        ("aten.eq", "aten.lift_fresh_copy", "aten._to_copy", "aten.sum", "aten.full", "aten.where", "aten.amax", "aten.amin",
+         "aten.maximum", "aten.minimum", "aten.add", "aten.div", "aten.gt"),
+        "scatter_reduce (sum, mean, amax, amin): where(index == position, src, identity) reduced over the index",
+    ),
+    Rewrite(
         "aten.acos",
         (torch.acos, torch.Tensor.acos, torch.arccos, torch.Tensor.arccos),
         frozenset({"acos", "arccos"}),
@@ -448,7 +509,7 @@ class NumericForms(ModeAdapter):
     applies_to = frozenset(
         {
             "any module whose code calls expm1, log1p, solve_triangular, elu, logsigmoid, var, std, group_norm,"
-            " batch_norm (batch statistics), grid_sample or acos;"
+            " batch_norm (batch statistics), grid_sample, acos or scatter_reduce;"
             " nn.ELU, nn.LogSigmoid"
         }
     )
@@ -456,7 +517,7 @@ class NumericForms(ModeAdapter):
     summary = (
         "expm1 -> exp - 1, log1p -> log(1 + x), unit lower-triangular solve -> product of (I + P^(2^j)),"
         " elu -> where/exp, logsigmoid -> -softplus(-x), var/std/group norm/batch statistics -> two passes,"
-        " grid_sample -> matmul with host-built weights, acos -> a polynomial:"
+        " grid_sample -> matmul with host-built weights, acos -> a polynomial, scatter_reduce -> compares + reductions:"
         " the same math, rounding differs"
         " from stock"
     )

@@ -463,6 +463,7 @@ _OPS: list[OpEntry] = [
     _e("index_put", "unsupported", (), "indirect writes (#1880)", S4),
     _e("scatter", "unsupported", (), "indirect writes", S4),
     _e("scatter_add", "unsupported", (), "indirect writes", S4),
+    _e("scatter_reduce", "unsupported", (), "indirect writes (as scatter_add; in no June op table)", S4),
     _e("sort", "unsupported", (), "#4072", S4),
     _e("masked_fill", "unsupported", (), "masked_fill_ does not lower (RFC 1632-v3)", S4),
     _e("masked_scatter", "unsupported", (), "RFC 1632-v3", S4),

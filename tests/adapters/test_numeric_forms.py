@@ -27,6 +27,7 @@ from adapters.numeric_forms import (
     group_norm,
     log1p,
     logsigmoid,
+    scatter_reduce,
     solve_unit_lower,
     std,
     var,
@@ -51,6 +52,7 @@ FAMILIES = {
     "xcodec": "aten.expm1:elu",
     "xlstm": "aten.var",
     "yoso": "aten.acos",
+    "tapas": "aten.scatter_reduce",
 }
 
 
@@ -394,6 +396,43 @@ def test_acos_specials_and_signatures():
         torch.testing.assert_close(out, torch.acos(y), rtol=0, atol=4 * EPS32)
 
 
+# -- scatter_reduce --------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("reduce", ["sum", "mean", "amax", "amin"])
+@pytest.mark.parametrize("include_self", [True, False])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_scatter_reduce_matches_stock(reduce, include_self, dtype):
+    """Along an inner and an outer dim, with repeated and unused positions: amax/amin bit-identical, sum/mean to the
+    rounding of a different order of additions (a few ulps of the largest sum)."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(3, 7, 5, generator=g).to(dtype)
+    for dim, index in ((1, torch.randint(0, 7, (3, 9, 5), generator=g)), (0, torch.randint(0, 3, (2, 7, 5), generator=g))):
+        src = torch.randn(index.shape, generator=g).to(dtype)
+        ref = x.scatter_reduce(dim, index, src, reduce, include_self=include_self)
+        with Reexpress(list(_REWRITES)):
+            out = x.scatter_reduce(dim, index, src, reduce=reduce, include_self=include_self)
+        if reduce in ("amax", "amin"):
+            assert torch.equal(out, ref)
+        else:
+            tol = 8 * torch.finfo(dtype).eps * float(ref.float().abs().max())
+            torch.testing.assert_close(out.float(), ref.float(), atol=tol, rtol=0)
+        untouched = ~torch.zeros_like(x, dtype=torch.bool).scatter(dim, index, True)
+        assert torch.equal(out[untouched], x[untouched])  # positions no index names keep x
+
+
+def test_scatter_reduce_specials_and_forms_left_to_stock():
+    x = torch.zeros(4)
+    index, src = torch.tensor([0, 0, 2]), torch.tensor([NAN, 1.0, -INF])
+    for reduce in ("amax", "amin", "sum"):
+        _same_specials(scatter_reduce((x, 0, index, src, reduce), {"include_self": False}),
+                       x.scatter_reduce(0, index, src, reduce, include_self=False))
+    ints = torch.zeros(4, dtype=torch.long)
+    assert scatter_reduce((ints, 0, index, index, "sum"), {}) is _PASS  # integer x: stock's floor-division mean
+    assert scatter_reduce((x, 0, index, src, "prod"), {}) is _PASS
+    assert scatter_reduce((x, 0, index[:2], src), {"reduce": "sum"}) is _PASS  # index narrower than src
+    big = torch.zeros(1 << 13)
+    assert scatter_reduce((big, 0, torch.zeros(1 << 12, dtype=torch.long), torch.ones(1 << 12), "sum"), {}) is _PASS
+
+
 # -- strict-mode lowering ------------------------------------------------------------------------------------------
 class _UT(torch.nn.Module):
     def forward(self, a, v):
@@ -454,9 +493,17 @@ def _unit(*shape, seed=0):
     return (x / x.norm(dim=-1, keepdim=True) * 0.999).half()
 
 
+class _SegmentMeans(torch.nn.Module):  # TAPAS: a mean per table cell over its tokens
+    def forward(self, values):
+        cells = torch.tensor([i % 13 for i in range(values.shape[0])], device=values.device)
+        out = torch.zeros(16, dtype=values.dtype, device=values.device)
+        return out.scatter_reduce(0, cells, values, reduce="mean", include_self=False)
+
+
 @pytest.mark.parametrize(
     "module,inputs,gap",
     [
+        (_SegmentMeans, lambda: (_rand(32).half(),), "scatter_reduce"),
         (_Expectation, lambda: (_unit(2, 32, 64), _unit(2, 32, 64, seed=1)), "acos"),
         (_ELU, lambda: ((_rand(4, 64) * 2).half(),), "elu|expm1"),
         (_MLSTMGates, lambda: ((_rand(2, 64) * 4).half(), (_rand(2, 4, 64) + 3).half()), "log_sigmoid|var"),
@@ -509,7 +556,7 @@ class _OneUlp(TorchFunctionMode):
         return out
 
 
-_OPS = {"acos", "expm1", "special_expm1", "log1p", "special_log1p", "linalg_solve_triangular", "elu", "var", "std", "log_sigmoid"}
+_OPS = {"acos", "scatter_reduce", "expm1", "special_expm1", "log1p", "special_log1p", "linalg_solve_triangular", "elu", "var", "std", "log_sigmoid"}
 
 
 @functools.cache
