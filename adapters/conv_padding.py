@@ -1,5 +1,6 @@
-"""Convolutions with reflect, replicate or circular padding: the border as selects of the input, then the conv; and
-EnCodec-style convolutions whose padding amounts live in int64 buffers (`seanet_conv`).
+"""Convolutions with reflect, replicate or circular padding: the border as selects of the input, then the conv;
+EnCodec-style convolutions whose padding amounts live in int64 buffers (`seanet_conv`); and F.pad in a border mode
+called in a model's own code (`functional_pad`).
 
 Gap: `nn.Conv1d/2d(padding_mode="reflect" | "replicate" | "circular")` pads its input with `F.pad` in that mode
 before an unpadded convolution. Inductor decomposes those pads into `aten._unsafe_index` (an indexed read with
@@ -15,7 +16,10 @@ groups)`. At most PAD_MAX elements per side (each is one select); a wider pad st
 
 Why a module patch and not the rewrite adapter's TorchFunctionMode: dynamo traces `F.pad`'s Python body and records
 `torch._C._nn.pad`, which is not an overridable function, so no mode sees the call in a compiled graph. `F.pad` in a
-model's own code (SwinIR's reflect pad to a window multiple) is therefore not bridged here.
+model's own code (Swin2SR's reflect pad to a window multiple) is bridged by a third adapter here, `functional_pad`:
+each model method whose code names a border mode and calls `pad` through `nn.functional` or `F` gets a per-instance
+copy (structure.rebind) whose `nn` / `F` globals are views (structure.module_view) in which `functional.pad` is
+`bordered_pad`: border_pad for a border mode within PAD_MAX and stock's limits, stock's F.pad for anything else.
 
 How it recognises its target: by module type, instances of nn.Conv1d / nn.Conv2d (or subclasses keeping the forward)
 whose padding_mode is not "zeros". Retirement: when the stack supports `aten._unsafe_index`.
@@ -35,6 +39,8 @@ cache keeps stock's forward. Recognised by structure: a transformers module with
 """
 
 from __future__ import annotations
+
+import types
 
 import torch
 import torch.nn.functional as F
@@ -193,4 +199,81 @@ class SeanetConvPadding(Adapter):
                 kernel, stride, total = (int(m._buffers[b]) for b in ("kernel_size", "stride", "padding_total"))
                 forward = seanet_forward(kernel, stride, total, type(m).forward)
                 patch.override_forward(m, forward, f"{path}: padding {total} (+ frame rounding) as host ints")
+        return patch
+
+
+# ------------------------------------------------------------------------------ F.pad in a model's own code
+
+_BORDER_MODES = ("reflect", "replicate", "circular")
+
+
+def bordered_pad(input, pad, mode="constant", value=None):
+    """`F.pad` with a reflect / replicate / circular pad of at most PAD_MAX per side as `border_pad` (stock's elements,
+    bit-identical); any other call (constant mode, a value, a crop, an input stock refuses) is stock's F.pad."""
+    widths = list(pad) if isinstance(pad, list | tuple) else None
+    if (
+        mode in _BORDER_MODES
+        and value is None
+        and isinstance(input, torch.Tensor)
+        and widths
+        and len(widths) % 2 == 0
+        and all(isinstance(w, int) and not isinstance(w, bool) and 0 <= w <= PAD_MAX for w in widths)
+        and input.dim() in (len(widths) // 2 + 1, len(widths) // 2 + 2)  # stock's (un)batched ranks for a mode pad
+        and _within_stock_limits(mode, widths, input.shape)
+    ):
+        return border_pad(input, widths, mode)
+    return F.pad(input, pad, mode, value)
+
+
+def _is_nn_or_functional(obj) -> bool:
+    return obj is nn or obj is F
+
+
+def _border_pad_methods(m: nn.Module) -> list[str]:
+    """Names of the methods of m's model classes (not torch's) whose code pads in a border mode through `nn.functional`
+    or `F` (a mode name among its constants, `pad` among its attribute loads)."""
+    out = []
+    for cls in type(m).__mro__:
+        if structure._package(cls) in (None, "torch", "builtins"):
+            continue
+        for name, fn in vars(cls).items():
+            if name in out or not isinstance(fn, types.FunctionType):
+                continue
+            code = structure.chain(structure.current_function(m, name))[-1].__code__
+            if "pad" in code.co_names and set(_BORDER_MODES) & set(_constants(code)):
+                if structure.globals_matching(structure.current_function(m, name), _is_nn_or_functional):
+                    out.append(name)
+    return out
+
+
+def _constants(code: types.CodeType) -> list:
+    return [c for k in (code, *[c for c in code.co_consts if isinstance(c, types.CodeType)]) for c in k.co_consts]
+
+
+@register_adapter
+class FunctionalBorderPad(Adapter):
+    name = "functional_pad"
+    gap = "aten._unsafe_index"
+    applies_to = frozenset({"a model method calling nn.functional.pad / F.pad in reflect, replicate or circular mode"})
+    order = 85  # with conv_padding; changes no shape
+    summary = "F.pad in a border mode called in a model's own code as selects of the input and a cat; bit-identical"
+
+    def applicable(self, model: nn.Module) -> bool:
+        return any(_border_pad_methods(m) for m in model.modules())
+
+    def patch(self, model: nn.Module) -> Patch:
+        """Each such method gets a per-instance copy whose `nn` / `F` globals are views with `functional.pad` =
+        bordered_pad. Why views and not a mode: dynamo traces F.pad's body and records `torch._C._nn.pad`, which no
+        TorchFunctionMode sees (module docstring)."""
+        patch = Patch(self.name)
+        functional = structure.module_view(F, {"pad": bordered_pad}, patch.on_undo)
+        views = {id(F): functional, id(nn): structure.module_view(nn, {"functional": functional}, patch.on_undo)}
+        for path, m in model.named_modules():
+            for name in _border_pad_methods(m):
+                new = structure.rebind(structure.current_function(m, name), views, patch.on_undo)
+                what = f"{path or type(m).__name__}.{name}: border-mode F.pad as selects + cat"
+                if name == "forward":
+                    patch.override_forward(m, new, what)
+                else:
+                    patch.set_attr(m, name, types.MethodType(new, m), what)
         return patch

@@ -54,9 +54,7 @@ from __future__ import annotations
 
 import dis
 import inspect
-import itertools
 import re
-import sys
 import types
 
 import torch
@@ -125,22 +123,9 @@ def on_host(fn):
     return call
 
 
-_serial = itertools.count()
-
-
 def torch_with(patch: Patch, **overrides) -> types.ModuleType:
-    """A module object holding torch's namespace with some functions replaced: what a rebound forward reads as its
-    global `torch`. Every other attribute is torch's own object (dynamo recognises them by identity). Registered in
-    sys.modules while the patch lives (dynamo re-imports modules by name to build its guards)."""
-    name = f"torch.__spyre_view_{next(_serial)}"
-    view = types.ModuleType(name)
-    view.__dict__.update(
-        {k: v for k, v in vars(torch).items() if k not in ("__name__", "__spec__", "__loader__")}
-    )
-    view.__dict__.update(overrides)
-    sys.modules[name] = view
-    patch.on_undo(lambda: sys.modules.pop(name, None))
-    return view
+    """torch's namespace with some functions replaced (structure.module_view), while the patch lives."""
+    return structure.module_view(torch, overrides, patch.on_undo)
 
 
 def _globals_named(fn, name: str, obj) -> bool:

@@ -130,6 +130,22 @@ def _module_globals(original: dict, on_undo: Callable[[Callable[[], None]], None
     return module.__dict__
 
 
+def module_view(
+    module: types.ModuleType, overrides: Mapping[str, object], on_undo: Callable[[Callable[[], None]], None]
+) -> types.ModuleType:
+    """A module object holding `module`'s namespace with some attributes replaced: what a rebound function reads as
+    that global (`torch` with one function swapped, `nn` whose `functional` is such a view). Every other attribute is
+    the module's own object (dynamo recognises them by identity). Registered in sys.modules until `on_undo`'s
+    callable runs (dynamo re-imports modules by name to build its guards)."""
+    name = f"{module.__name__}.__spyre_view_{next(_serial)}"
+    view = types.ModuleType(name)
+    view.__dict__.update({k: v for k, v in vars(module).items() if k not in ("__name__", "__spec__", "__loader__")})
+    view.__dict__.update(overrides)
+    sys.modules[name] = view
+    on_undo(lambda: sys.modules.pop(name, None))
+    return view
+
+
 def rebind(
     fn: Callable,
     replacements: Mapping[int, object],

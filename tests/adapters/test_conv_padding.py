@@ -193,3 +193,80 @@ def test_seanet_zoo_families_are_bit_identical(model_type):
     assert adapter.applicable(zm.model)
     result = adapter.check(zm.model.float(), zm.inputs, atol=0, rtol=0)
     assert result.ok, str(result)
+
+
+# -- functional_pad: F.pad in a border mode in a model's own code ----------------------------------------------------
+class _WindowPad(nn.Module):
+    """SwinIR's (Swin2SR's) input padding to a window multiple, in a method the forward calls, and a 1-D replicate pad
+    through `F` in the forward itself."""
+
+    def __init__(self, window=8):
+        super().__init__()
+        self.window = window
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+
+    def pad_to_window(self, x):
+        h, w = x.shape[-2:]
+        return nn.functional.pad(x, (0, (self.window - w % self.window) % self.window,
+                                     0, (self.window - h % self.window) % self.window), "reflect")
+
+    def forward(self, x):
+        y = self.conv(self.pad_to_window(x))
+        return F.pad(y.flatten(2), (2, 3), mode="replicate")
+
+
+def test_bordered_pad_is_stocks_pad_and_leaves_the_rest_to_it():
+    from adapters.conv_padding import bordered_pad
+
+    x = _rand(2, 3, 5, 6)
+    for mode in MODES:
+        assert torch.equal(bordered_pad(x, (1, 2, 3, 0), mode), F.pad(x, (1, 2, 3, 0), mode))
+        assert torch.equal(bordered_pad(x[0], (1, 2, 3, 0), mode=mode), F.pad(x[0], (1, 2, 3, 0), mode=mode))
+    assert torch.equal(bordered_pad(x, (1, 1), value=2.0), F.pad(x, (1, 1), value=2.0))  # constant: stock
+    crop = bordered_pad(x[0], (-1, 1), "replicate")  # a crop: stock
+    assert torch.equal(crop, F.pad(x[0], (-1, 1), "replicate"))
+    with pytest.raises(RuntimeError):
+        bordered_pad(x, (6, 0), "reflect")  # wider than the dim: stock's own error
+
+
+def test_functional_pad_patches_the_methods_bit_identically_and_undoes():
+    model = _WindowPad().eval()
+    x = _rand(2, 3, 13, 10)
+    ref, snap = model(x), snapshot(model)
+    adapter = adapters.get_adapter("functional_pad")
+    assert adapter.applicable(model) and not adapter.applicable(nn.Sequential(nn.Conv2d(3, 3, 3)))
+    with adapters.apply(model, only=["functional_pad"]) as handle:
+        assert handle.report.applied == ["functional_pad"]
+        assert "pad_to_window" in model.__dict__ and "forward" in model.__dict__
+        assert torch.equal(model(x), ref)
+    assert_restored(model, snap)
+    assert "pad_to_window" not in model.__dict__
+
+
+def test_functional_pad_compiled_for_spyre():
+    """Stock: the reflect pad is `_unsafe_index` in the graph (F.pad's body, which no mode sees); patched, it compiles
+    and matches the CPU."""
+    from torch_spyre_emu.errors import SpyreUnsupportedOpError
+
+    model = _WindowPad().eval()
+    x = _rand(2, 3, 13, 10)
+    ref = model(x)
+    model.half()
+    torch._dynamo.reset()
+    with pytest.raises(SpyreUnsupportedOpError, match="_unsafe_index"):
+        torch.compile(model, backend="spyre", dynamic=False)(x.half())
+    torch._dynamo.reset()
+    with adapters.apply(model, only=["functional_pad"]):
+        out = torch.compile(model, backend="spyre", dynamic=False)(x.half())
+    torch._dynamo.reset()
+    assert F.cosine_similarity(out.float().flatten(), ref.flatten(), dim=0) > 0.9999
+
+
+def test_swin2sr_is_bit_identical():
+    from models.zoo import build
+
+    zm = build("swin2sr", "default", seed=0)
+    adapter = adapters.get_adapter("functional_pad")
+    assert adapter.applicable(zm.model)
+    result = adapter.check(zm.model.float(), zm.inputs, atol=0, rtol=0)
+    assert result.ok, str(result)
