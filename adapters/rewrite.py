@@ -20,7 +20,8 @@ retires by itself on the default table.)
 | `x[:, i]`, `x[..., i, :]` (one integer tensor on an inner dim, the others whole: LayoutLMv3's `bias.weight[:, buckets]`) | the lookup above on `x.movedim(d, 0)`, i's dims moved back to d | permute, embedding |
 | `x[..., [p, q], :]` (a constant list of positions of one dim) | `torch.cat([x.select(d, p).unsqueeze(d), ...], d)` | select (a view), cat |
 | `x[:, i] = y`, `x[..., a:b] = y`, `x[..., i, :i] = y` on a base of rank >= 3 (select_scatter / slice_scatter, #4441) | `x.copy_(where(window, y in the window, x))`, one where per written dim | where, copy, constant_pad_nd |
-| `x[mask] = v` (index_put, #1880: a bool mask over leading dims, a number v; the media-token blanking of multimodal models) | `x.copy_(where(mask, v, x))` (masked_fill_ by definition) | where, full, copy |
+| `x[mask] = v` (index_put, #1880: a bool mask over leading dims, a number or one row v; the media-token blanking of multimodal models) | `x.copy_(where(mask, v, x))` (masked_fill_ by definition) | where, full, copy |
+| `x[mask] = rows` (one row per True position: Higgs-Audio's dual FFN) | `x.copy_(where(mask, F.embedding(cumsum(mask) - 1, rows), x))` | cumsum, embedding (CPU fallbacks), where, copy |
 | `torch.logsumexp(x, dim)` | `log(sum(exp(x - m), dim)) + m`, `m = where(abs(amax) == inf, 0, amax)` | amax, abs, eq, where, sub, exp, sum, log, add |
 | `x.index_select(d, i)` | `F.embedding(i, x.movedim(d, 0).reshape(n, -1))`, reshaped and moved back | embedding (a CPU fallback), permute, reshape |
 | `torch.gather(x, d, index)`, `x.gather(d, index)` | `F.embedding(index * stride_d + positions, x.reshape(-1, 1))`: each picked element's flat position, the other dims' positions host-built constants | embedding (a CPU fallback), mul, add |
@@ -798,9 +799,12 @@ def _store_value(x: torch.Tensor, value):
 
 
 def mask_setitem(args, kwargs):
-    """`x[mask] = v` with a bool mask over x's leading dims and a number (or 0-d tensor) v: an index_put the stack has
-    no lowering for (#1880), which is `masked_fill_` by definition: `x.copy_(where(mask, v, x))`. The multimodal
-    models write it to blank their media tokens (`llm_input_ids[media_mask] = 0`)."""
+    """`x[mask] = v` with a bool mask over x's leading dims: an index_put the stack has no lowering for (#1880).
+    A number (or 0-d tensor) v, or one row broadcast to every selected position, is `masked_fill_` by definition:
+    `x.copy_(where(mask, v, x))`; the multimodal models write it to blank their media tokens (`ids[media_mask] = 0`).
+    A tensor of the selected rows (K rows for K True positions, in order: Higgs-Audio's dual FFN writes its text and
+    audio tokens back) is masked_scatter's gather: the k-th True position takes row k, `k = cumsum(mask) - 1`, so
+    `x.copy_(where(mask, F.embedding(k, v.reshape(K, -1)), x))`. Values are copied: bit-identical."""
     if kwargs or len(args) != 3:
         return _PASS
     x, mask, value = args
@@ -808,13 +812,29 @@ def mask_setitem(args, kwargs):
         return _PASS
     if mask.dtype != torch.bool or mask.dim() == 0 or tuple(mask.shape) != tuple(x.shape[: mask.dim()]):
         return _PASS
-    if isinstance(value, torch.Tensor) and value.dim() != 0:
-        return _PASS  # a tensor of the selected elements: data-dependent
+    keep = mask.to(x.device).reshape(*mask.shape, *[1] * (x.dim() - mask.dim()))
+    row = tuple(x.shape[mask.dim() :])
+    if isinstance(value, torch.Tensor) and value.dim() != 0 and tuple(value.shape) != row:
+        return _selected_rows(x, mask, keep, value, row)
     v = _store_value(x, value)
     if v is _PASS:
         return _PASS
-    keep = mask.to(x.device).reshape(*mask.shape, *[1] * (x.dim() - mask.dim()))
     x.copy_(torch.where(keep, v, x))
+    return None
+
+
+def _selected_rows(x: torch.Tensor, mask: torch.Tensor, keep: torch.Tensor, value: torch.Tensor, row: tuple):
+    """`x[mask] = value` where value holds one row per True position of the mask (see mask_setitem)."""
+    if value.dtype != x.dtype or value.dim() != 1 + len(row) or tuple(value.shape[1:]) != row:
+        return _PASS  # stock's own errors (dtype mismatch, shape mismatch) or a broadcast this form does not take
+    if not torch.compiler.is_compiling() and int(mask.sum()) != value.shape[0]:
+        return _PASS  # stock's error: as many rows as True positions (eager only, as masked_scatter's check)
+    width = math.prod(row)
+    k = torch.cumsum(mask.to(x.device).reshape(-1).to(torch.int64), 0) - 1
+    k = torch.where(k < 0, torch.zeros_like(k), k)  # positions before the first True read row 0, then are dropped
+    table = value.to(x.device).reshape(value.shape[0], width) if value.shape[0] else x.new_zeros(1, width)
+    picked = F.embedding(k, table).reshape(x.shape)
+    x.copy_(torch.where(keep, picked, x))
     return None
 
 
@@ -1110,8 +1130,8 @@ REWRITES: tuple[Rewrite, ...] = (
         (torch.Tensor.__setitem__,),
         frozenset(),  # a subscript store, found by opcode (_STORE_SUBSCRIPT)
         mask_setitem,
-        ("aten.where", "aten.full", "aten.copy"),
-        "x.copy_(where(mask, value, x)) for x[bool mask] = a number",
+        ("aten.where", "aten.full", "aten.copy", "aten.cumsum", "aten.embedding"),
+        "x.copy_(where(mask, value, x)) for x[bool mask] = a number or a row; the rows' gather for one row each",
     ),
 )
 GAPS: tuple[str, ...] = tuple(dict.fromkeys(g for r in REWRITES for g in (r.gap, *r.also)))

@@ -461,10 +461,18 @@ def test_mask_writes_are_bit_identical(dtype):
         ((2, 5, 4), (2, 5), -3),  # a mask over the leading dims: whole rows written
         ((2, 5, 4), (2, 5, 4), torch.tensor(2)),  # a 0-d tensor value
         ((6,), (6,), 1),
+        ((2, 5, 4), (2, 5), _rand(4, seed=4)),  # one row, broadcast to every selected position
+        ((2, 5, 4), (2, 5), "rows"),  # one row per True position, in order (Higgs-Audio's dual FFN)
+        ((2, 5, 3, 2), (2, 5), "rows"),
+        ((2, 5, 4), (2, 5), "none"),  # an all-False mask and zero rows
     ]
     for shape, mask_shape, value in cases:
-        ref = (_rand(*shape, seed=9) * 4).to(dtype)
         mask = _rand(*mask_shape, seed=3) > 0
+        if isinstance(value, str):
+            mask = mask & (value == "rows")
+            value = (_rand(int(mask.sum()), *shape[len(mask_shape) :], seed=5) * 4).to(dtype)
+        value = value.to(dtype) if isinstance(value, torch.Tensor) and value.dim() else value
+        ref = (_rand(*shape, seed=9) * 4).to(dtype)
         out = ref.clone()
         ref[mask] = value
         with _mode():
@@ -476,7 +484,9 @@ def test_mask_writes_are_bit_identical(dtype):
 def test_mask_writes_left_to_stock():
     x = _rand(2, 5, 4)
     for key, value in [
-        (_rand(2, 5, seed=1) > 0, _rand(1, 4)),  # a tensor value: its rows are the selected elements'
+        (_rand(2, 5, seed=1) > 0, _rand(1, 4)),  # a (1, 4) value: a broadcast this form does not take
+        (_rand(2, 5, seed=1) > 0, _rand(9, 4)),  # more rows than True positions: stock's error
+        (_rand(2, 5, seed=1) > 0, _rand(6, 4).half()),  # another dtype: stock's error
         (_rand(5, seed=1) > 0, 1.0),  # a mask of another dim (x[:, mask] is a tuple key; this is dim 0's)
         (torch.tensor([0, 1]), 1.0),  # an integer index: not a mask
     ]:
