@@ -1,6 +1,6 @@
 """Host-side computation of model inputs and guards the stack does not lower.
 
-Four adapters, each running *stock code* on the host (the same function on the same values, so the result is
+Several adapters, each running *stock code* on the host (the same function on the same values, so the result is
 bit-identical) and handing its result to the device, as hf-adapters pass position ids and masks from the host:
 
 - `host_position_ids`: position ids derived from the padding (RoBERTa's `create_position_ids_from_input_ids`, a
@@ -27,6 +27,10 @@ bit-identical) and handing its result to the device, as hf-adapters pass positio
   In a compiled graph with CPU inputs the stock code runs (it folds to a constant); on a model moved with
   `Module.to("spyre")` it would run eagerly on the device. Gaps: aten.floor_divide, aten.sin and aten.cos (CPU
   fallbacks).
+- `host_grid_size`: grid sizes a method takes as 0-d tensors (`height` and `width` annotated as tensors, used as
+  arange bounds: SAM 3's DETR decoder sizes its box-bias coordinate grids by `spatial_shapes[0, 0]` and `[0, 1]`) read
+  on the host into Python ints before the method runs, so the grid is built for known sizes rather than sized by a
+  tensor's value (shape.data_dependent). The same values (arange over an int, a division by it).
 
 How they recognise their targets (by structure, not by class name):
 - a *position helper* is a function of the model's package whose code calls `cumsum` and whose first parameter is
@@ -499,6 +503,75 @@ class HostPositionEmbedding(Adapter):
             if is_position_generator(m):
                 forward = structure.current_function(m, "forward")
                 patch.override_forward(m, host_generated(forward), f"{path}: built on the host")
+        return patch
+
+
+# ------------------------------------------------------------------------------------------------- grid sizes
+
+_GRID_SIZES = ("height", "width")
+
+
+def _annotated_tensor(annotation) -> bool:
+    return annotation is torch.Tensor or annotation in ("torch.Tensor", "Tensor")
+
+
+def grid_size_methods(module: nn.Module) -> list[str]:
+    """Methods of a transformers module class that take `height` and `width` annotated as tensors and call arange
+    with them (SAM 3's DETR decoder builds its box-bias coordinate grids from `spatial_shapes[0, 0]` and `[0, 1]`,
+    0-d tensors read from a tensor the encoder built from Python ints)."""
+    out = []
+    for cls in type(module).__mro__:
+        if not (cls.__module__ or "").startswith("transformers."):
+            continue
+        for name, fn in vars(cls).items():
+            if name in out or not isinstance(fn, types.FunctionType):
+                continue
+            params = inspect.signature(fn).parameters
+            sizes = [params.get(p) for p in _GRID_SIZES]
+            if all(p is not None and _annotated_tensor(p.annotation) for p in sizes) and "arange" in _own_names(fn):
+                out.append(name)
+    return out
+
+
+@host
+def _host_int(t: torch.Tensor) -> int:
+    return int(to_host(t))
+
+
+def host_grid_sizes(fn):
+    """`fn` with its height and width, when 0-d integer tensors, read on the host first: Python ints, so a compiled
+    graph builds the grid for those sizes (a graph break where they are read) rather than sizing it from a tensor's
+    value. The same values: arange over an int and a division by it compute what they do with the 0-d tensor."""
+    signature = inspect.signature(fn)
+
+    def run(self, *args, **kwargs):
+        bound = signature.bind(self, *args, **kwargs)
+        for p in _GRID_SIZES:
+            v = bound.arguments[p]
+            if isinstance(v, torch.Tensor) and v.dim() == 0 and not v.is_floating_point() and not v.is_complex():
+                bound.arguments[p] = _host_int(v)
+        return fn(*bound.args, **bound.kwargs)
+
+    return run
+
+
+@register_adapter
+class HostGridSizes(Adapter):
+    name = "host_grid_size"
+    gap = "shape.data_dependent"
+    applies_to = frozenset({"a method taking height and width as tensors and calling arange with them (SAM 3)"})
+    order = 18  # with the other host inputs; changes no shape
+    summary = "grid sizes passed as 0-d tensors read on the host, so the grid is built for Python ints"
+
+    def applicable(self, model: nn.Module) -> bool:
+        return any(grid_size_methods(m) for m in model.modules())
+
+    def patch(self, model: nn.Module) -> Patch:
+        patch = Patch(self.name)
+        for path, m in model.named_modules():
+            for name in grid_size_methods(m):
+                fn = types.MethodType(host_grid_sizes(structure.current_function(m, name)), m)
+                patch.set_attr(m, name, fn, f"{path}.{name}: height and width read on the host")
         return patch
 
 

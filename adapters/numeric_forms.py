@@ -1,9 +1,9 @@
 """Re-expressions that differ from stock by rounding only: expm1, log1p, elu, logsigmoid, var, std, group norm and batch
-norm with batch statistics, grid_sample, acos, scatter_reduce and the unit lower-triangular solve.
+norm with batch statistics, grid_sample, acos, log2, scatter_reduce and the unit lower-triangular solve.
 
 Gap: `aten.linalg_solve_triangular`, `aten.expm1`, `aten.log1p`, `aten.var` and `aten.std` have no Spyre lowering
 and no CPU island in the real stack (capability table: "unsupported"; var and std are Welford reductions, STACK
-§1.7), and no bit-exact expression in ops it runs; nor do `aten.acos` and `aten.scatter_reduce` (in no June op table; scatter_reduce an indirect write as scatter_add); elu, logsigmoid and grid_sample are in no op table either, and
+§1.7), and no bit-exact expression in ops it runs; nor do `aten.acos`, `aten.log2` and `aten.scatter_reduce` (in no June op table; scatter_reduce an indirect write as scatter_add); elu, logsigmoid and grid_sample are in no op table either, and
 Inductor's decompositions take them to expm1, log1p and an index with four index tensors (#3484). Each has an expression with the same math in ops the stack does run
 (native or decomposed), whose result differs from stock's by rounding:
 
@@ -12,6 +12,7 @@ Inductor's decompositions take them to expm1, log1p and an index with four index
 | `torch.expm1(x)`        | `exp(x) - 1`                                                  | absolute ~1 ulp of 1     |
 | `torch.log1p(x)`        | `log(1 + x)`                                                  | absolute ~1 ulp of 1     |
 | `solve_triangular(A, B, upper=False, unitriangular=True)` | `prod_j (I + P^(2^j)) @ B`, P = -(strict lower part of A), 2^j < n | matmul rounding, see below |
+| `torch.log2(x)`          | `log(x) * (1 / ln 2)`                                         | ~2 ulps (log2 of a power of two may miss the integer by one) |
 | `F.elu(x, alpha)` (`nn.ELU`) | `where(x > 0, x, alpha * (exp(x) - 1))`                       | negative branch as expm1 |
 | `F.logsigmoid(x)` (`nn.LogSigmoid`) | `-softplus(-x)` (softplus is a Spyre custom op)        | ~1 ulp                   |
 | `x.var(dim, ...)`, `torch.var` (`unbiased` / `correction`, `keepdim`) | `sum((x - mean)^2) / max(0, N - correction)`, in fp32 for fp16/bf16 (ATen's op math), cast back | fp32 rounding, then the one rounding to x's dtype |
@@ -54,7 +55,7 @@ a floor division) and prod stay stock.
 
 How it recognises its targets: by what the code calls. The model's module classes' methods and the same-package
 helpers they reach are scanned for the names `expm1`, `log1p`, `solve_triangular`, `elu`, `logsigmoid`, `var` and
-`std`, `group_norm`, `batch_norm`, `grid_sample`, `acos`, `scatter_reduce` (rewrite.uses, the rewrite adapter's structural scan), an `nn.ELU` or `nn.LogSigmoid` in the model counts as
+`std`, `group_norm`, `batch_norm`, `grid_sample`, `acos`, `log2`, `scatter_reduce` (rewrite.uses, the rewrite adapter's structural scan), an `nn.ELU` or `nn.LogSigmoid` in the model counts as
 a call of its function, and the model's forward runs under the rewrite adapter's TorchFunctionMode
 (rewrite.Reexpress, entered outside dynamo by rewrite._wrapped) with only these handlers; any other call, and any
 call in a form not listed above, runs unchanged.
@@ -107,6 +108,16 @@ def log1p(args, kwargs):
     if not x.is_floating_point():
         x = x.to(torch.get_default_dtype())
     return torch.log(x + 1)
+
+
+def log2(args, kwargs):
+    """log(x) / ln 2, as log(x) * (1 / ln 2) (integer and bool inputs are taken as the default float, as stock)."""
+    x = _unary(args, kwargs)
+    if x is None:
+        return _PASS
+    if not x.is_floating_point():
+        x = x.to(torch.get_default_dtype())
+    return torch.log(x) * (1 / math.log(2))
 
 
 def elu(args, kwargs):
@@ -435,6 +446,14 @@ _REWRITES: tuple[Rewrite, ...] = (
         "acos: sqrt(1 - |x|) * a degree-7 polynomial (A&S 4.4.46), reflected for x < 0",
     ),
     Rewrite(
+        "aten.log2",
+        (torch.log2, torch.Tensor.log2),
+        frozenset({"log2"}),
+        log2,
+        ("aten.log", "aten.mul"),
+        "log(x) * (1 / ln 2)",
+    ),
+    Rewrite(
         "aten.expm1",  # the table names no elu: Inductor decomposes it, and its expm1 piece is the gap
         (F.elu,),
         frozenset({"elu"}),
@@ -509,7 +528,7 @@ class NumericForms(ModeAdapter):
     applies_to = frozenset(
         {
             "any module whose code calls expm1, log1p, solve_triangular, elu, logsigmoid, var, std, group_norm,"
-            " batch_norm (batch statistics), grid_sample, acos or scatter_reduce;"
+            " batch_norm (batch statistics), grid_sample, acos, log2 or scatter_reduce;"
             " nn.ELU, nn.LogSigmoid"
         }
     )
@@ -517,7 +536,7 @@ class NumericForms(ModeAdapter):
     summary = (
         "expm1 -> exp - 1, log1p -> log(1 + x), unit lower-triangular solve -> product of (I + P^(2^j)),"
         " elu -> where/exp, logsigmoid -> -softplus(-x), var/std/group norm/batch statistics -> two passes,"
-        " grid_sample -> matmul with host-built weights, acos -> a polynomial, scatter_reduce -> compares + reductions:"
+        " grid_sample -> matmul with host-built weights, acos -> a polynomial, log2 -> log * (1 / ln 2), scatter_reduce -> compares + reductions:"
         " the same math, rounding differs"
         " from stock"
     )

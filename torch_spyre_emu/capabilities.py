@@ -477,6 +477,7 @@ _OPS: list[OpEntry] = [
         "in no June op table as a lowering or a CPU island (a view with arbitrary strides has no stick layout): "
         "emulation assumption, a gap in compiled code; eager it is a view (metadata only)",
     ),
+    _e("log2", "unsupported", (), "in no June op table, as a lowering or a CPU island: emulation assumption, a gap"),
     _e("acos", "unsupported", (), "in no June op table, as a lowering or a CPU island: emulation assumption, a gap"),
     # what Inductor decomposes reflection / replication pads into (an indexed read, no bounds check): as index
     _e("_unsafe_index", "unsupported", (), "an indexed read (reflect / replicate pads decompose into it): as index"),

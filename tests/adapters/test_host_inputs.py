@@ -440,3 +440,35 @@ def test_sort_forms_left_to_stock_and_retirement():
     assert not adapters.get_adapter("host_sort").applicable(_zoo("llama").model)
     with torch_spyre_emu.capabilities.override({"aten.sort": "native"}) as c:
         assert adapters.get_adapter("host_sort").retired(c)
+
+
+# -- host_grid_size: SAM 3's coordinate grids sized by 0-d tensors ---------------------------------------------------
+def test_grid_sizes_are_read_on_the_host_bit_identically():
+    """Sam3LiteTextDetrDecoder._get_coords(height, width) with 0-d tensors (spatial_shapes[0, 0], [0, 1]): patched, the
+    same grids; compiled for Spyre the stock method stops on a size read from a tensor, the patched one compiles."""
+    from torch_spyre_emu.errors import SpyreCompileError
+
+    decoder = _zoo("sam3_lite_text").model.detr_decoder
+    adapter = adapters.get_adapter("host_grid_size")
+    assert adapter.applicable(decoder) and not adapter.applicable(_zoo("llama").model)
+    shapes = torch.tensor([[72, 96]])
+
+    def coords(shapes):
+        h, w = decoder._get_coords(shapes[0, 0], shapes[0, 1], torch.float16, shapes.device)
+        return h.float().sum() + w.float().sum() * 2
+
+    ref = decoder._get_coords(shapes[0, 0], shapes[0, 1], torch.float16, shapes.device)
+    torch._dynamo.reset()
+    with pytest.raises(SpyreCompileError, match="decides a shape"):
+        torch.compile(coords, backend="spyre", dynamic=False)(shapes)
+    snap = snapshot(decoder)
+    with adapters.apply(decoder, only=["host_grid_size"]) as handle:
+        assert handle.report.applied == ["host_grid_size"]
+        out = decoder._get_coords(shapes[0, 0], shapes[0, 1], torch.float16, shapes.device)
+        assert all(torch.equal(o, r) for o, r in zip(out, ref, strict=True))
+        torch._dynamo.reset()
+        got = torch.compile(coords, backend="spyre", dynamic=False)(shapes)
+        torch._dynamo.reset()
+        torch.testing.assert_close(got.cpu(), coords(shapes), rtol=1e-3, atol=0)
+        assert decoder._get_coords(72, 96, torch.float32, "cpu")[0].shape == (72,)  # ints pass through
+    assert_restored(decoder, snap)

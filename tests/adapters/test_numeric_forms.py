@@ -26,6 +26,7 @@ from adapters.numeric_forms import (
     grid_sample,
     group_norm,
     log1p,
+    log2,
     logsigmoid,
     scatter_reduce,
     solve_unit_lower,
@@ -364,6 +365,25 @@ def test_grid_sample_forms_left_to_stock():
     assert grid_sample(big, {}) is _PASS  # the sampling matrix would pass GRID_MATRIX_MAX
 
 
+# -- log2 ------------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_log2_matches_stock_to_rounding(dtype):
+    """log(x) * (1 / ln 2): within 2 ulps of the result (or of 1 near x = 1, where log2 crosses 0) on every finite
+    positive value in fp16/bf16 and a sweep in fp32; 0 -> -inf, inf -> inf, negative and nan -> nan, as stock."""
+    if dtype == torch.float32:
+        x = torch.logspace(-30, 30, 200_001, dtype=torch.float64).float()
+    else:
+        bits = torch.arange(1, 2**15, dtype=torch.int32).to(torch.int16).view(dtype)
+        x = bits[torch.isfinite(bits)]
+    ref, out = torch.log2(x), log2((x,), {})
+    step = torch.finfo(dtype).eps * ref.float().abs().clamp(min=1)
+    assert bool(((out.float() - ref.float()).abs() <= 2 * step).all())
+    specials = torch.tensor([0.0, -0.0, INF, -1.0, -INF, NAN], dtype=dtype)
+    _same_specials(log2((specials,), {}), torch.log2(specials))
+    with Reexpress(list(_REWRITES)):
+        torch.testing.assert_close(x[:64].log2(), torch.log2(x[:64]), rtol=4 * torch.finfo(dtype).eps, atol=0)
+
+
 # -- acos ------------------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("dtype,ulps", [(torch.float32, 2), (torch.float16, 1), (torch.bfloat16, 1)])
 def test_acos_matches_stock_within_ulps(dtype, ulps):
@@ -493,6 +513,11 @@ def _unit(*shape, seed=0):
     return (x / x.norm(dim=-1, keepdim=True) * 0.999).half()
 
 
+class _LogScale(torch.nn.Module):  # SAM 3's box relative-position bias: a signed log2 of the coordinate deltas
+    def forward(self, d):
+        return torch.sign(d) * torch.log2(torch.abs(d) + 1.0) / 3
+
+
 class _SegmentMeans(torch.nn.Module):  # TAPAS: a mean per table cell over its tokens
     def forward(self, values):
         cells = torch.tensor([i % 13 for i in range(values.shape[0])], device=values.device)
@@ -504,6 +529,7 @@ class _SegmentMeans(torch.nn.Module):  # TAPAS: a mean per table cell over its t
     "module,inputs,gap",
     [
         (_SegmentMeans, lambda: (_rand(32).half(),), "scatter_reduce"),
+        (_LogScale, lambda: ((_rand(2, 8, 64) * 8).half(),), "log2"),
         (_Expectation, lambda: (_unit(2, 32, 64), _unit(2, 32, 64, seed=1)), "acos"),
         (_ELU, lambda: ((_rand(4, 64) * 2).half(),), "elu|expm1"),
         (_MLSTMGates, lambda: ((_rand(2, 64) * 4).half(), (_rand(2, 4, 64) + 3).half()), "log_sigmoid|var"),
@@ -556,7 +582,7 @@ class _OneUlp(TorchFunctionMode):
         return out
 
 
-_OPS = {"acos", "scatter_reduce", "expm1", "special_expm1", "log1p", "special_log1p", "linalg_solve_triangular", "elu", "var", "std", "log_sigmoid"}
+_OPS = {"log2", "acos", "scatter_reduce", "expm1", "special_expm1", "log1p", "special_log1p", "linalg_solve_triangular", "elu", "var", "std", "log_sigmoid"}
 
 
 @functools.cache
