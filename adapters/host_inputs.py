@@ -27,10 +27,11 @@ bit-identical) and handing its result to the device, as hf-adapters pass positio
   In a compiled graph with CPU inputs the stock code runs (it folds to a constant); on a model moved with
   `Module.to("spyre")` it would run eagerly on the device. Gaps: aten.floor_divide, aten.sin and aten.cos (CPU
   fallbacks).
-- `host_grid_size`: grid sizes a method takes as 0-d tensors (`height` and `width` annotated as tensors, used as
-  arange bounds: SAM 3's DETR decoder sizes its box-bias coordinate grids by `spatial_shapes[0, 0]` and `[0, 1]`) read
-  on the host into Python ints before the method runs, so the grid is built for known sizes rather than sized by a
-  tensor's value (shape.data_dependent). The same values (arange over an int, a division by it).
+- `host_grid_size`: sizes a method receives as integer tensors where its code needs Python values (`height` and
+  `width` annotated as tensors and used as arange bounds: SAM 3's DETR decoder sizes its box-bias coordinate grids by
+  `spatial_shapes[0, 0]` and `[0, 1]`; a forward's parameter annotated as lists of ints: HunYuan-VL's vision embeddings
+  iterate `grid_thw`, which its vision model passes as a tensor) read on the host before the method runs, so what
+  they size is built for known sizes rather than sized by a tensor's value (shape.data_dependent). The same values.
 
 How they recognise their targets (by structure, not by class name):
 - a *position helper* is a function of the model's package whose code calls `cumsum` and whose first parameter is
@@ -509,47 +510,56 @@ class HostPositionEmbedding(Adapter):
 # ------------------------------------------------------------------------------------------------- grid sizes
 
 _GRID_SIZES = ("height", "width")
+_GRIDS = (list[list[int]], "list[list[int]]")  # one [t, h, w] per image
 
 
 def _annotated_tensor(annotation) -> bool:
     return annotation is torch.Tensor or annotation in ("torch.Tensor", "Tensor")
 
 
-def grid_size_methods(module: nn.Module) -> list[str]:
-    """Methods of a transformers module class that take `height` and `width` annotated as tensors and call arange
-    with them (SAM 3's DETR decoder builds its box-bias coordinate grids from `spatial_shapes[0, 0]` and `[0, 1]`,
-    0-d tensors read from a tensor the encoder built from Python ints)."""
-    out = []
+def _size_params(fn) -> tuple[str, ...]:
+    """The parameters of `fn` that are sizes its code needs as Python values but may receive as tensors: `height` and
+    `width` annotated as tensors and used as arange bounds (SAM 3's DETR decoder sizes its box-bias coordinate grids by
+    `spatial_shapes[0, 0]` and `[0, 1]`), and a forward's parameter annotated as lists of ints (HunYuan-VL's vision
+    embeddings iterate `grid_thw: list[list[int]]`, which its vision model passes as a tensor)."""
+    params = inspect.signature(fn).parameters
+    found = tuple(p for p, v in params.items() if v.annotation in _GRIDS) if fn.__name__ == "forward" else ()
+    sizes = [params.get(p) for p in _GRID_SIZES]
+    if all(p is not None and _annotated_tensor(p.annotation) for p in sizes) and "arange" in _own_names(fn):
+        found += _GRID_SIZES
+    return found
+
+
+def grid_size_methods(module: nn.Module) -> dict[str, tuple[str, ...]]:
+    """{method name: its size parameters} of a transformers module class (see _size_params)."""
+    out = {}
     for cls in type(module).__mro__:
         if not (cls.__module__ or "").startswith("transformers."):
             continue
         for name, fn in vars(cls).items():
-            if name in out or not isinstance(fn, types.FunctionType):
-                continue
-            params = inspect.signature(fn).parameters
-            sizes = [params.get(p) for p in _GRID_SIZES]
-            if all(p is not None and _annotated_tensor(p.annotation) for p in sizes) and "arange" in _own_names(fn):
-                out.append(name)
+            if name not in out and isinstance(fn, types.FunctionType) and _size_params(fn):
+                out[name] = _size_params(fn)
     return out
 
 
 @host
-def _host_int(t: torch.Tensor) -> int:
-    return int(to_host(t))
+def _host_value(t: torch.Tensor) -> int | list:
+    return to_host(t).tolist()
 
 
-def host_grid_sizes(fn):
-    """`fn` with its height and width, when 0-d integer tensors, read on the host first: Python ints, so a compiled
-    graph builds the grid for those sizes (a graph break where they are read) rather than sizing it from a tensor's
-    value. The same values: arange over an int and a division by it compute what they do with the 0-d tensor."""
+def host_grid_sizes(fn, sizes: tuple[str, ...]):
+    """`fn` with its size parameters, when integer tensors, read on the host first (`tolist()`: an int for a 0-d
+    tensor, nested lists otherwise): Python values, so a compiled graph builds what they size for known sizes (a graph
+    break where they are read) rather than sizing it from a tensor's value. The same values: arange over an int and a
+    division by it compute what they do with the 0-d tensor, and iterating lists of ints what iterating rows does."""
     signature = inspect.signature(fn)
 
     def run(self, *args, **kwargs):
         bound = signature.bind(self, *args, **kwargs)
-        for p in _GRID_SIZES:
-            v = bound.arguments[p]
-            if isinstance(v, torch.Tensor) and v.dim() == 0 and not v.is_floating_point() and not v.is_complex():
-                bound.arguments[p] = _host_int(v)
+        for p in sizes:
+            v = bound.arguments.get(p)
+            if isinstance(v, torch.Tensor) and not (v.is_floating_point() or v.is_complex() or v.dtype == torch.bool):
+                bound.arguments[p] = _host_value(v)
         return fn(*bound.args, **bound.kwargs)
 
     return run
@@ -559,9 +569,11 @@ def host_grid_sizes(fn):
 class HostGridSizes(Adapter):
     name = "host_grid_size"
     gap = "shape.data_dependent"
-    applies_to = frozenset({"a method taking height and width as tensors and calling arange with them (SAM 3)"})
+    applies_to = frozenset(
+        {"a method taking height and width as tensors for arange (SAM 3), or a list of ints as a tensor (HunYuan-VL)"}
+    )
     order = 18  # with the other host inputs; changes no shape
-    summary = "grid sizes passed as 0-d tensors read on the host, so the grid is built for Python ints"
+    summary = "sizes passed as integer tensors where the code takes ints or lists read on the host"
 
     def applicable(self, model: nn.Module) -> bool:
         return any(grid_size_methods(m) for m in model.modules())
@@ -569,9 +581,9 @@ class HostGridSizes(Adapter):
     def patch(self, model: nn.Module) -> Patch:
         patch = Patch(self.name)
         for path, m in model.named_modules():
-            for name in grid_size_methods(m):
-                fn = types.MethodType(host_grid_sizes(structure.current_function(m, name)), m)
-                patch.set_attr(m, name, fn, f"{path}.{name}: height and width read on the host")
+            for name, sizes in grid_size_methods(m).items():
+                fn = types.MethodType(host_grid_sizes(structure.current_function(m, name), sizes), m)
+                patch.set_attr(m, name, fn, f"{path}.{name}: {', '.join(sizes)} read on the host")
         return patch
 
 

@@ -472,3 +472,25 @@ def test_grid_sizes_are_read_on_the_host_bit_identically():
         torch.testing.assert_close(got.cpu(), coords(shapes), rtol=1e-3, atol=0)
         assert decoder._get_coords(72, 96, torch.float32, "cpu")[0].shape == (72,)  # ints pass through
     assert_restored(decoder, snap)
+
+
+def test_grids_given_as_a_tensor_are_read_as_lists():
+    """HunYuan-VL's vision model passes `grid_thw` (a tensor) to embeddings typed `list[list[int]]`, which iterate it
+    and interpolate the position grid to each (h, w): as 0-d tensors, sizes read from a tensor's value. Patched, the
+    embeddings get lists on the host: the same output, and compiled for Spyre it compiles."""
+    zm = _zoo("hunyuan_vl_vision")
+    model = zm.model.eval()
+    embeddings = model.embeddings
+    adapter = adapters.get_adapter("host_grid_size")
+    assert adapter.applicable(model)
+    result = adapter.check(model, zm.inputs, atol=0, rtol=0)
+    assert result.ok, str(result)
+    grid = zm.inputs["grid_thw"]
+    assert isinstance(grid, torch.Tensor)
+    with adapters.apply(embeddings, only=["host_grid_size", "interpolate"]):  # its grid resampling: interpolate's
+        pixels = zm.inputs["pixel_values"].half()
+        torch._dynamo.reset()
+        out = torch.compile(embeddings.half(), backend="spyre", dynamic=False)(pixels, grid)
+        torch._dynamo.reset()
+    model.float()
+    assert out.shape == embeddings(zm.inputs["pixel_values"], grid.tolist()).shape
