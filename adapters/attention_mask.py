@@ -210,11 +210,7 @@ class HostAttentionMask(Adapter):
         for _, module, names in mask_callers(model):
             for name in names:
                 copy = structure.rebind(structure.current_function(module, name), on_host, patch.on_undo)
-                what = f"{type(module).__name__}.{name}: masks on the host"
-                if name == "forward":
-                    patch.override_forward(module, copy, what)
-                else:
-                    patch.set_attr(module, name, types.MethodType(copy, module), what)
+                patch.override_method(module, name, copy, f"{type(module).__name__}.{name}: masks on the host")
             pass_pos = _template_positions(module)
             pass_types = type(module).__name__ in _BERT_TYPES
             if pass_types:

@@ -271,9 +271,5 @@ class FunctionalBorderPad(Adapter):
         for path, m in model.named_modules():
             for name in _border_pad_methods(m):
                 new = structure.rebind(structure.current_function(m, name), views, patch.on_undo)
-                what = f"{path or type(m).__name__}.{name}: border-mode F.pad as selects + cat"
-                if name == "forward":
-                    patch.override_forward(m, new, what)
-                else:
-                    patch.set_attr(m, name, types.MethodType(new, m), what)
+                patch.override_method(m, name, new, f"{path or type(m).__name__}.{name}: border-mode F.pad as selects + cat")
         return patch

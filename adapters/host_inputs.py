@@ -582,8 +582,8 @@ class HostGridSizes(Adapter):
         patch = Patch(self.name)
         for path, m in model.named_modules():
             for name, sizes in grid_size_methods(m).items():
-                fn = types.MethodType(host_grid_sizes(structure.current_function(m, name), sizes), m)
-                patch.set_attr(m, name, fn, f"{path}.{name}: {', '.join(sizes)} read on the host")
+                fn = host_grid_sizes(structure.current_function(m, name), sizes)
+                patch.override_method(m, name, fn, f"{path}.{name}: {', '.join(sizes)} read on the host")
         return patch
 
 

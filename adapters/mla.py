@@ -162,7 +162,5 @@ class LatentAttention(Adapter):
                 rebind_forward(
                     patch, attn, {id(current): NarrowVInterface(current)}, f"{path}: V padded at the call"
                 )
-            patch.set_attr(
-                attn, "expand_kv", types.MethodType(expand_kv, attn), f"{path}.expand_kv: key by cat"
-            )
+            patch.override_method(attn, "expand_kv", expand_kv, f"{path}.expand_kv: key by cat")
         return patch

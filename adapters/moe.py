@@ -564,12 +564,7 @@ class DenseExperts(Adapter):
                     gate_b, up_b = _split_gate_up(experts.gate_up_proj_bias.detach(), 1, layout)
                     patch.add_buffer(experts, "_spyre_gate_b", gate_b.contiguous())
                     patch.add_buffer(experts, "_spyre_up_b", up_b.contiguous())
-                patch.set_attr(
-                    experts,
-                    "_spyre_gate_fn",
-                    types.MethodType(gate_fn, experts),
-                    f"{path}: gate on the halves",
-                )
+                patch.override_method(experts, "_spyre_gate_fn", gate_fn, f"{path}: gate on the halves")
         for path, router in hosted:
             _route_on_host(patch, router, path)
         return patch
@@ -588,7 +583,5 @@ class DenseExperts(Adapter):
                 patch.add_buffer(block, "_spyre_up_w", up_w.contiguous(), f"{path}: up half of input_linear")
                 patch.override_forward(block, dense_parallel_moe_forward, f"{path}: experts dense")
             else:
-                patch.set_attr(block, "map", types.MethodType(dense_moa_map, block), f"{path}: MoA map dense")
-                patch.set_attr(
-                    block, "reduce", types.MethodType(dense_moa_reduce, block), f"{path}: MoA reduce"
-                )
+                patch.override_method(block, "map", dense_moa_map, f"{path}: MoA map dense")
+                patch.override_method(block, "reduce", dense_moa_reduce, f"{path}: MoA reduce")

@@ -48,8 +48,11 @@ class Patch:
 
     def override_forward(self, module: nn.Module, fn: Callable, what: str = "") -> None:
         """Per-instance forward: only this module object changes, its class and siblings do not."""
-        bound = types.MethodType(fn, module)
-        self.set_attr(module, "forward", bound, what or f"forward of {type(module).__name__}")
+        self.override_method(module, "forward", fn, what)
+
+    def override_method(self, module: nn.Module, name: str, fn: Callable, what: str = "") -> None:
+        """Per-instance method (`fn` takes the module first): what `module.name(...)` calls from now on."""
+        self.set_attr(module, name, types.MethodType(fn, module), what or f"{name} of {type(module).__name__}")
 
     def swap_module(self, parent: nn.Module, name: str, new: nn.Module, what: str = "") -> None:
         old = parent._modules[name]

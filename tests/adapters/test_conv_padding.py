@@ -20,6 +20,24 @@ def _rand(*shape, seed=0):
     return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
 
 
+def _stock_fails_patched_compiles(model, x, adapter: str, match: str) -> None:
+    """Compiled for Spyre in fp16: stock stops with a stack error matching `match`; with `adapter` alone the model
+    compiles and matches its fp32 CPU result to fp16 precision."""
+    from torch_spyre_emu.errors import SpyreError
+
+    ref = model.float()(x.float())
+    model.half()
+    torch._dynamo.reset()
+    with pytest.raises(SpyreError, match=match):
+        torch.compile(model, backend="spyre", dynamic=False)(x.half())
+    torch._dynamo.reset()
+    with adapters.apply(model, only=[adapter]):
+        out = torch.compile(model, backend="spyre", dynamic=False)(x.half())
+    torch._dynamo.reset()
+    assert out.shape == ref.shape
+    assert F.cosine_similarity(out.float().flatten(), ref.flatten(), dim=0) > 0.9999
+
+
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize(
     "shape,widths",
@@ -62,20 +80,8 @@ def test_what_it_takes_and_what_stays_stock():
 def test_compiled_for_spyre_the_pad_leaves_the_graph():
     """Stock: the reflect pad becomes `_unsafe_index`, which the stack cannot run in any mode; patched, the model
     compiles (the conv is the stack's im2col island) and matches the CPU to fp16 precision."""
-    from torch_spyre_emu.errors import SpyreUnsupportedOpError
-
-    model = nn.Sequential(nn.Conv1d(64, 64, 7, padding=3, padding_mode="reflect")).half()
-    x = _rand(2, 64, 32).half()
-    ref = model.float()(x.float())
-    model.half()
-    torch._dynamo.reset()
-    with pytest.raises(SpyreUnsupportedOpError, match="_unsafe_index"):
-        torch.compile(model, backend="spyre", dynamic=False)(x)
-    torch._dynamo.reset()
-    with adapters.apply(model, only=["conv_padding"]):
-        out = torch.compile(model, backend="spyre", dynamic=False)(x)
-    torch._dynamo.reset()
-    assert F.cosine_similarity(out.float().flatten(), ref.flatten(), dim=0) > 0.9999
+    model = nn.Sequential(nn.Conv1d(64, 64, 7, padding=3, padding_mode="reflect"))
+    _stock_fails_patched_compiles(model, _rand(2, 64, 32), "conv_padding", "_unsafe_index")
 
 
 def test_univnet_with_its_noise_pinned_is_bit_identical():
@@ -167,21 +173,8 @@ def test_seanet_compiled_for_spyre():
     """Stock: the padding amounts are computed from the int64 buffers inside the graph (`padding_total // 2` is
     floor_divide, then the amount is read back: a data-dependent size) and the reflect pad is `_unsafe_index`;
     patched, the conv compiles (its im2col island) and matches the CPU."""
-    from torch_spyre_emu.errors import SpyreError
-
     model = nn.Sequential(_seanet(_seanet_classes()[0], False, "reflect", 7, 2))
-    x = _rand(2, 4, 37)
-    ref = model(x)
-    model.half()
-    torch._dynamo.reset()
-    with pytest.raises(SpyreError, match="floor_divide"):
-        torch.compile(model, backend="spyre", dynamic=False)(x.half())
-    torch._dynamo.reset()
-    with adapters.apply(model, only=["seanet_conv"]):
-        out = torch.compile(model, backend="spyre", dynamic=False)(x.half())
-    torch._dynamo.reset()
-    assert out.shape == ref.shape
-    assert F.cosine_similarity(out.float().flatten(), ref.flatten(), dim=0) > 0.9999
+    _stock_fails_patched_compiles(model, _rand(2, 4, 37), "seanet_conv", "floor_divide")
 
 
 @pytest.mark.parametrize("model_type", ["encodec", "mimi_encoder", "pocket_tts_audio_tokenizer_encoder"])
@@ -246,20 +239,7 @@ def test_functional_pad_patches_the_methods_bit_identically_and_undoes():
 def test_functional_pad_compiled_for_spyre():
     """Stock: the reflect pad is `_unsafe_index` in the graph (F.pad's body, which no mode sees); patched, it compiles
     and matches the CPU."""
-    from torch_spyre_emu.errors import SpyreUnsupportedOpError
-
-    model = _WindowPad().eval()
-    x = _rand(2, 3, 13, 10)
-    ref = model(x)
-    model.half()
-    torch._dynamo.reset()
-    with pytest.raises(SpyreUnsupportedOpError, match="_unsafe_index"):
-        torch.compile(model, backend="spyre", dynamic=False)(x.half())
-    torch._dynamo.reset()
-    with adapters.apply(model, only=["functional_pad"]):
-        out = torch.compile(model, backend="spyre", dynamic=False)(x.half())
-    torch._dynamo.reset()
-    assert F.cosine_similarity(out.float().flatten(), ref.flatten(), dim=0) > 0.9999
+    _stock_fails_patched_compiles(_WindowPad().eval(), _rand(2, 3, 13, 10), "functional_pad", "_unsafe_index")
 
 
 def test_swin2sr_is_bit_identical():
