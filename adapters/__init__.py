@@ -26,6 +26,7 @@ from adapters import (  # noqa: F401  (importing registers the adapters, in appl
     mla,
     moe,
     numeric_forms,
+    numpy_scalars,
     pooling,
     qkv_split,
     rewrite,

@@ -589,6 +589,14 @@ _OPS: list[OpEntry] = [
 
 _FEATURES: list[Feature] = [
     Feature(
+        "dtype.float64",
+        False,
+        "float64 has no Spyre device format (the dtype -> DataFormats map gives INVALID): a float64 tensor cannot "
+        "reach the device, nor a 0-d float64 constant a compiled graph folds (dynamo traces NumPy scalar math as "
+        "float64 tensors).",
+        "torch_spyre_api.md §2 (f64, complex -> INVALID)",
+    ),
+    Feature(
         "layout.head_dim_not_stick_multiple",
         False,
         "A bmm whose reduction dim (K) or output stick dim is not a whole number of sticks (64 fp16) is rejected "
