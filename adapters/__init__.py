@@ -13,6 +13,7 @@ the adapter retires itself. See the adapter modules for what each one bridges an
 
 from adapters import (  # noqa: F401  (importing registers the adapters, in application order)
     attention_mask,
+    augmented,
     conv_padding,
     embedding,
     fused_split,

@@ -174,6 +174,24 @@ def rebind(
         g = _module_globals(inner.__globals__, on_undo)
         g.update(swaps)
         new = _copy(inner, g, inner.__closure__)
+    return _rewrapped(levels, new)
+
+
+def recompiled(fn: Callable, transform: Callable[[types.CodeType], types.CodeType]) -> types.FunctionType:
+    """A copy of `fn` (under its decorators, copied as rebind copies them) whose innermost code is `transform`ed."""
+    levels = chain(fn)
+    if not levels:
+        raise TypeError(f"recompiled: {fn!r} is not a Python function")
+    inner = levels[-1]
+    new = _copy(inner, inner.__globals__, inner.__closure__)
+    new.__code__ = transform(new.__code__)
+    return _rewrapped(levels, new)
+
+
+def _rewrapped(levels: list[types.FunctionType], new: types.FunctionType) -> types.FunctionType:
+    """The decorator chain `levels` (outermost first) around `new`, a copy of its innermost function: each wrapper's
+    closure cell that held the next function holds its copy."""
+    inner = levels[-1]
     for outer in reversed(levels[:-1]):
         old_inner = levels[levels.index(outer) + 1]
         cells = outer.__closure__ or ()
