@@ -34,7 +34,6 @@ from adapters.registry import register_adapter
 from adapters.rewrite import _probe_view_write
 
 _INPLACE = 13  # CPython's BINARY_OP: NB_INPLACE_ADD (13) ... NB_INPLACE_XOR (25) are NB_ADD (0) ... NB_XOR (12) + 13
-_INIT_TIME = ("__init__", "_init_weights")
 
 
 def _augmented_stores(code: types.CodeType) -> list[int]:
@@ -65,16 +64,8 @@ def out_of_place(code: types.CodeType) -> types.CodeType:
 
 
 def augmented_store_methods(m: nn.Module) -> list[str]:
-    out = []
-    for cls in type(m).__mro__:
-        if not (cls.__module__ or "").startswith("transformers."):
-            continue
-        for name, fn in vars(cls).items():
-            if name in out or name in _INIT_TIME or not isinstance(fn, types.FunctionType):
-                continue
-            if has_augmented_store(structure.chain(structure.current_function(m, name))[-1].__code__):
-                out.append(name)
-    return out
+    """Names of m's model methods with an augmented subscript store."""
+    return [name for name, fn in structure.model_methods(m) if has_augmented_store(fn.__code__)]
 
 
 @register_adapter

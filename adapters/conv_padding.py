@@ -230,20 +230,15 @@ def _is_nn_or_functional(obj) -> bool:
 
 
 def _border_pad_methods(m: nn.Module) -> list[str]:
-    """Names of the methods of m's model classes (not torch's) whose code pads in a border mode through `nn.functional`
-    or `F` (a mode name among its constants, `pad` among its attribute loads)."""
-    out = []
-    for cls in type(m).__mro__:
-        if structure._package(cls) in (None, "torch", "builtins"):
-            continue
-        for name, fn in vars(cls).items():
-            if name in out or not isinstance(fn, types.FunctionType):
-                continue
-            code = structure.chain(structure.current_function(m, name))[-1].__code__
-            if "pad" in code.co_names and set(_BORDER_MODES) & set(_constants(code)):
-                if structure.globals_matching(structure.current_function(m, name), _is_nn_or_functional):
-                    out.append(name)
-    return out
+    """Names of m's model methods whose code pads in a border mode through `nn.functional` or `F` (a mode name among
+    its constants, `pad` among its attribute loads)."""
+    return [
+        name
+        for name, fn in structure.model_methods(m)
+        if "pad" in fn.__code__.co_names
+        and set(_BORDER_MODES) & set(_constants(fn.__code__))
+        and structure.globals_matching(fn, _is_nn_or_functional)
+    ]
 
 
 def _constants(code: types.CodeType) -> list:

@@ -531,15 +531,8 @@ def _size_params(fn) -> tuple[str, ...]:
 
 
 def grid_size_methods(module: nn.Module) -> dict[str, tuple[str, ...]]:
-    """{method name: its size parameters} of a transformers module class (see _size_params)."""
-    out = {}
-    for cls in type(module).__mro__:
-        if not (cls.__module__ or "").startswith("transformers."):
-            continue
-        for name, fn in vars(cls).items():
-            if name not in out and isinstance(fn, types.FunctionType) and _size_params(fn):
-                out[name] = _size_params(fn)
-    return out
+    """{method name: its size parameters} of the module's model methods (see _size_params)."""
+    return {name: _size_params(fn) for name, fn in structure.model_methods(module) if _size_params(fn)}
 
 
 @host

@@ -16,8 +16,6 @@ names). Retirement: when the stack takes float64 (the feature `dtype.float64`).
 
 from __future__ import annotations
 
-import types
-
 import numpy as np
 from torch import nn
 
@@ -27,7 +25,6 @@ from adapters.patch import Patch
 from adapters.registry import register_adapter
 
 SCALAR_FUNCTIONS = ("sqrt", "log", "log2", "log10", "exp", "power", "sin", "cos", "tan", "arctan")
-_INIT_TIME = ("__init__", "_init_weights")
 
 
 def _python_scalar(fn):
@@ -47,19 +44,13 @@ def _python_scalar(fn):
 
 
 def numpy_scalar_methods(m: nn.Module) -> list[str]:
-    """Names of the methods of m's transformers classes that call NumPy's scalar functions through the global `np`."""
-    out = []
-    for cls in type(m).__mro__:
-        if not (cls.__module__ or "").startswith("transformers."):
-            continue
-        for name, fn in vars(cls).items():
-            if name in out or name in _INIT_TIME or not isinstance(fn, types.FunctionType):
-                continue
-            inner = structure.chain(structure.current_function(m, name))[-1]
-            names = set(inner.__code__.co_names)
-            if "np" in names and inner.__globals__.get("np") is np and names & set(SCALAR_FUNCTIONS):
-                out.append(name)
-    return out
+    """Names of m's model methods that call NumPy's scalar functions through the global `np`."""
+    return [
+        name
+        for name, fn in structure.model_methods(m)
+        if fn.__globals__.get("np") is np and "np" in fn.__code__.co_names
+        and set(fn.__code__.co_names) & set(SCALAR_FUNCTIONS)
+    ]
 
 
 @register_adapter

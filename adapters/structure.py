@@ -69,6 +69,25 @@ def keeps_stock_forward(module: object, classes) -> bool:
     )
 
 
+_NOT_MODEL_CODE = (None, "torch", "builtins", "adapters")
+_INIT_TIME = ("__init__", "_init_weights")  # run before an adapter patches: never worth a per-instance copy
+
+
+def model_methods(module: object) -> list[tuple[str, types.FunctionType]]:
+    """(name, innermost function now behind `module.name`) of the methods the module's model classes define
+    (transformers' or a user's; not torch's, nor an adapter's), most-derived first, each name once, init-time
+    methods left out: what a method-level adapter (functional_pad, host_grid_size, numpy_scalars, augmented_store)
+    scans and then replaces per instance."""
+    out: dict[str, types.FunctionType] = {}
+    for cls in type(module).__mro__:
+        if _package(cls) in _NOT_MODEL_CODE:
+            continue
+        for name, fn in vars(cls).items():
+            if name not in out and name not in _INIT_TIME and isinstance(fn, types.FunctionType):
+                out[name] = chain(current_function(module, name))[-1]
+    return list(out.items())
+
+
 def autograd_forwards(f: types.FunctionType) -> list[types.FunctionType]:
     """The `forward`s of the same-package `torch.autograd.Function` subclasses `f` reads by global name: the code
     a call such as SEW-D's `XSoftmax.apply(scores, mask, -1)` runs, which is a model's own code as much as a
