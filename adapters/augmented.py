@@ -15,8 +15,8 @@ x[k] is not written twice. (For objects whose `__iadd__` is not `__add__` plus a
 still leaves x[k] holding the same contents.) The store is then a plain `x[k] = v`, which the rewrite adapter's
 window-write form takes on a base of rank >= 3 and the stack lowers below that.
 
-How it recognises its targets: by bytecode, in the methods of the model's transformers classes (and the functions
-those methods' code objects nest), never `__init__` / `_init_weights`. Retirement: with the view-write probe (when
+How it recognises its targets: by bytecode, in the methods of the model's own classes (transformers' or a user's:
+structure.model_methods, never `__init__` / `_init_weights`) and the code objects they nest. Retirement: with the view-write probe (when
 the stack writes windows of 3-D tensors, an in-place op on a view lowers too).
 """
 

@@ -52,6 +52,7 @@ from adapters.patch import Patch
 from adapters.registry import register_adapter
 
 PAD_MAX = 16  # elements per side: each is one select
+_BORDER_MODES = ("reflect", "replicate", "circular")  # the pad modes that read the input's own border
 _CONVS = {nn.Conv1d: F.conv1d, nn.Conv2d: F.conv2d}
 
 
@@ -77,7 +78,7 @@ def border_pad(x: torch.Tensor, widths, mode: str) -> torch.Tensor:
 
 
 def _fits(m: nn.Module, widths) -> bool:
-    return all(0 <= w <= PAD_MAX for w in widths) and m.padding_mode in ("reflect", "replicate", "circular")
+    return all(0 <= w <= PAD_MAX for w in widths) and m.padding_mode in _BORDER_MODES
 
 
 def _within_stock_limits(mode: str, widths, shape) -> bool:
@@ -150,7 +151,7 @@ def is_seanet_conv(m: nn.Module) -> bool:
 def seanet_pad(x: torch.Tensor, pads: tuple[int, int], mode: str) -> torch.Tensor:
     """Stock's `_pad1d` on the last dim: a reflect pad wider than the input first zero-pads it on the right (and
     drops that again), as stock does; border modes as selects + cat, constant through F.pad."""
-    if mode not in ("reflect", "replicate", "circular"):
+    if mode not in _BORDER_MODES:
         return F.pad(x, pads, mode)  # constant: the stack's constant_pad_nd
     extra = max(*pads) - x.shape[-1] + 1 if mode == "reflect" and x.shape[-1] <= max(pads) else 0
     if extra:
@@ -196,15 +197,13 @@ class SeanetConvPadding(Adapter):
         patch = Patch(self.name)
         for path, m in model.named_modules():
             if is_seanet_conv(m):
-                kernel, stride, total = (int(m._buffers[b]) for b in ("kernel_size", "stride", "padding_total"))
+                stride, kernel, total = (int(m._buffers[b]) for b in _SEANET_BUFFERS)
                 forward = seanet_forward(kernel, stride, total, type(m).forward)
                 patch.override_forward(m, forward, f"{path}: padding {total} (+ frame rounding) as host ints")
         return patch
 
 
 # ------------------------------------------------------------------------------ F.pad in a model's own code
-
-_BORDER_MODES = ("reflect", "replicate", "circular")
 
 
 def bordered_pad(input, pad, mode="constant", value=None):

@@ -532,7 +532,8 @@ def _size_params(fn) -> tuple[str, ...]:
 
 def grid_size_methods(module: nn.Module) -> dict[str, tuple[str, ...]]:
     """{method name: its size parameters} of the module's model methods (see _size_params)."""
-    return {name: _size_params(fn) for name, fn in structure.model_methods(module) if _size_params(fn)}
+    found = {name: _size_params(fn) for name, fn in structure.model_methods(module)}
+    return {name: sizes for name, sizes in found.items() if sizes}
 
 
 @host

@@ -90,33 +90,35 @@ def _unary(args, kwargs):
     return x
 
 
+def _float_unary(args, kwargs):
+    """The tensor of a plain `f(x)` call, integer and bool inputs taken as the default float (as stock), or None."""
+    x = _unary(args, kwargs)
+    if x is not None and not x.is_floating_point():
+        x = x.to(torch.get_default_dtype())
+    return x
+
+
 def expm1(args, kwargs):
     """exp(x) - 1 (integer and bool inputs are taken as the default float, as stock)."""
-    x = _unary(args, kwargs)
+    x = _float_unary(args, kwargs)
     if x is None:
         return _PASS
-    if not x.is_floating_point():
-        x = x.to(torch.get_default_dtype())
     return torch.exp(x) - 1
 
 
 def log1p(args, kwargs):
     """log(1 + x) (integer and bool inputs are taken as the default float, as stock)."""
-    x = _unary(args, kwargs)
+    x = _float_unary(args, kwargs)
     if x is None:
         return _PASS
-    if not x.is_floating_point():
-        x = x.to(torch.get_default_dtype())
     return torch.log(x + 1)
 
 
 def log2(args, kwargs):
     """log(x) / ln 2, as log(x) * (1 / ln 2) (integer and bool inputs are taken as the default float, as stock)."""
-    x = _unary(args, kwargs)
+    x = _float_unary(args, kwargs)
     if x is None:
         return _PASS
-    if not x.is_floating_point():
-        x = x.to(torch.get_default_dtype())
     return torch.log(x) * (1 / math.log(2))
 
 
@@ -163,11 +165,9 @@ _ACOS_COEFFS = (
 def acos(args, kwargs):
     """`sqrt(1 - |x|) * p(|x|)` (A&S 4.4.46), `pi - that` for x < 0, in fp32 for fp16/bf16 (ATen's op math), cast
     back. |x| > 1 and nan give nan (sqrt of a negative), as stock."""
-    x = _unary(args, kwargs)
+    x = _float_unary(args, kwargs)
     if x is None:
         return _PASS
-    if not x.is_floating_point():
-        x = x.to(torch.get_default_dtype())
     wide = x.to(get_computation_dtype(x.dtype))
     a = wide.abs()
     poly = a * _ACOS_COEFFS[-1] + _ACOS_COEFFS[-2]

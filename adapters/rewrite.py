@@ -708,12 +708,20 @@ def masked_scatter(args, kwargs):
     m = mask.expand(x.shape)
     if not torch.compiler.is_compiling() and int(m.sum()) > source.numel():
         return _PASS  # stock's error: fewer source elements than True positions (eager only, as getitem's checks)
-    k = torch.cumsum(m.reshape(-1).to(torch.int64), 0) - 1
-    k = torch.where(k < 0, torch.zeros_like(k), k)  # positions before the first True read element 0, then are dropped
-    # an empty source (Higgs-Audio's batch without audio tokens: the mask is all False) still needs a row to read
-    table = source.reshape(-1, 1) if source.numel() else x.new_zeros(1, 1)
-    picked = F.embedding(k, table).reshape(x.shape)
+    picked = _in_mask_order(m.reshape(-1), source.reshape(-1, 1), x).reshape(x.shape)
     return torch.where(m, picked, x)
+
+
+def _in_mask_order(flat_mask: torch.Tensor, table: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """Row k of the 2-D `table` at the k-th True position of `flat_mask` (`k = cumsum(mask) - 1`, one embedding
+    lookup): the gather of masked_scatter and of a store of selected rows. Positions before the first True read row
+    0 and are dropped by the caller's where; an empty table (Higgs-Audio's batch without audio tokens: the mask is all
+    False) still needs a row to read, a zero row of `like`'s dtype."""
+    k = torch.cumsum(flat_mask.to(torch.int64), 0) - 1
+    k = torch.where(k < 0, torch.zeros_like(k), k)
+    if table.shape[0] == 0:
+        table = like.new_zeros(1, table.shape[1])
+    return F.embedding(k, table)
 
 
 def _write_window(x: torch.Tensor, key) -> list[tuple[int, int, int, bool]] | None:
@@ -829,11 +837,8 @@ def _selected_rows(x: torch.Tensor, mask: torch.Tensor, keep: torch.Tensor, valu
         return _PASS  # stock's own errors (dtype mismatch, shape mismatch) or a broadcast this form does not take
     if not torch.compiler.is_compiling() and int(mask.sum()) != value.shape[0]:
         return _PASS  # stock's error: as many rows as True positions (eager only, as masked_scatter's check)
-    width = math.prod(row)
-    k = torch.cumsum(mask.to(x.device).reshape(-1).to(torch.int64), 0) - 1
-    k = torch.where(k < 0, torch.zeros_like(k), k)  # positions before the first True read row 0, then are dropped
-    table = value.to(x.device).reshape(value.shape[0], width) if value.shape[0] else x.new_zeros(1, width)
-    picked = F.embedding(k, table).reshape(x.shape)
+    table = value.to(x.device).reshape(value.shape[0], math.prod(row))
+    picked = _in_mask_order(mask.to(x.device).reshape(-1), table, x).reshape(x.shape)
     x.copy_(torch.where(keep, picked, x))
     return None
 
@@ -1105,7 +1110,7 @@ REWRITES: tuple[Rewrite, ...] = (
         frozenset({"as_strided"}),
         as_strided,
         ("aten.view", "aten.slice", "aten.unfold", "aten.squeeze", "aten.permute", "aten.expand"),
-        "as_strided of a contiguous tensor: unfolds of its flat view, largest stride first",
+        "as_strided of a dense tensor: unfolds of its storage order, largest stride first",
     ),
     Rewrite(
         "aten.bucketize",
