@@ -22,6 +22,12 @@ bit-identical) and handing its result to the device, as hf-adapters pass positio
   per-sample shuffle and its inverse, SAM-HQ's masks ordered by predicted IoU) on the host, the results back on the
   tensor's device, the stock op on the same values (bit-identical, stable or not, as the host's kernel).
   Gap: aten.sort (#4072: no lowering, no CPU island).
+- `host_int_division`: floor division and remainder of integer tensors (`//`, `%`, floor_divide, remainder,
+  div(rounding_mode="floor")) in a model's methods: DeepSeek-V4's causal threshold `(position_ids + 1) // rate`,
+  CANINE's hash buckets `((input_ids + 1) * prime) % num_buckets`; index arithmetic on ids and positions, run on the
+  host (the stock op on the same values: bit-identical), the result back on the operand's device. Float operands stay
+  stock (the rewrite adapter's floor division by 2^k is a device form). Gaps: aten.floor_divide (#4643) and
+  aten.remainder (no lowering, no CPU island).
 - `host_position_embedding`: position embeddings made from shapes and the padding mask alone (DETR's sine embedding
   and its copies: an arange floor-divided by 2, then sin and cos), built on the host when they are for the device.
   In a compiled graph with CPU inputs the stock code runs (it folds to a constant); on a model moved with
@@ -50,6 +56,10 @@ How they recognise their targets (by structure, not by class name):
 - a *sort* is a call of torch.sort / torch.argsort (or the Tensor methods) anywhere in the model's own code: the
   rewrite adapter's structural scan (`rewrite.uses`) finds the names, and the model's forward runs under the same
   kind of TorchFunctionMode (`rewrite.ModeAdapter`) with the host sort as its only handler; out= stays stock;
+- an *integer division* is a `//` or `%` operator (by bytecode) or a floor_divide / remainder / div call (by name)
+  in the model methods (structure.model_methods: not `__init__`, whose `hidden_size // num_heads` every model has)
+  or the same-package helpers they reach: the model's forward runs under a mode whose handlers take the calls with
+  two integer operands, one a tensor;
 - a *position generator* is a module of transformers holding no tensor whose forward takes a `device` argument, or
   whose own code calls arange and sin or cos: its forward becomes the stock one, called on the host when the
   result is for another device.
@@ -72,6 +82,8 @@ from adapters.base import Adapter
 from adapters.patch import Patch
 from adapters.registry import register_adapter
 from adapters.rewrite import _PASS, ModeAdapter, Rewrite
+from adapters.rewrite import _code_uses as rewrite_scan
+from adapters.rewrite import _helpers as scan_helpers
 
 _POSITION_INPUTS = ("input_ids", "attention_mask")  # the first parameter of a cumsum position helper
 # the first parameter of a relative-position bucketing helper (T5's and its copies'; WavLM's is plural)
@@ -621,3 +633,89 @@ class HostSort(ModeAdapter):
     kind = "host sorts"
     scan_framework = False  # PreTrainedModel's weight init calls std, list code sort: not a forward's
 
+
+
+# ------------------------------------------------------------------------------------------- integer division
+
+
+def _integer(v) -> bool:
+    """An integer operand: a tensor of an integer dtype or a Python int (not bool, float, complex)."""
+    if isinstance(v, torch.Tensor):
+        return not (v.is_floating_point() or v.is_complex() or v.dtype == torch.bool)
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _int_division_on_host(stock, rounding_mode: str | None = None):
+    """A Reexpress handler: `stock` (floor_divide or remainder: `(input, other)`) run by `on_host` when both operands
+    are integers and one is a strided tensor; float operands, out= and anything else stay stock (the rewrite
+    adapter's floor division of a float tensor by 2^k stays on the device). `rounding_mode`: the one torch.div's
+    call must name to be this division (div's default is true division)."""
+    run = on_host(stock)
+
+    def handler(args, kwargs):
+        if len(args) > 2 or set(kwargs) - {"input", "self", "other", "rounding_mode"}:
+            return _PASS
+        if kwargs.get("rounding_mode") != rounding_mode:
+            return _PASS
+        x = args[0] if args else kwargs.get("input", kwargs.get("self"))
+        d = args[1] if len(args) > 1 else kwargs.get("other")
+        tensors = [v for v in (x, d) if isinstance(v, torch.Tensor)]
+        if not tensors or any(t.layout != torch.strided for t in tensors) or not (_integer(x) and _integer(d)):
+            return _PASS
+        return run(x, d)
+
+    return handler
+
+
+_INT_DIVISIONS = (
+    Rewrite(
+        "aten.floor_divide",
+        (torch.Tensor.__floordiv__, torch.Tensor.floor_divide, torch.floor_divide),
+        frozenset({"//", "floor_divide"}),
+        _int_division_on_host(torch.floor_divide),
+        (),
+        "integer `//` and floor_divide",
+    ),
+    Rewrite(
+        "aten.floor_divide",
+        (torch.Tensor.div, torch.div),
+        frozenset({"div"}),
+        _int_division_on_host(torch.floor_divide, rounding_mode="floor"),
+        (),
+        "integer div(rounding_mode='floor')",
+    ),
+    Rewrite(
+        "aten.remainder",
+        (torch.Tensor.__mod__, torch.Tensor.remainder, torch.remainder),
+        frozenset({"%", "remainder"}),
+        _int_division_on_host(torch.remainder),
+        (),
+        "integer `%` and remainder",
+    ),
+)
+
+
+@register_adapter
+class HostIntegerDivision(ModeAdapter):
+    name = "host_int_division"
+    gap = "aten.floor_divide"
+    also = ("aten.remainder",)
+    applies_to = frozenset({"a model method whose code floor-divides or takes a remainder (`//`, `%`, the functions)"})
+    order = 94  # a mode around the final forward, inside rewrite's (95), whose float floor division it leaves alone
+    summary = "floor division and remainder of integer tensors on the host (index arithmetic), results back on the device"
+    rewrites = _INT_DIVISIONS
+    kind = "host integer division"
+
+    def _uses(self, model: nn.Module) -> dict[str, list[str]]:
+        """capability -> module paths, scanning the model methods (structure.model_methods: not `__init__`, whose
+        `hidden_size // num_heads` every model has) and their same-package helpers."""
+        names = frozenset().union(*(r.names for r in self.rewrites))
+        out: dict[str, list[str]] = {}
+        for path, m in model.named_modules():
+            found = frozenset().union(
+                *(rewrite_scan(f.__code__, names) for _, fn in structure.model_methods(m) for f in scan_helpers(fn))
+            )
+            for r in self.rewrites:
+                if r.names & found:
+                    out.setdefault(r.gap, []).append(path or "<top>")
+        return out

@@ -27,7 +27,7 @@ retires by itself on the default table.)
 | `torch.gather(x, d, index)`, `x.gather(d, index)` | `F.embedding(index * stride_d + positions, x.reshape(-1, 1))`: each picked element's flat position, the other dims' positions host-built constants | embedding (a CPU fallback), mul, add |
 | `x.scatter(d, index, v)`, `scatter_` (a number v; index as wide as x off `d`: the DSA indexer's mask) | `where((index[..., :, None] == 0..T-1).amax over K, v, x)` | eq, the bool->fp16 cast, amax, ne, where |
 | `x.prod(dim)`, `x.prod()` (int64, at most 16 factors: an image grid's `grid_thw.prod(-1)`) | `x.select(dim, 0) * x.select(dim, 1) * ...` | select (a view), mul |
-| `x // 2^k`, `torch.floor_divide`, `torch.div(..., rounding_mode="floor")` (a float x: a position table's `dim_t // 2`) | `floor(floor(x) * 2^-k) * ((x - x) + 1)` (`floor_div`; the operator form in eager code only) | floor, mul, sub, add |
+| `x // 2^k`, `torch.floor_divide`, `torch.div(..., rounding_mode="floor")` (a float x: a position table's `dim_t // 2`) | `floor(floor(x) * 2^-k) * ((x - x) + 1)` (`floor_div`) | floor, mul, sub, add |
 | `F.fold(x, size, k, stride=k)` of patches tiling the output exactly (MobileViTv2) | `reshape` to (N, C, kh, kw, Lh, Lw), `permute` to (N, C, Lh, kh, Lw, kw), `reshape`: one input element per output element | view, permute |
 | `torch.bucketize(x, b, right=r)` (1-D b, at most 1024 boundaries: Idefics3's patch positions) | `sum(b < x)` (`b <= x` for right=True) over b as float16 ones, `where(x != x, len(b), count)`, cast to int64 / int32 | lt / le, ne, where, sum, the casts |
 | `x.as_strided(size, stride)` of a dense x, every read inside x (Longformer's and LED's overlapping chunks) | x in storage order, flattened, `narrow` to the span read, then one `unfold(-1, inner extent, stride)` per dim (largest stride first), permuted back; stride-0 dims expanded | slice, unfold (CPU islands: as_strided has none), permute, expand |
@@ -65,7 +65,8 @@ transformers' or a user's, not torch.nn's) and the same-package helpers they cal
 scanned for the names these ops are called by (`masked_fill`, `masked_fill_`, `stack`, `new_full`, `glu`, `masked_scatter`, `all`,
 `logsumexp`, `scatter`, `scatter_`, `index_select`, `gather`, `prod`, `floor_divide`, `div`, `bucketize`, `as_strided`,
 `max_pool1d/2d`,
-`avg_pool1d/2d`), for subscripts (`x[...]`: an aten.index when the key holds an integer tensor or a list;
+`avg_pool1d/2d`, and the pooling classes by name: an `nn.MaxPool1d` built inside CANINE's forward calls
+`F.max_pool1d`), for subscripts (`x[...]`: an aten.index when the key holds an integer tensor or a list;
 `x[...] = y`: a scatter into a view) and for the `//` operator. The model's top-level forward then runs under a `torch.overrides.TorchFunctionMode` that re-expresses each
 call of those ops whose capability the stack lacks and passes every other call through unchanged. Dynamo traces
 through the mode (fullgraph too) and records the re-expressed ops. The patch is one per-instance forward, undone
@@ -409,8 +410,8 @@ def floor_div(args, kwargs):
     integer times 2^-k is exact in any binary format, and the last factor is 1 (keeping -0.0 as stock) or NaN where
     x is infinite (stock's floor division gives NaN there). Checked against torch on every fp16 and bf16 value.
     On the device too: floor(x) of a DL16 value is a DL16 value (below 2^9 an integer, above it x itself).
-    Limit: dynamo records a tensor's `//` as a method call without consulting torch function modes, so the operator
-    form is re-expressed in eager code only (torch.div / floor_divide calls in compiled code too)."""
+    The operator form reaches the mode as Tensor.__floordiv__, which Reexpress matches by identity (dynamo's dict
+    lookup misses it: Reexpress.__init__)."""
     x = _arg(args, kwargs, 0, "input", "self")
     d = _arg(args, kwargs, 1, "other")
     if len(args) > 2 or set(kwargs) - {"input", "self", "other"}:
@@ -1043,7 +1044,7 @@ REWRITES: tuple[Rewrite, ...] = (
     Rewrite(
         "aten.max_pool2d_with_indices",
         (F.max_pool2d,),
-        frozenset({"max_pool2d"}),
+        frozenset({"max_pool2d", "MaxPool2d"}),
         pool("max", 2),
         _POOL_NEEDS,
         "im2col of the -inf padded input, amax over each window (pooling.functional_pool)",
@@ -1051,7 +1052,7 @@ REWRITES: tuple[Rewrite, ...] = (
     Rewrite(
         "aten.max_pool2d_with_indices",
         (F.max_pool1d,),
-        frozenset({"max_pool1d"}),
+        frozenset({"max_pool1d", "MaxPool1d"}),
         pool("max", 1),
         _POOL_NEEDS,
         "im2col over a height of 1, amax over each window (pooling.functional_pool)",
@@ -1083,7 +1084,7 @@ REWRITES: tuple[Rewrite, ...] = (
     Rewrite(
         "aten.avg_pool2d",
         (F.avg_pool2d,),
-        frozenset({"avg_pool2d"}),
+        frozenset({"avg_pool2d", "AvgPool2d"}),
         pool("avg", 2),
         _POOL_NEEDS,
         "im2col, mean over each window or the sum of its real elements over their count (pooling.functional_pool)",
@@ -1091,7 +1092,7 @@ REWRITES: tuple[Rewrite, ...] = (
     Rewrite(
         "aten.avg_pool2d",
         (F.avg_pool1d,),
-        frozenset({"avg_pool1d"}),
+        frozenset({"avg_pool1d", "AvgPool1d"}),
         pool("avg", 1),
         _POOL_NEEDS,
         "as avg_pool2d over a height of 1 (pooling.functional_pool)",
@@ -1154,16 +1155,27 @@ class Reexpress(TorchFunctionMode):
 
     def __init__(self, rewrites: list[Rewrite]):
         super().__init__()
-        self.handlers: dict[object, tuple[Callable, ...]] = {}  # a func two rewrites share (x[k] = v) tries each
+        table: dict[object, tuple[Callable, ...]] = {}  # a func two rewrites share (x[k] = v) tries each
         for r in rewrites:
             for f in r.funcs:
-                self.handlers[f] = (*self.handlers.get(f, ()), r.handler)
+                table[f] = (*table.get(f, ()), r.handler)
+        # Tensor's methods written in Python (Tensor.__floordiv__, __rsub__, ...) are compared by identity: as a dict
+        # key dynamo (torch 2.13) finds such a function absent while it is there, and the frame's own guard then fails
+        # ("Guard failed on the same frame it was created": `x // 2` in compiled code)
+        self.by_identity = tuple((f, hs) for f, hs in table.items() if _python_tensor_method(f))
+        self.handlers = {f: hs for f, hs in table.items() if not _python_tensor_method(f)}
+
+    def _handlers(self, func) -> tuple[Callable, ...]:
+        for f, hs in self.by_identity:
+            if f is func:
+                return hs
+        return self.handlers.get(func, ())
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         if declined(func, args):
             return NotImplemented
         kwargs = kwargs or {}
-        for handler in self.handlers.get(func, ()):
+        for handler in self._handlers(func):
             out = handler(args, kwargs)
             if out is not _PASS:
                 return out
@@ -1204,6 +1216,12 @@ def run_stock(func, args, kwargs):
     return func(*args, **kwargs)
 
 
+def _python_tensor_method(func) -> bool:
+    """A method of torch.Tensor defined in Python (torch/_tensor.py's operators, a method the stack wraps)."""
+    name = getattr(func, "__name__", None)
+    return isinstance(func, types.FunctionType) and isinstance(name, str) and getattr(torch.Tensor, name, None) is func
+
+
 def _python_wrapped_method(func) -> bool:
     name = getattr(func, "__name__", None)
     return (
@@ -1231,18 +1249,24 @@ _skip_eager_frames(Reexpress.__torch_function__.__code__)
 # -- the structural scan -------------------------------------------------------------------------------------------
 _SUBSCRIPT_OPS = frozenset(dis.opmap[n] for n in _SUBSCRIPT)
 _STORE_SUBSCRIPT_OPS = frozenset(dis.opmap[n] for n in _STORE_SUBSCRIPT)
-# `a // b` and `a //= b`: BINARY_OP with its floor-division argument (CPython 3.11+ wordcode: opcode, arg)
-_FLOOR_DIVIDE = frozenset(
-    (dis.opmap["BINARY_OP"], i)
-    for i, (name, _) in enumerate(dis._nb_ops)
-    if name in ("NB_FLOOR_DIVIDE", "NB_INPLACE_FLOOR_DIVIDE")
-)
+
+
+def _binary_op(*nb_names: str) -> frozenset[tuple[int, int]]:
+    """The (opcode, arg) wordcode units of BINARY_OP with these operators (CPython 3.11+)."""
+    return frozenset((dis.opmap["BINARY_OP"], i) for i, (name, _) in enumerate(dis._nb_ops) if name in nb_names)
+
+
+# the operators the scan finds by bytecode, by the name a Rewrite lists them under: `a // b`, `a //= b`, `a % b`
+_OPERATORS = {
+    "//": _binary_op("NB_FLOOR_DIVIDE", "NB_INPLACE_FLOOR_DIVIDE"),
+    "%": _binary_op("NB_REMAINDER", "NB_INPLACE_REMAINDER"),
+}
 
 
 @functools.cache
 def _code_uses(code: types.CodeType, names: frozenset[str]) -> frozenset[str]:
     """The `names` that `code` (and the functions nested in it) loads, plus "[]" / "[]=" where it subscripts and
-    "//" where it floor-divides (when "//" is among `names`).
+    "//" / "%" where it floor-divides / takes a remainder (when the operator is among `names`).
     Cached: a scan of every module class of a model reaches the same transformers helpers many times, and each
     model's adapters scan them again (with dis.get_instructions and no cache, test collection took 60 s per worker,
     32 s after: 2026-12-03)."""
@@ -1251,8 +1275,10 @@ def _code_uses(code: types.CodeType, names: frozenset[str]) -> frozenset[str]:
     ops = set(code.co_code[::2])
     if ops & _SUBSCRIPT_OPS:
         found.add("[]")
-    if "//" in names and _FLOOR_DIVIDE & set(zip(code.co_code[::2], code.co_code[1::2], strict=True)):
-        found.add("//")
+    wanted = [op for op in _OPERATORS if op in names]
+    if wanted:
+        units = set(zip(code.co_code[::2], code.co_code[1::2], strict=True))
+        found.update(op for op in wanted if _OPERATORS[op] & units)
     if ops & _STORE_SUBSCRIPT_OPS:
         found.add("[]=")
     for const in code.co_consts:

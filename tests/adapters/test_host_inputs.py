@@ -494,3 +494,95 @@ def test_grids_given_as_a_tensor_are_read_as_lists():
         torch._dynamo.reset()
     model.float()
     assert out.shape == embeddings(zm.inputs["pixel_values"], grid.tolist()).shape
+
+
+# -- host_int_division: integer // and % (index arithmetic) on the host ----------------------------------------------
+
+
+class _IndexArithmetic(nn.Module):  # DeepSeek-V4's causal threshold, CANINE's hash buckets, a float position table
+    def forward(self, x, position_ids, input_ids):
+        threshold = (position_ids + 1) // 4  # the operator: dynamo hands the mode Tensor.__floordiv__
+        buckets = ((input_ids + 1) * 31) % 7
+        floors = torch.div(position_ids, 3, rounding_mode="floor") + torch.remainder(input_ids, 5)
+        half = x // 2  # a float tensor: the rewrite adapter's device form, not the host
+        return threshold, buckets, floors, half
+
+
+def _index_inputs():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 16, generator=g) * 40
+    return x, torch.arange(16).repeat(2, 1), torch.randint(-50, 300, (2, 16), generator=g)
+
+
+def test_integer_division_runs_on_the_host_bit_identical():
+    """Stock: floor_divide has no lowering and no CPU island (#4643), remainder neither, so the compiled model stops;
+    patched, each integer division runs on the host (a graph break) and equals stock exactly, negative operands too;
+    the float `x // 2` stays on the device as the rewrite adapter's floor form (matched by identity: the operator
+    reaches the mode as Tensor.__floordiv__, a key dynamo's dict lookup misses)."""
+    from torch_spyre_emu.errors import SpyreUnsupportedOpError
+
+    model, inputs = _IndexArithmetic(), _index_inputs()
+    ref = model(*inputs)
+    adapter = adapters.get_adapter("host_int_division")
+    assert adapter.applicable(model)
+    torch._dynamo.reset()
+    with pytest.raises(SpyreUnsupportedOpError, match="aten.floor_divide|aten.remainder"):
+        torch.compile(model, backend="spyre", dynamic=False)(*inputs)
+    torch._dynamo.reset()
+    snap = snapshot(model)
+    with adapters.apply(model, only=["host_int_division", "rewrite"]) as handle:
+        assert {"host_int_division", "rewrite"} <= set(handle.report.applied)
+        eager = model(*inputs)
+        x16 = inputs[0].half()
+        compiled = torch.compile(model, backend="spyre", dynamic=False)(x16, *inputs[1:])
+    torch._dynamo.reset()
+    assert_restored(model, snap)
+    assert all(torch.equal(a, b) for a, b in zip(ref, eager, strict=True))
+    for a, b in zip(ref[:3], compiled[:3], strict=True):
+        assert b.dtype == a.dtype and torch.equal(a, b)
+    assert torch.equal(compiled[3], x16 // 2)  # floor of fp16 halves: exact on the device too
+
+
+def test_integer_division_on_a_model_moved_to_the_device():
+    model, inputs = _IndexArithmetic(), _index_inputs()
+    ref = model(*inputs)
+    with adapters.apply(model, only=["host_int_division", "rewrite"]):
+        out = model.to("spyre")(*(t.to("spyre") for t in inputs))
+    assert all(o.device.type == "spyre" for o in out)
+    assert all(torch.equal(a, b.cpu()) for a, b in zip(ref[:3], out[:3], strict=True))
+
+
+def test_integer_division_forms_left_to_stock_and_retirement():
+    from adapters.host_inputs import _INT_DIVISIONS
+
+    floor, div, rem = (r.handler for r in _INT_DIVISIONS)
+    i, x = torch.arange(6), torch.randn(6)
+    assert torch.equal(floor((i, 4), {}), i // 4) and torch.equal(rem((i, torch.tensor(4)), {}), i % 4)
+    assert torch.equal(div((i, 4), {"rounding_mode": "floor"}), i // 4)
+    for handler, args, kwargs in [
+        (floor, (x, 2), {}),  # a float operand: not integer work
+        (floor, (i, 2.0), {}),
+        (rem, (i, 3), {"out": torch.empty(6, dtype=torch.long)}),
+        (div, (i, 4), {}),  # div's default is true division
+        (div, (i, 4), {"rounding_mode": "trunc"}),
+        (floor, (7, 2), {}),  # no tensor
+        (floor, (i.bool(), 1), {}),
+    ]:
+        assert handler(args, kwargs) is adapters.rewrite._PASS
+    assert not adapters.get_adapter("host_int_division").applicable(_ShuffleMask())
+    with torch_spyre_emu.capabilities.override({"aten.floor_divide": "native", "aten.remainder": "native"}) as c:
+        assert adapters.get_adapter("host_int_division").retired(c)
+
+
+def test_init_time_division_does_not_make_it_applicable():
+    """Every model has `hidden_size // num_heads` in __init__: the scan reads the methods that run (model_methods)."""
+
+    class Sized(nn.Module):
+        def __init__(self, hidden=64, heads=4):
+            super().__init__()
+            self.proj = nn.Linear(hidden, hidden // heads)
+
+        def forward(self, x):
+            return self.proj(x)
+
+    assert not adapters.get_adapter("host_int_division").applicable(Sized())

@@ -238,3 +238,29 @@ def test_functional_pools_in_model_code_are_rewritten_and_leave_only_im2col():
         after = find_unsupported(model, (x.half(),))
     torch._dynamo.reset()
     assert {(op.op, op.status) for op in after} == {("aten.im2col", "fallback")}
+
+
+class _PoolBuiltInForward(nn.Module):
+    """CANINE's `_downsample_attention_mask`: an nn.MaxPool1d made and called inside forward, so no module of the
+    model's tree is a pool for the pooling adapter; the rewrite scan finds the class name and its mode takes the
+    F.max_pool1d call the module's forward makes."""
+
+    def forward(self, mask):
+        pooled = torch.nn.MaxPool1d(kernel_size=4, stride=4)(mask.unsqueeze(1))
+        return pooled.squeeze(1)
+
+
+def test_a_pool_built_inside_forward_is_rewritten():
+    model, mask = _PoolBuiltInForward(), (torch.rand(2, 16) > 0.3).half()  # CANINE's mask, cast before
+    ref = model(mask)
+    assert "aten.max_pool2d_with_indices" in adapters.rewrite.uses(model)
+    before = {op.op for op in find_unsupported(model, (mask,))}
+    assert "aten.max_pool2d_with_indices" in before
+    torch._dynamo.reset()
+    with adapters.apply(model, only=["rewrite"]):
+        assert torch.equal(model(mask), ref)
+        after = find_unsupported(model, (mask,))
+        out = torch.compile(model, backend="spyre", dynamic=False)(mask)
+    torch._dynamo.reset()
+    assert {(op.op, op.status) for op in after} == {("aten.im2col", "fallback")}
+    assert torch.equal(out, ref)  # a max of 0s and 1s: exact
