@@ -57,8 +57,8 @@ How they recognise their targets (by structure, not by class name):
   rewrite adapter's structural scan (`rewrite.uses`) finds the names, and the model's forward runs under the same
   kind of TorchFunctionMode (`rewrite.ModeAdapter`) with the host sort as its only handler; out= stays stock;
 - an *integer division* is a `//` or `%` operator (by bytecode) or a floor_divide / remainder / div call (by name)
-  in the model methods (structure.model_methods: not `__init__`, whose `hidden_size // num_heads` every model has)
-  or the same-package helpers they reach: the model's forward runs under a mode whose handlers take the calls with
+  in the model's methods (not `__init__`, whose `hidden_size // num_heads` every model has, nor transformers'
+  framework classes) or the same-package helpers they reach: the model's forward runs under a mode whose handlers take the calls with
   two integer operands, one a tensor;
 - a *position generator* is a module of transformers holding no tensor whose forward takes a `device` argument, or
   whose own code calls arange and sin or cos: its forward becomes the stock one, called on the host when the
@@ -82,8 +82,6 @@ from adapters.base import Adapter
 from adapters.patch import Patch
 from adapters.registry import register_adapter
 from adapters.rewrite import _PASS, ModeAdapter, Rewrite
-from adapters.rewrite import _code_uses as rewrite_scan
-from adapters.rewrite import _helpers as scan_helpers
 
 _POSITION_INPUTS = ("input_ids", "attention_mask")  # the first parameter of a cumsum position helper
 # the first parameter of a relative-position bucketing helper (T5's and its copies'; WavLM's is plural)
@@ -705,17 +703,5 @@ class HostIntegerDivision(ModeAdapter):
     summary = "floor division and remainder of integer tensors on the host (index arithmetic), results back on the device"
     rewrites = _INT_DIVISIONS
     kind = "host integer division"
-
-    def _uses(self, model: nn.Module) -> dict[str, list[str]]:
-        """capability -> module paths, scanning the model methods (structure.model_methods: not `__init__`, whose
-        `hidden_size // num_heads` every model has) and their same-package helpers."""
-        names = frozenset().union(*(r.names for r in self.rewrites))
-        out: dict[str, list[str]] = {}
-        for path, m in model.named_modules():
-            found = frozenset().union(
-                *(rewrite_scan(f.__code__, names) for _, fn in structure.model_methods(m) for f in scan_helpers(fn))
-            )
-            for r in self.rewrites:
-                if r.names & found:
-                    out.setdefault(r.gap, []).append(path or "<top>")
-        return out
+    scan_framework = False
+    scan_init = False  # every model has `hidden_size // num_heads` in __init__

@@ -1313,10 +1313,11 @@ def _helpers(fn) -> list[types.FunctionType]:
 _FRAMEWORK = ("transformers.modeling_utils", "transformers.generation.", "transformers.integrations.", "transformers.utils.")
 
 
-def uses(model: nn.Module, rewrites=REWRITES, framework: bool = True) -> dict[str, list[str]]:
+def uses(model: nn.Module, rewrites=REWRITES, framework: bool = True, init: bool = True) -> dict[str, list[str]]:
     """capability -> paths of the modules whose own code (not torch.nn's) calls the op the way its rewrite recognises
     (a subscript for aten.index). `framework=False` leaves out the methods of transformers' framework classes
-    (`_FRAMEWORK`): every model inherits them, so a name they use (std in weight init) would match every model."""
+    (`_FRAMEWORK`): every model inherits them, so a name they use (std in weight init) would match every model.
+    `init=False` leaves out the init-time methods (`__init__`, `_init_weights`: `hidden_size // num_heads`)."""
     names = frozenset().union(*(r.names for r in rewrites))
     by_name: dict[str, set[str]] = {}
     for r in rewrites:
@@ -1330,7 +1331,9 @@ def uses(model: nn.Module, rewrites=REWRITES, framework: bool = True) -> dict[st
                 continue  # torch.nn's own modules: their ops are the stack's business, not a model's code
             if not framework and cls.__module__.startswith(_FRAMEWORK):
                 continue
-            for value in vars(cls).values():
+            for name, value in vars(cls).items():
+                if not init and name in structure._INIT_TIME:
+                    continue
                 if isinstance(value, staticmethod | classmethod):
                     value = value.__func__  # XLNet's rel_shift is a staticmethod
                 if not isinstance(value, types.FunctionType):
@@ -1367,12 +1370,13 @@ class ModeAdapter(Adapter):
     # scan transformers' framework classes too (`uses`): the rewrite adapter's and interpolate's gaps were found and
     # swept with them read; the adapters whose names are common in that code (std, var, sort) leave them out
     scan_framework = True
+    scan_init = True  # the init-time methods too (`uses`)
 
     def retired(self, caps) -> bool:
         return not any(r.needed(caps) for r in self.rewrites)
 
     def _uses(self, model: nn.Module) -> dict[str, list[str]]:
-        return uses(model, self.rewrites, framework=self.scan_framework)
+        return uses(model, self.rewrites, framework=self.scan_framework, init=self.scan_init)
 
     def _targets(self, model: nn.Module) -> list[Rewrite]:
         found = self._uses(model)
