@@ -67,6 +67,7 @@ decompositions need), grid_sample's with index, group norm's and batch norm's wi
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -177,6 +178,10 @@ def acos(args, kwargs):
     return torch.where(x < 0, math.pi - root, root).to(x.dtype)
 
 
+_SCATTER_REDUCE_NEEDS = (
+    "aten.eq", "aten.lift_fresh_copy", "aten._to_copy", "aten.sum", "aten.full", "aten.where", "aten.amax", "aten.amin",
+    "aten.maximum", "aten.minimum", "aten.add", "aten.div", "aten.gt",
+)
 SCATTER_REDUCE_MAX = 1 << 24  # elements of the (index, position) comparison a scatter_reduce form builds
 _SCATTER_EMPTY = {"sum": 0.0, "mean": 0.0, "amax": -math.inf, "amin": math.inf}
 
@@ -196,7 +201,10 @@ def scatter_reduce(args, kwargs):
         return _PASS
     if reduce not in _SCATTER_EMPTY or not isinstance(include_self, bool) or not isinstance(dim, int):
         return _PASS
-    if not x.is_floating_point() or src.dtype != x.dtype or index.dtype != torch.int64 or x.dim() == 0:
+    integer = not (x.is_floating_point() or x.is_complex() or x.dtype == torch.bool)
+    if not (x.is_floating_point() or (integer and reduce == "sum")):
+        return _PASS  # an integer mean is a floor division, integer extrema have no infinite identity
+    if src.dtype != x.dtype or index.dtype not in (torch.int64, torch.int32) or x.dim() == 0:
         return _PASS
     if index.shape != src.shape or index.dim() != x.dim() or index.numel() == 0:
         return _PASS
@@ -210,7 +218,7 @@ def scatter_reduce(args, kwargs):
     positions = torch.tensor(list(range(n)), dtype=torch.int64, device=x.device)  # a host constant, not an arange
     hit = idx.unsqueeze(-1) == positions  # [..., K, N]
     count = hit.to(x.dtype).sum(-2)
-    fill = torch.full((), _SCATTER_EMPTY[reduce], dtype=x.dtype, device=x.device)
+    fill = torch.full((), 0 if integer else _SCATTER_EMPTY[reduce], dtype=x.dtype, device=x.device)
     picked = torch.where(hit, vals.unsqueeze(-1), fill)
     if reduce in ("amax", "amin"):
         out = picked.amax(-2) if reduce == "amax" else picked.amin(-2)
@@ -223,6 +231,20 @@ def scatter_reduce(args, kwargs):
         if reduce == "mean":
             out = out / (count + 1 if include_self else count)
     return torch.where(count > 0, out, xs).movedim(-1, d)
+
+
+def scatter_add(args, kwargs, inplace: bool = False):
+    """`x.scatter_add(dim, index, src)` (and `scatter_add_`, `torch.scatter_add`): scatter_reduce's sum with
+    include_self, which is its definition. Integer sums are exact (GLM-5-Next's indexer counts the keys each query
+    selected: int32 ones), float sums add in another order."""
+    names = ("input", "self"), ("dim",), ("index",), ("src",)
+    if kwargs.keys() - {"input", "self", "dim", "index", "src"} or len(args) > 4:
+        return _PASS
+    x, dim, index, src = (_arg(args, kwargs, i, *n) for i, n in enumerate(names))
+    out = scatter_reduce((x, dim, index, src, "sum"), {})
+    if out is _PASS or not inplace:
+        return out
+    return x.copy_(out)
 
 
 def _moments_args(args, kwargs):
@@ -433,9 +455,24 @@ _REWRITES: tuple[Rewrite, ...] = (
         (torch.scatter_reduce, torch.Tensor.scatter_reduce),
         frozenset({"scatter_reduce"}),
         scatter_reduce,
-        ("aten.eq", "aten.lift_fresh_copy", "aten._to_copy", "aten.sum", "aten.full", "aten.where", "aten.amax", "aten.amin",
-         "aten.maximum", "aten.minimum", "aten.add", "aten.div", "aten.gt"),
+        _SCATTER_REDUCE_NEEDS,
         "scatter_reduce (sum, mean, amax, amin): where(index == position, src, identity) reduced over the index",
+    ),
+    Rewrite(
+        "aten.scatter_add",
+        (torch.scatter_add, torch.Tensor.scatter_add),
+        frozenset({"scatter_add"}),
+        scatter_add,
+        _SCATTER_REDUCE_NEEDS,
+        "scatter_add: scatter_reduce's sum including x (integer sums exact)",
+    ),
+    Rewrite(
+        "aten.scatter_add",
+        (torch.Tensor.scatter_add_,),
+        frozenset({"scatter_add_"}),
+        functools.partial(scatter_add, inplace=True),
+        (*_SCATTER_REDUCE_NEEDS, "aten.copy"),
+        "scatter_add_: the same, copied into x",
     ),
     Rewrite(
         "aten.acos",

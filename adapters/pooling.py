@@ -22,8 +22,10 @@ recognisers): `functional_pool` is what the rewrite adapter calls for them.
 ceil_mode (max pooling only: HGNetV2's stem) pads the bottom and right further with -inf, so ATen's partial last windows
 hold the same elements. An unpadded `nn.AvgPool1d/2d` with ceil_mode whose one window covers the whole input (ALIGN's
 `AvgPool2d(hidden_dim, ceil_mode=True)`, a global pool) is the mean over it, as ATen divides by the window clipped to
-the input. What is not rewritten (runs as stock, so the stack still reports it): `return_indices=True`,
-any other `ceil_mode=True` average pool (checked per call: the input size decides),
+the input; any other ceil_mode average (Funnel's `F.avg_pool2d(x, (2, 1), stride=(2, 1), ceil_mode=True)`) pads
+zeros for the partial last windows and divides each window's sum by ATen's divisor for it (the window clipped to the
+padded input, or to the input without count_include_pad: a constant per position). What is not rewritten (runs as
+stock, so the stack still reports it): `return_indices=True`,
 `divisor_override`, adaptive pools whose windows are uneven, inputs that are
 not 2-D/3-D (1d) or 3-D/4-D (2d).
 
@@ -70,15 +72,28 @@ def valid_counts(size: int, k: int, s: int, p: int, out: int) -> list[int]:
     return [min(o * s - p + k, size + p, size) - max(o * s - p, 0) for o in range(out)]
 
 
+def avg_divisors(size: int, k: int, s: int, p: int, out: int, count_include_pad: bool) -> list[int]:
+    """Per output position along one dim, ATen's avg_pool divisor: the window clipped to the padded input
+    (count_include_pad) or to the input. With ceil_mode a last window past the padded end is clipped too."""
+    out_div = []
+    for o in range(out):
+        start, end = o * s - p, min(o * s - p + k, size + p)
+        out_div.append(end - start if count_include_pad else min(end, size) - max(start, 0))
+    return out_div
+
+
 def pool_by_unfold(x: torch.Tensor, kernel, stride, padding, dilation, reduce: str, ceil_mode: bool = False):
     """2-D pooling of an (N, C, H, W) or (C, H, W) tensor: the windows as im2col columns, reduced by `reduce`
     ("amax" with -inf padding, "mean" with zero padding, "mean_valid": the sum over each window's real elements
-    divided by their count). ceil_mode (max only) pads the bottom/right further with -inf, so the partial last
-    windows ATen adds hold the same elements."""
+    divided by their count). ceil_mode pads the bottom/right further (-inf for max, zeros for an average), so the
+    partial last windows ATen adds hold the same elements; an average then divides by ATen's clipped window."""
     unbatched = x.dim() == 3
     if unbatched:
         x = x.unsqueeze(0)
     (kh, kw), (sh, sw), (ph, pw), (dh, dw) = kernel, stride, padding, dilation
+    if reduce != "amax" and ceil_mode:
+        out = _ceil_average(x, (kh, kw), (sh, sw), (ph, pw), reduce == "mean")
+        return out.squeeze(0) if unbatched else out
     if reduce == "amax" and (ph or pw or ceil_mode):
         eh = _ceil_extra(x.shape[-2], kh, sh, ph, dh) if ceil_mode else 0
         ew = _ceil_extra(x.shape[-1], kw, sw, pw, dw) if ceil_mode else 0
@@ -97,6 +112,20 @@ def pool_by_unfold(x: torch.Tensor, kernel, stride, padding, dilation, reduce: s
     else:
         out = (windows.amax(2) if reduce == "amax" else windows.mean(2)).reshape(n, c, ho, wo)
     return out.squeeze(0) if unbatched else out
+
+
+def _ceil_average(x: torch.Tensor, kernel, stride, padding, count_include_pad: bool) -> torch.Tensor:
+    """An (N, C, H, W) average pool with ceil_mode: zero padding on both sides plus ceil_mode's extra rows and
+    columns, the windows' sums divided by ATen's per-position divisor (a constant: small integers, exact)."""
+    (kh, kw), (sh, sw), (ph, pw) = kernel, stride, padding
+    n, c, h, w = x.shape
+    eh, ew = _ceil_extra(h, kh, sh, ph, 1), _ceil_extra(w, kw, sw, pw, 1)
+    x = F.pad(x, (pw, pw + ew, ph, ph + eh))
+    ho, wo = (x.shape[-2] - kh) // sh + 1, (x.shape[-1] - kw) // sw + 1
+    windows = F.unfold(x, (kh, kw), stride=(sh, sw)).reshape(n, c, kh * kw, ho * wo)
+    ch, cw = avg_divisors(h, kh, sh, ph, ho, count_include_pad), avg_divisors(w, kw, sw, pw, wo, count_include_pad)
+    count = torch.tensor([a * b for a in ch for b in cw], dtype=x.dtype, device=x.device)
+    return (windows.sum(2) / count).reshape(n, c, ho, wo)
 
 
 def _pool(
@@ -135,12 +164,12 @@ def _ceil_global_mean(m: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """An unpadded average pool with ceil_mode whose one window covers its whole input (ALIGN's
     `AvgPool2d(hidden_dim, ceil_mode=True)`, a global pool: kernel >= size and kernel - size < stride in each dim, so
     ATen's output is 1 x 1 and it divides by the window clipped to the input, the input's size): the mean. Any other
-    ceil_mode average runs as stock (its partial windows divide by fewer elements), so the stack reports it."""
+    ceil_mode average is the windows' sums divided by ATen's clipped divisors (_ceil_average)."""
     n = 1 if isinstance(m, nn.AvgPool1d) else 2
     kernel, stride = _pair(m.kernel_size, n), _pair(m.stride or m.kernel_size, n)
     sizes = tuple(x.shape[-n:])
     if not all(k >= size and k - size < st for k, size, st in zip(kernel, sizes, stride, strict=True)):
-        return type(m).forward(m, x)
+        return _as_2d(m, x, _avg_reduce(m.count_include_pad, _pair(m.padding, n)))
     return x.mean(dim=tuple(range(-n, 0)), keepdim=True)
 
 
@@ -164,7 +193,7 @@ def functional_pool(kind: str, dims: int, args: tuple, kwargs: dict) -> torch.Te
     x = a["input"]
     if not isinstance(x, torch.Tensor) or not x.is_floating_point() or x.dim() not in (dims + 1, dims + 2):
         return None
-    if a.get("return_indices") or a.get("divisor_override") is not None or (kind == "avg" and a["ceil_mode"]):
+    if a.get("return_indices") or a.get("divisor_override") is not None:
         return None
     opts = [a["kernel_size"], a["stride"] or a["kernel_size"], a["padding"], a.get("dilation", 1)]
     if not all(isinstance(v, int) or (isinstance(v, tuple | list) and len(v) in (1, dims)) for v in opts):
@@ -177,7 +206,7 @@ def functional_pool(kind: str, dims: int, args: tuple, kwargs: dict) -> torch.Te
     if any(2 * p > k for p, k in zip(padding, kernel, strict=True)):
         return None  # stock's error: "pad should be at most half of effective kernel size"
     reduce = "amax" if kind == "max" else _avg_reduce(a["count_include_pad"], padding)
-    return _pool(x, dims, kernel, stride, padding, dilation, reduce, bool(a["ceil_mode"]) and kind == "max")
+    return _pool(x, dims, kernel, stride, padding, dilation, reduce, bool(a["ceil_mode"]))
 
 
 def _adaptive_forward(self, input: torch.Tensor) -> torch.Tensor:
@@ -198,8 +227,6 @@ def _rewritable(m: nn.Module) -> bool:
         return False
     if getattr(m, "return_indices", False):
         return False
-    if getattr(m, "ceil_mode", False) and not isinstance(m, _MAX) and any(_pair(m.padding, 2)):
-        return False  # an average's partial ceil windows divide by fewer elements: only the global window is a form
     if isinstance(m, _AVG) and getattr(m, "divisor_override", None):
         return False
     return True

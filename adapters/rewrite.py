@@ -428,6 +428,38 @@ def div_floor(args, kwargs):
     return floor_div(args, {k: v for k, v in kwargs.items() if k != "rounding_mode"})
 
 
+def isnan(args, kwargs):
+    """`torch.isnan(x)`: `x != x`, NaN being the one value unequal to itself (integer and bool x: all False, as stock)."""
+    x = _arg(args, kwargs, 0, "input", "self")
+    if len(args) + len(kwargs) != 1 or not isinstance(x, torch.Tensor) or x.is_complex():
+        return _PASS
+    return x != x
+
+
+def nan_to_num(args, kwargs, inplace: bool = False):
+    """`torch.nan_to_num(x, nan, posinf, neginf)` of a float x: a where per special value (`x != x`, `x == inf`,
+    `x == -inf`), the replacements as stock takes them (the dtype's largest and lowest for None). Exact. A
+    replacement stock would round or overflow in x's dtype, out= and integer x stay stock."""
+    names = ("nan",), ("posinf",), ("neginf",)
+    if kwargs.keys() - {"input", "self", "nan", "posinf", "neginf"} or len(args) > 4:
+        return _PASS
+    x = _arg(args, kwargs, 0, "input", "self")
+    if not isinstance(x, torch.Tensor) or not x.is_floating_point() or x.layout != torch.strided:
+        return _PASS
+    info = torch.finfo(x.dtype)
+    nan, posinf, neginf = (_arg(args, kwargs, i + 1, *n, default=None) for i, n in enumerate(names))
+    values = (0.0 if nan is None else nan, info.max if posinf is None else posinf, info.min if neginf is None else neginf)
+    if any(not isinstance(v, int | float) or float(torch.tensor(v, dtype=x.dtype)) != v for v in values):
+        return _PASS
+
+    def full(v):
+        return torch.full((), v, dtype=x.dtype, device=x.device)
+
+    inf = math.inf
+    out = torch.where(x != x, full(values[0]), torch.where(x == inf, full(values[1]), torch.where(x == -inf, full(values[2]), x)))
+    return x.copy_(out) if inplace else out
+
+
 def logsumexp(args, kwargs):
     """ATen's own logsumexp (its CPU kernel and its reference decomposition), op for op: the max taken out, an
     infinite max replaced by 0 (so an all -inf row stays -inf and an inf row gives inf, not nan), then
@@ -981,6 +1013,32 @@ REWRITES: tuple[Rewrite, ...] = (
         all_,
         ("aten.amin", "aten.ne", "cast.bool->float16"),
         "amin of the bools as float16 != 0",
+    ),
+    Rewrite(
+        "aten.isnan",
+        (torch.isnan, torch.Tensor.isnan),
+        frozenset({"isnan"}),
+        isnan,
+        ("aten.ne",),
+        "x != x",
+    ),
+    Rewrite(
+        "aten.isnan",  # what nan_to_num decomposes to (with isinf)
+        (torch.nan_to_num, torch.Tensor.nan_to_num),
+        frozenset({"nan_to_num"}),
+        nan_to_num,
+        ("aten.ne", "aten.eq", "aten.where", "aten.full"),
+        "where(x != x, nan, where(x == inf, posinf, where(x == -inf, neginf, x)))",
+        also=("aten.isinf",),
+    ),
+    Rewrite(
+        "aten.isnan",
+        (torch.nan_to_num_, torch.Tensor.nan_to_num_),
+        frozenset({"nan_to_num_"}),
+        functools.partial(nan_to_num, inplace=True),
+        ("aten.ne", "aten.eq", "aten.where", "aten.full", "aten.copy"),
+        "the same, copied into x",
+        also=("aten.isinf",),
     ),
     Rewrite(
         "aten.logsumexp",

@@ -640,6 +640,11 @@ def device_run(model_fp32: torch.nn.Module, st: Setting, ids: torch.Tensor, stri
                 f"{' in strict mode' if strict else ''}: {type(e).__name__}: {first} (adapters.plan(model, inputs) "
                 f"lists the gaps)"
             ) from e
+        if not isinstance(getattr(rep.outputs, "logits", None), torch.Tensor):
+            raise PrecisionError(
+                f"{type(model_fp32).__name__} returns {type(rep.outputs).__name__}, not an output with .logits: the "
+                "precision study compares causal LMs (a HuggingFace *ForCausalLM)"
+            )
         logits = rep.outputs.logits[0].detach().float().cpu()
         idle = [name for name, parent, attr, _ in swaps if getattr(parent, attr).calls == 0]
         if idle:  # a swapped Linear the forward never reached: the study would compare something else

@@ -452,6 +452,7 @@ _OPS: list[OpEntry] = [
         "STACK §4 (op enablement)",
     ),
     _e("isinf", "unsupported", (), "in no June op table: emulation assumption, a gap"),
+    _e("isnan", "unsupported", (), "in no June op table: emulation assumption, a gap (as isinf); nan_to_num decomposes to it"),
     _e(
         "new_full",
         "unsupported",

@@ -34,9 +34,10 @@ COVERED = [
     nn.AdaptiveAvgPool1d(4),
     nn.AdaptiveAvgPool2d(1),  # a global pool: a mean (ConvNeXt's, ResNet's heads)
     nn.AdaptiveAvgPool1d(1),  # Swin's pooler
+    nn.AvgPool2d(3, 2, padding=1, ceil_mode=True),  # partial windows: ATen's clipped divisor
+    nn.AvgPool2d(7, 7, ceil_mode=True, count_include_pad=False),
 ]
 LEFT_ALONE = [
-    nn.AvgPool2d(3, 2, padding=1, ceil_mode=True),  # its partial windows divide by fewer elements
     nn.MaxPool2d(2, return_indices=True),
     nn.AvgPool2d(2, divisor_override=3),
 ]
@@ -115,12 +116,25 @@ def test_a_ceil_mode_average_over_one_window_is_the_mean(kernel, stride):
     assert "avg_pool2d" not in seen.names and "mean" in seen.names
 
 
-def test_a_ceil_mode_average_over_several_windows_runs_stock():
-    m = nn.AvgPool2d(7, 7, ceil_mode=True)  # 18 -> 3 windows, the last partial: stock's divisor, stock's op
-    x = _x(m)
-    ref = m(x)
-    with adapters.apply(m, only=["pooling"]):
-        assert torch.equal(m(x), ref)
+@pytest.mark.parametrize("include_pad", [True, False])
+@pytest.mark.parametrize("dims", [1, 2])
+def test_ceil_mode_averages_divide_as_aten_does(dims, include_pad):
+    """Every small geometry with ceil_mode (the last window partial, starting in the padding or not): the windows'
+    sums over the zero-padded input divided by ATen's clipped divisor; the same sums in another order."""
+    import itertools
+
+    from adapters.pooling import functional_pool
+
+    g = torch.Generator().manual_seed(0)
+    stock = getattr(torch.nn.functional, f"avg_pool{dims}d")
+    for size, k, st, p in itertools.product((5, 6, 7, 9), (2, 3, 4), (1, 2, 3), (0, 1, 2)):
+        if 2 * p > k:
+            continue
+        x = torch.randn((2, 3, size) if dims == 1 else (2, 3, size, size + 1), generator=g)
+        kwargs = {"stride": st, "padding": p, "ceil_mode": True, "count_include_pad": include_pad}
+        ref, got = stock(x, k, **kwargs), functional_pool("avg", dims, (x, k), kwargs)
+        assert got.shape == ref.shape, (size, k, st, p)
+        torch.testing.assert_close(got, ref, rtol=1e-6, atol=1e-6)
 
 
 def test_uneven_adaptive_windows_run_stock():
@@ -201,8 +215,8 @@ def test_functional_pools_match_stock(kind, dims, args, kwargs, dtype):
 
 @pytest.mark.parametrize(
     "kwargs",
-    [{"return_indices": True}, {"divisor_override": 3}, {"ceil_mode": True}],
-    ids=["idx", "div", "ceil"],
+    [{"return_indices": True}, {"divisor_override": 3}],
+    ids=["idx", "div"],
 )
 def test_functional_options_the_form_does_not_cover_are_stock(kwargs):
     from adapters.pooling import functional_pool

@@ -105,12 +105,18 @@ def test_files(result, tmp_path):
 
 
 def test_a_model_that_does_not_run_is_named():
-    class Gather(torch.nn.Module):  # torch.gather is a gap of the stack: strict mode refuses it
+    class Lgamma(torch.nn.Module):  # lgamma: a gap of the stack that no adapter bridges
         def forward(self, input_ids, use_cache=False):
-            return torch.gather(input_ids.float(), 1, input_ids % 3)
+            return torch.lgamma(input_ids.float())
 
     with pytest.raises(prec.PrecisionError, match="does not run on emulated Spyre under setting 'dl16'"):
-        prec.device_run(Gather(), prec.setting("dl16"), torch.ones(1, 4, dtype=torch.long))
+        prec.device_run(Lgamma(), prec.setting("dl16"), torch.ones(1, 4, dtype=torch.long))
+    class Plain(torch.nn.Module):  # runs, but is no language model
+        def forward(self, input_ids, use_cache=False):
+            return input_ids * 2
+
+    with pytest.raises(prec.PrecisionError, match="not an output with .logits"):
+        prec.device_run(Plain(), prec.setting("dl16"), torch.ones(1, 4, dtype=torch.long))
     with pytest.raises(prec.PrecisionError, match=r"input_ids must be \[1, prompt_len\]"):
         prec.run_precision(tiny.tiny_llama(), torch.ones(2, 4, dtype=torch.long))
 
@@ -120,14 +126,14 @@ def test_a_warning_raised_during_the_run_is_passed_on_once(monkeypatch):
     forever (the first int64 narrowing warning of a process grew it to 24 GB until the OOM killer came)."""
     from aiu_sim.numerics import host
 
-    class Gather(torch.nn.Module):
+    class Lgamma(torch.nn.Module):
         def forward(self, input_ids, use_cache=False):
-            return torch.gather(input_ids.float(), 1, input_ids % 3)
+            return torch.lgamma(input_ids.float())
 
     monkeypatch.setattr(host, "_int64_warned", False)  # the process's first int64 input to the device
     with pytest.warns(UserWarning, match="Spyre does not support int64") as seen:
         with pytest.raises(prec.PrecisionError, match="does not run on emulated Spyre"):
-            prec.device_run(Gather(), prec.setting("dl16"), torch.ones(1, 4, dtype=torch.long))
+            prec.device_run(Lgamma(), prec.setting("dl16"), torch.ones(1, 4, dtype=torch.long))
     assert sum("does not support int64" in str(w.message) for w in seen) == 1
 
 
