@@ -21,6 +21,7 @@ Inductor's decompositions take them to expm1, log1p and an index with four index
 | `F.batch_norm(x, None, None, w, b, training=True)` (no running statistics: BiT's weight standardisation) | the same two passes over every dim but the channels, fp32 | as var |
 | `torch.acos(x)` (`arccos`, the methods) | `sqrt(1 - |x|) * p(|x|)`, p of degree 7 (Abramowitz & Stegun 4.4.46), `pi - that` for x < 0, fp32 for fp16/bf16 | <= 2 ulps fp32, 1 ulp fp16/bf16 (tested over every fp16/bf16 value) |
 | `x.scatter_reduce(d, index, src, reduce)` (sum, mean, amax, amin; index shaped as src, and as x off d) | `where(index == position, src, identity)` reduced over the index (positions a host constant), x kept where no index names a position | amax/amin exact; sum/mean the order of additions |
+| `x.scatter_add(d, index, src)`, `scatter_add_` (GLM-5-Next's count of selected keys: int32) | scatter_reduce's sum with include_self (its definition) | integers exact; floats the order of additions |
 | `F.grid_sample(x, grid, ...)` (4-D, any mode, padding, align_corners) | `x.reshape(N, C, Hi*Wi) @ M_n^T`, M_n the weights stock's own kernel gives the Hi*Wi one-hot images at grid n, built on the host | the matmul's fp32 sum; bilinear and nearest exact |
 
 expm1 and log1p exist for their relative accuracy near 0: `exp(x) - 1` and `log(1 + x)` lose it (for |x| below about
@@ -50,12 +51,12 @@ stock, so the stack still reports them.
 acos: YOSO's LSH attention takes the collision probability `(1 - acos(q.k) / pi) ** tau` of unit vectors; the
 polynomial's own error (2e-8) is below fp32's rounding, |x| > 1 and nan give nan through the sqrt, as stock.
 scatter_reduce: TAPAS's segment reductions (cell and column means, extrema) scatter K token values into N segments;
-the form costs K * N compares where stock writes K elements (capped at SCATTER_REDUCE_MAX), integer x (whose mean is
-a floor division) and prod stay stock.
+the form costs K * N compares where stock writes K elements (capped at SCATTER_REDUCE_MAX); an integer sum is exact
+(scatter_add's counts), an integer mean (a floor division), integer extrema and prod stay stock.
 
 How it recognises its targets: by what the code calls. The model's module classes' methods and the same-package
 helpers they reach are scanned for the names `expm1`, `log1p`, `solve_triangular`, `elu`, `logsigmoid`, `var` and
-`std`, `group_norm`, `batch_norm`, `grid_sample`, `acos`, `log2`, `scatter_reduce` (rewrite.uses, the rewrite adapter's structural scan), an `nn.ELU` or `nn.LogSigmoid` in the model counts as
+`std`, `group_norm`, `batch_norm`, `grid_sample`, `acos`, `log2`, `scatter_reduce`, `scatter_add` (rewrite.uses, the rewrite adapter's structural scan), an `nn.ELU` or `nn.LogSigmoid` in the model counts as
 a call of its function, and the model's forward runs under the rewrite adapter's TorchFunctionMode
 (rewrite.Reexpress, entered outside dynamo by rewrite._wrapped) with only these handlers; any other call, and any
 call in a form not listed above, runs unchanged.
@@ -565,7 +566,7 @@ class NumericForms(ModeAdapter):
     applies_to = frozenset(
         {
             "any module whose code calls expm1, log1p, solve_triangular, elu, logsigmoid, var, std, group_norm,"
-            " batch_norm (batch statistics), grid_sample, acos, log2 or scatter_reduce;"
+            " batch_norm (batch statistics), grid_sample, acos, log2, scatter_reduce or scatter_add;"
             " nn.ELU, nn.LogSigmoid"
         }
     )
@@ -573,7 +574,7 @@ class NumericForms(ModeAdapter):
     summary = (
         "expm1 -> exp - 1, log1p -> log(1 + x), unit lower-triangular solve -> product of (I + P^(2^j)),"
         " elu -> where/exp, logsigmoid -> -softplus(-x), var/std/group norm/batch statistics -> two passes,"
-        " grid_sample -> matmul with host-built weights, acos -> a polynomial, log2 -> log * (1 / ln 2), scatter_reduce -> compares + reductions:"
+        " grid_sample -> matmul with host-built weights, acos -> a polynomial, log2 -> log * (1 / ln 2), scatter_reduce and scatter_add -> compares + reductions:"
         " the same math, rounding differs"
         " from stock"
     )

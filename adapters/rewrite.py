@@ -22,6 +22,8 @@ retires by itself on the default table.)
 | `x[:, i] = y`, `x[..., a:b] = y`, `x[..., i, :i] = y` on a base of rank >= 3 (select_scatter / slice_scatter, #4441) | `x.copy_(where(window, y in the window, x))`, one where per written dim | where, copy, constant_pad_nd |
 | `x[mask] = v` (index_put, #1880: a bool mask over leading dims, a number or one row v; the media-token blanking of multimodal models) | `x.copy_(where(mask, v, x))` (masked_fill_ by definition) | where, full, copy |
 | `x[mask] = rows` (one row per True position: Higgs-Audio's dual FFN) | `x.copy_(where(mask, F.embedding(cumsum(mask) - 1, rows), x))` | cumsum, embedding (CPU fallbacks), where, copy |
+| `torch.isnan(x)` | `x != x` (NaN is the one value unequal to itself) | ne |
+| `torch.nan_to_num(x, nan, posinf, neginf)` (a float x; GLM-5-Next's indexer) | `where(x != x, nan, where(x == inf, posinf, where(x == -inf, neginf, x)))`, None as the dtype's max / lowest | ne, eq, where, full |
 | `torch.logsumexp(x, dim)` | `log(sum(exp(x - m), dim)) + m`, `m = where(abs(amax) == inf, 0, amax)` | amax, abs, eq, where, sub, exp, sum, log, add |
 | `x.index_select(d, i)` | `F.embedding(i, x.movedim(d, 0).reshape(n, -1))`, reshaped and moved back | embedding (a CPU fallback), permute, reshape |
 | `torch.gather(x, d, index)`, `x.gather(d, index)` | `F.embedding(index * stride_d + positions, x.reshape(-1, 1))`: each picked element's flat position, the other dims' positions host-built constants | embedding (a CPU fallback), mul, add |
@@ -63,7 +65,7 @@ range is stock's error in eager runs; a compiled graph ignores it.
 How it recognises its target: by what the code calls. The methods of every module class of the model (its own code,
 transformers' or a user's, not torch.nn's) and the same-package helpers they call (`structure.reachable`) are
 scanned for the names these ops are called by (`masked_fill`, `masked_fill_`, `stack`, `new_full`, `glu`, `masked_scatter`, `all`,
-`logsumexp`, `scatter`, `scatter_`, `index_select`, `gather`, `prod`, `floor_divide`, `div`, `bucketize`, `as_strided`,
+`logsumexp`, `isnan`, `nan_to_num`, `scatter`, `scatter_`, `index_select`, `gather`, `prod`, `floor_divide`, `div`, `bucketize`, `as_strided`,
 `max_pool1d/2d`,
 `avg_pool1d/2d`, and the pooling classes by name: an `nn.MaxPool1d` built inside CANINE's forward calls
 `F.max_pool1d`), for subscripts (`x[...]`: an aten.index when the key holds an integer tensor or a list;
@@ -1460,7 +1462,7 @@ class ExactRewrite(ModeAdapter):
     also = GAPS[1:]
     applies_to = frozenset(
         {
-            "any module whose code calls masked_fill, stack, new_full, all, logsumexp, scatter, index_select, gather,"
+            "any module whose code calls masked_fill, stack, new_full, all, logsumexp, isnan, nan_to_num, scatter, index_select, gather,"
             " prod, floor_divide / div / //, bucketize, as_strided, F.max_pool / F.avg_pool or indexes a tensor"
         }
     )
@@ -1469,7 +1471,7 @@ class ExactRewrite(ModeAdapter):
     )
     summary = (
         "exact re-expressions: masked_fill -> where, stack -> cat, new_full -> full, all -> amin, index -> embedding,"
-        " logsumexp -> amax/exp/sum/log, scatter of a number -> where of index == position, index_select and gather"
+        " logsumexp -> amax/exp/sum/log, isnan -> x != x, nan_to_num -> wheres, scatter of a number -> where of index == position, index_select and gather"
         " -> embedding, int64 prod -> multiplies, floor division by 2^k -> floor(floor(x) * 2^-k), bucketize ->"
         " a count of compares, as_strided of a dense tensor -> unfolds,"
         " F.max_pool / F.avg_pool -> im2col + amax / mean"
