@@ -446,7 +446,11 @@ def test_scatter_reduce_specials_and_forms_left_to_stock():
         _same_specials(scatter_reduce((x, 0, index, src, reduce), {"include_self": False}),
                        x.scatter_reduce(0, index, src, reduce, include_self=False))
     ints = torch.zeros(4, dtype=torch.long)
-    assert scatter_reduce((ints, 0, index, index, "sum"), {}) is _PASS  # integer x: stock's floor-division mean
+    assert scatter_reduce((ints, 0, index, index, "mean"), {}) is _PASS  # integer x: stock's floor-division mean
+    assert scatter_reduce((ints, 0, index, index, "amax"), {}) is _PASS  # no infinite identity for integers
+    assert torch.equal(  # an integer sum: exact
+        scatter_reduce((ints, 0, index, index, "sum"), {}), ints.scatter_reduce(0, index, index, "sum")
+    )
     assert scatter_reduce((x, 0, index, src, "prod"), {}) is _PASS
     assert scatter_reduce((x, 0, index[:2], src), {"reduce": "sum"}) is _PASS  # index narrower than src
     big = torch.zeros(1 << 13)
