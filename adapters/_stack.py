@@ -104,3 +104,41 @@ def _follow_dtypes(twin: torch.nn.Module, live: torch.nn.Module) -> None:
                     continue
                 cast = t.detach().to(dtype)
                 store[name] = torch.nn.Parameter(cast, t.requires_grad) if isinstance(t, torch.nn.Parameter) else cast
+
+
+def device_of(args, kwargs) -> torch.device | None:
+    for a in (*args, *kwargs.values()):
+        if isinstance(a, torch.Tensor):
+            return a.device
+    return None
+
+
+def back_on(out, device):
+    if isinstance(out, torch.Tensor):
+        return out.to(device)
+    if isinstance(out, tuple):
+        items = tuple(back_on(o, device) for o in out)
+        if type(out) is tuple:
+            return items
+        # torch.return_types (sort's (values, indices)) and namedtuples keep their fields
+        return type(out)(*items) if hasattr(out, "_fields") else type(out)(items)
+    if isinstance(out, list):
+        return [back_on(o, device) for o in out]
+    return out
+
+
+def on_host(fn):
+    """`fn` run eagerly on the CPU on host copies of its tensor arguments; tensor results go back to the device of
+    the first tensor argument."""
+
+    @host
+    def call(*args, **kwargs):
+        device = device_of(args, kwargs)
+        a = tuple(to_host(x) if isinstance(x, torch.Tensor) else x for x in args)
+        k = {n: to_host(x) if isinstance(x, torch.Tensor) else x for n, x in kwargs.items()}
+        out = fn(*a, **k)
+        return out if device is None else back_on(out, device)
+
+    call.__name__ = call.__qualname__ = f"host_{getattr(fn, '__name__', 'fn')}"
+    call.__wrapped_stock__ = fn
+    return call

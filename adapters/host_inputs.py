@@ -22,23 +22,6 @@ bit-identical) and handing its result to the device, as hf-adapters pass positio
   per-sample shuffle and its inverse, SAM-HQ's masks ordered by predicted IoU) on the host, the results back on the
   tensor's device, the stock op on the same values (bit-identical, stable or not, as the host's kernel).
   Gap: aten.sort (#4072: no lowering, no CPU island).
-- `host_int_division`: floor division and remainder of integer tensors (`//`, `%`, floor_divide, remainder,
-  div(rounding_mode="floor")) in a model's methods: DeepSeek-V4's causal threshold `(position_ids + 1) // rate`,
-  CANINE's hash buckets `((input_ids + 1) * prime) % num_buckets`; index arithmetic on ids and positions, run on the
-  host (the stock op on the same values: bit-identical), the result back on the operand's device. Float operands stay
-  stock (the rewrite adapter's floor division by 2^k is a device form). Gaps: aten.floor_divide (#4643) and
-  aten.remainder (no lowering, no CPU island).
-- `host_position_embedding`: position embeddings made from shapes and the padding mask alone (DETR's sine embedding
-  and its copies: an arange floor-divided by 2, then sin and cos), built on the host when they are for the device.
-  In a compiled graph with CPU inputs the stock code runs (it folds to a constant); on a model moved with
-  `Module.to("spyre")` it would run eagerly on the device. Gaps: aten.floor_divide, aten.sin and aten.cos (CPU
-  fallbacks).
-- `host_grid_size`: sizes a method receives as integer tensors where its code needs Python values (`height` and
-  `width` annotated as tensors and used as arange bounds: SAM 3's DETR decoder sizes its box-bias coordinate grids by
-  `spatial_shapes[0, 0]` and `[0, 1]`; a forward's parameter annotated as lists of ints: HunYuan-VL's vision embeddings
-  iterate `grid_thw`, which its vision model passes as a tensor) read on the host before the method runs, so what
-  they size is built for known sizes rather than sized by a tensor's value (shape.data_dependent). The same values.
-
 How they recognise their targets (by structure, not by class name):
 - a *position helper* is a function of the model's package whose code calls `cumsum` and whose first parameter is
   `input_ids` or `attention_mask`, reached from a module's forward either as a module-level global (directly or
@@ -56,10 +39,6 @@ How they recognise their targets (by structure, not by class name):
 - a *sort* is a call of torch.sort / torch.argsort (or the Tensor methods) anywhere in the model's own code: the
   rewrite adapter's structural scan (`rewrite.uses`) finds the names, and the model's forward runs under the same
   kind of TorchFunctionMode (`rewrite.ModeAdapter`) with the host sort as its only handler; out= stays stock;
-- an *integer division* is a `//` or `%` operator (by bytecode) or a floor_divide / remainder / div call (by name)
-  in the model's methods (not `__init__`, whose `hidden_size // num_heads` every model has, nor transformers'
-  framework classes) or the same-package helpers they reach: the model's forward runs under a mode whose handlers take the calls with
-  two integer operands, one a tensor;
 - a *position generator* is a module of transformers holding no tensor whose forward takes a `device` argument, or
   whose own code calls arange and sin or cos: its forward becomes the stock one, called on the host when the
   result is for another device.
@@ -77,7 +56,7 @@ import torch.utils._pytree as pytree
 from torch import nn
 
 from adapters import structure
-from adapters._stack import host, to_host
+from adapters._stack import back_on, device_of, host, on_host, to_host
 from adapters.base import Adapter
 from adapters.patch import Patch
 from adapters.registry import register_adapter
@@ -98,44 +77,6 @@ def rebind_forward(
     in `replacements` (id -> object) resolve to the replacements (in same-package helpers too, up to `depth`)."""
     new = structure.rebind(structure.current_function(module, "forward"), replacements, patch.on_undo, depth)
     patch.override_forward(module, new, what)
-
-
-def _device_of(args, kwargs) -> torch.device | None:
-    for a in (*args, *kwargs.values()):
-        if isinstance(a, torch.Tensor):
-            return a.device
-    return None
-
-
-def _back(out, device):
-    if isinstance(out, torch.Tensor):
-        return out.to(device)
-    if isinstance(out, tuple):
-        items = tuple(_back(o, device) for o in out)
-        if type(out) is tuple:
-            return items
-        # torch.return_types (sort's (values, indices)) and namedtuples keep their fields
-        return type(out)(*items) if hasattr(out, "_fields") else type(out)(items)
-    if isinstance(out, list):
-        return [_back(o, device) for o in out]
-    return out
-
-
-def on_host(fn):
-    """`fn` run eagerly on the CPU on host copies of its tensor arguments; tensor results go back to the device of
-    the first tensor argument."""
-
-    @host
-    def call(*args, **kwargs):
-        device = _device_of(args, kwargs)
-        a = tuple(to_host(x) if isinstance(x, torch.Tensor) else x for x in args)
-        k = {n: to_host(x) if isinstance(x, torch.Tensor) else x for n, x in kwargs.items()}
-        out = fn(*a, **k)
-        return out if device is None else _back(out, device)
-
-    call.__name__ = call.__qualname__ = f"host_{getattr(fn, '__name__', 'fn')}"
-    call.__wrapped_stock__ = fn
-    return call
 
 
 def torch_with(patch: Patch, **overrides) -> types.ModuleType:
@@ -478,7 +419,7 @@ def host_generated(forward):
         bound = signature.bind(self, *args, **kwargs)
         device = bound.arguments.get("device")
         if device is None:
-            device = _device_of(args, kwargs)
+            device = device_of(args, kwargs)
         if device is None or torch.device(device).type == "cpu":
             return forward(self, *args, **kwargs)
         return _build_on_host(forward, torch.device(device), bound)
@@ -491,7 +432,7 @@ def _build_on_host(forward, device: torch.device, bound: inspect.BoundArguments)
     if "device" in bound.arguments:
         bound.arguments["device"] = torch.device("cpu")
     args, kwargs = pytree.tree_map_only(torch.Tensor, to_host, (bound.args, bound.kwargs))
-    return _back(forward(*args, **kwargs), device)
+    return back_on(forward(*args, **kwargs), device)
 
 
 @register_adapter
@@ -630,78 +571,3 @@ class HostSort(ModeAdapter):
     rewrites = _SORTS
     kind = "host sorts"
     scan_framework = False  # PreTrainedModel's weight init calls std, list code sort: not a forward's
-
-
-
-# ------------------------------------------------------------------------------------------- integer division
-
-
-def _integer(v) -> bool:
-    """An integer operand: a tensor of an integer dtype or a Python int (not bool, float, complex)."""
-    if isinstance(v, torch.Tensor):
-        return not (v.is_floating_point() or v.is_complex() or v.dtype == torch.bool)
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _int_division_on_host(stock, rounding_mode: str | None = None):
-    """A Reexpress handler: `stock` (floor_divide or remainder: `(input, other)`) run by `on_host` when both operands
-    are integers and one is a strided tensor; float operands, out= and anything else stay stock (the rewrite
-    adapter's floor division of a float tensor by 2^k stays on the device). `rounding_mode`: the one torch.div's
-    call must name to be this division (div's default is true division)."""
-    run = on_host(stock)
-
-    def handler(args, kwargs):
-        if len(args) > 2 or set(kwargs) - {"input", "self", "other", "rounding_mode"}:
-            return _PASS
-        if kwargs.get("rounding_mode") != rounding_mode:
-            return _PASS
-        x = args[0] if args else kwargs.get("input", kwargs.get("self"))
-        d = args[1] if len(args) > 1 else kwargs.get("other")
-        tensors = [v for v in (x, d) if isinstance(v, torch.Tensor)]
-        if not tensors or any(t.layout != torch.strided for t in tensors) or not (_integer(x) and _integer(d)):
-            return _PASS
-        return run(x, d)
-
-    return handler
-
-
-_INT_DIVISIONS = (
-    Rewrite(
-        "aten.floor_divide",
-        (torch.Tensor.__floordiv__, torch.Tensor.floor_divide, torch.floor_divide),
-        frozenset({"//", "floor_divide"}),
-        _int_division_on_host(torch.floor_divide),
-        (),
-        "integer `//` and floor_divide",
-    ),
-    Rewrite(
-        "aten.floor_divide",
-        (torch.Tensor.div, torch.div),
-        frozenset({"div"}),
-        _int_division_on_host(torch.floor_divide, rounding_mode="floor"),
-        (),
-        "integer div(rounding_mode='floor')",
-    ),
-    Rewrite(
-        "aten.remainder",
-        (torch.Tensor.__mod__, torch.Tensor.remainder, torch.remainder),
-        frozenset({"%", "remainder"}),
-        _int_division_on_host(torch.remainder),
-        (),
-        "integer `%` and remainder",
-    ),
-)
-
-
-@register_adapter
-class HostIntegerDivision(ModeAdapter):
-    name = "host_int_division"
-    gap = "aten.floor_divide"
-    also = ("aten.remainder",)
-    applies_to = frozenset({"a model method whose code floor-divides or takes a remainder (`//`, `%`, the functions)"})
-    order = 94  # a mode around the final forward, inside rewrite's (95), whose float floor division it leaves alone
-    summary = "floor division and remainder of integer tensors on the host (index arithmetic), results back on the device"
-    rewrites = _INT_DIVISIONS
-    kind = "host integer division"
-    scan_framework = False
-    scan_init = False  # every model has `hidden_size // num_heads` in __init__

@@ -30,6 +30,7 @@ retires by itself on the default table.)
 | `x.scatter(d, index, v)`, `scatter_` (a number v; index as wide as x off `d`: the DSA indexer's mask) | `where((index[..., :, None] == 0..T-1).amax over K, v, x)` | eq, the bool->fp16 cast, amax, ne, where |
 | `x.prod(dim)`, `x.prod()` (int64, at most 16 factors: an image grid's `grid_thw.prod(-1)`) | `x.select(dim, 0) * x.select(dim, 1) * ...` | select (a view), mul |
 | `x // 2^k`, `torch.floor_divide`, `torch.div(..., rounding_mode="floor")` (a float x: a position table's `dim_t // 2`) | `floor(floor(x) * 2^-k) * ((x - x) + 1)` (`floor_div`) | floor, mul, sub, add |
+| `x // d`, `x % d`, floor_divide, remainder, `div(..., rounding_mode="floor")` of integer tensors (DeepSeek-V4's `(position_ids + 1) // rate`, CANINE's hash buckets) | the stock op on the host (index arithmetic, as hf-adapters keep it), the result back on the operand's device: a graph break, bit-identical | nothing on the device |
 | `F.fold(x, size, k, stride=k)` of patches tiling the output exactly (MobileViTv2) | `reshape` to (N, C, kh, kw, Lh, Lw), `permute` to (N, C, Lh, kh, Lw, kw), `reshape`: one input element per output element | view, permute |
 | `torch.bucketize(x, b, right=r)` (1-D b, at most 1024 boundaries: Idefics3's patch positions) | `sum(b < x)` (`b <= x` for right=True) over b as float16 ones, `where(x != x, len(b), count)`, cast to int64 / int32 | lt / le, ne, where, sum, the casts |
 | `x.as_strided(size, stride)` of a dense x, every read inside x (Longformer's and LED's overlapping chunks) | x in storage order, flattened, `narrow` to the span read, then one `unfold(-1, inner extent, stride)` per dim (largest stride first), permuted back; stride-0 dims expanded | slice, unfold (CPU islands: as_strided has none), permute, expand |
@@ -69,7 +70,7 @@ scanned for the names these ops are called by (`masked_fill`, `masked_fill_`, `s
 `max_pool1d/2d`,
 `avg_pool1d/2d`, and the pooling classes by name: an `nn.MaxPool1d` built inside CANINE's forward calls
 `F.max_pool1d`), for subscripts (`x[...]`: an aten.index when the key holds an integer tensor or a list;
-`x[...] = y`: a scatter into a view) and for the `//` operator. The model's top-level forward then runs under a `torch.overrides.TorchFunctionMode` that re-expresses each
+`x[...] = y`: a scatter into a view) and for the `//` and `%` operators. The model's top-level forward then runs under a `torch.overrides.TorchFunctionMode` that re-expresses each
 call of those ops whose capability the stack lacks and passes every other call through unchanged. Dynamo traces
 through the mode (fullgraph too) and records the re-expressed ops. The patch is one per-instance forward, undone
 exactly; it goes after every adapter that replaces forwards (`order`), so it wraps the final one.
@@ -428,6 +429,35 @@ def div_floor(args, kwargs):
     if kwargs.get("rounding_mode") != "floor":
         return _PASS
     return floor_div(args, {k: v for k, v in kwargs.items() if k != "rounding_mode"})
+
+
+def _integer(v) -> bool:
+    """An integer operand: a tensor of an integer dtype or a Python int (not bool, float, complex)."""
+    if isinstance(v, torch.Tensor):
+        return not (v.is_floating_point() or v.is_complex() or v.dtype == torch.bool)
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _int_division_on_host(stock, rounding_mode: str | None = None):
+    """A Reexpress handler: `stock` (floor_divide or remainder: `(input, other)`) run by `_stack.on_host` (on the host, the result back on the operand's device) when both operands
+    are integers and one is a strided tensor; float operands, out= and anything else stay stock (`floor_div`: a
+    float tensor's floor division by 2^k is a device form). `rounding_mode`: the one torch.div's
+    call must name to be this division (div's default is true division)."""
+    run = _stack.on_host(stock)
+
+    def handler(args, kwargs):
+        if len(args) > 2 or set(kwargs) - {"input", "self", "other", "rounding_mode"}:
+            return _PASS
+        if kwargs.get("rounding_mode") != rounding_mode:
+            return _PASS
+        x = args[0] if args else kwargs.get("input", kwargs.get("self"))
+        d = args[1] if len(args) > 1 else kwargs.get("other")
+        tensors = [v for v in (x, d) if isinstance(v, torch.Tensor)]
+        if not tensors or any(t.layout != torch.strided for t in tensors) or not (_integer(x) and _integer(d)):
+            return _PASS
+        return run(x, d)
+
+    return handler
 
 
 def isnan(args, kwargs):
@@ -1134,6 +1164,30 @@ REWRITES: tuple[Rewrite, ...] = (
         "div(x, 2^k, rounding_mode='floor') of a float tensor, as floor division above",
     ),
     Rewrite(
+        "aten.floor_divide",
+        (torch.Tensor.__floordiv__, torch.Tensor.floor_divide, torch.floor_divide),
+        frozenset({"//", "floor_divide"}),
+        _int_division_on_host(torch.floor_divide),
+        (),
+        "integer `//` and floor_divide on the host (index arithmetic), the result back on the device",
+    ),
+    Rewrite(
+        "aten.floor_divide",
+        (torch.Tensor.div, torch.div),
+        frozenset({"div"}),
+        _int_division_on_host(torch.floor_divide, rounding_mode="floor"),
+        (),
+        "integer div(rounding_mode='floor') on the host, as `//`",
+    ),
+    Rewrite(
+        "aten.remainder",
+        (torch.Tensor.__mod__, torch.Tensor.remainder, torch.remainder),
+        frozenset({"%", "remainder"}),
+        _int_division_on_host(torch.remainder),
+        (),
+        "integer `%` and remainder on the host, as `//`",
+    ),
+    Rewrite(
         "aten.prod",
         (torch.Tensor.prod, torch.prod),
         frozenset({"prod"}),
@@ -1373,11 +1427,10 @@ def _helpers(fn) -> list[types.FunctionType]:
 _FRAMEWORK = ("transformers.modeling_utils", "transformers.generation.", "transformers.integrations.", "transformers.utils.")
 
 
-def uses(model: nn.Module, rewrites=REWRITES, framework: bool = True, init: bool = True) -> dict[str, list[str]]:
+def uses(model: nn.Module, rewrites=REWRITES, framework: bool = True) -> dict[str, list[str]]:
     """capability -> paths of the modules whose own code (not torch.nn's) calls the op the way its rewrite recognises
     (a subscript for aten.index). `framework=False` leaves out the methods of transformers' framework classes
-    (`_FRAMEWORK`): every model inherits them, so a name they use (std in weight init) would match every model.
-    `init=False` leaves out the init-time methods (`__init__`, `_init_weights`: `hidden_size // num_heads`)."""
+    (`_FRAMEWORK`): every model inherits them, so a name they use (std in weight init) would match every model."""
     names = frozenset().union(*(r.names for r in rewrites))
     by_name: dict[str, set[str]] = {}
     for r in rewrites:
@@ -1391,9 +1444,7 @@ def uses(model: nn.Module, rewrites=REWRITES, framework: bool = True, init: bool
                 continue  # torch.nn's own modules: their ops are the stack's business, not a model's code
             if not framework and cls.__module__.startswith(_FRAMEWORK):
                 continue
-            for name, value in vars(cls).items():
-                if not init and name in structure._INIT_TIME:
-                    continue
+            for value in vars(cls).values():
                 if isinstance(value, staticmethod | classmethod):
                     value = value.__func__  # XLNet's rel_shift is a staticmethod
                 if not isinstance(value, types.FunctionType):
@@ -1430,13 +1481,12 @@ class ModeAdapter(Adapter):
     # scan transformers' framework classes too (`uses`): the rewrite adapter's and interpolate's gaps were found and
     # swept with them read; the adapters whose names are common in that code (std, var, sort) leave them out
     scan_framework = True
-    scan_init = True  # the init-time methods too (`uses`)
 
     def retired(self, caps) -> bool:
         return not any(r.needed(caps) for r in self.rewrites)
 
     def _uses(self, model: nn.Module) -> dict[str, list[str]]:
-        return uses(model, self.rewrites, framework=self.scan_framework, init=self.scan_init)
+        return uses(model, self.rewrites, framework=self.scan_framework)
 
     def _targets(self, model: nn.Module) -> list[Rewrite]:
         found = self._uses(model)
@@ -1463,7 +1513,7 @@ class ExactRewrite(ModeAdapter):
     applies_to = frozenset(
         {
             "any module whose code calls masked_fill, stack, new_full, all, logsumexp, isnan, nan_to_num, scatter, index_select, gather,"
-            " prod, floor_divide / div / //, bucketize, as_strided, F.max_pool / F.avg_pool or indexes a tensor"
+            " prod, floor_divide / div / // / % / remainder, bucketize, as_strided, F.max_pool / F.avg_pool or indexes a tensor"
         }
     )
     order = (
@@ -1472,7 +1522,8 @@ class ExactRewrite(ModeAdapter):
     summary = (
         "exact re-expressions: masked_fill -> where, stack -> cat, new_full -> full, all -> amin, index -> embedding,"
         " logsumexp -> amax/exp/sum/log, isnan -> x != x, nan_to_num -> wheres, scatter of a number -> where of index == position, index_select and gather"
-        " -> embedding, int64 prod -> multiplies, floor division by 2^k -> floor(floor(x) * 2^-k), bucketize ->"
+        " -> embedding, int64 prod -> multiplies, floor division by 2^k -> floor(floor(x) * 2^-k), integer // and %"
+        " -> the host, bucketize ->"
         " a count of compares, as_strided of a dense tensor -> unfolds,"
         " F.max_pool / F.avg_pool -> im2col + amax / mean"
     )

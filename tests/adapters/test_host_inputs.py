@@ -496,7 +496,7 @@ def test_grids_given_as_a_tensor_are_read_as_lists():
     assert out.shape == embeddings(zm.inputs["pixel_values"], grid.tolist()).shape
 
 
-# -- host_int_division: integer // and % (index arithmetic) on the host ----------------------------------------------
+# -- integer // and % (index arithmetic) on the host: the rewrite adapter's host forms ----------------------------
 
 
 class _IndexArithmetic(nn.Module):  # DeepSeek-V4's causal threshold, CANINE's hash buckets, a float position table
@@ -517,21 +517,20 @@ def _index_inputs():
 def test_integer_division_runs_on_the_host_bit_identical():
     """Stock: floor_divide has no lowering and no CPU island (#4643), remainder neither, so the compiled model stops;
     patched, each integer division runs on the host (a graph break) and equals stock exactly, negative operands too;
-    the float `x // 2` stays on the device as the rewrite adapter's floor form (matched by identity: the operator
-    reaches the mode as Tensor.__floordiv__, a key dynamo's dict lookup misses)."""
+    the float `x // 2` stays on the device as the floor form (matched by identity: the operator reaches the mode as
+    Tensor.__floordiv__, a key dynamo's dict lookup misses)."""
     from torch_spyre_emu.errors import SpyreUnsupportedOpError
 
     model, inputs = _IndexArithmetic(), _index_inputs()
     ref = model(*inputs)
-    adapter = adapters.get_adapter("host_int_division")
-    assert adapter.applicable(model)
+    assert "aten.floor_divide" in adapters.rewrite.uses(model) and "aten.remainder" in adapters.rewrite.uses(model)
     torch._dynamo.reset()
     with pytest.raises(SpyreUnsupportedOpError, match="aten.floor_divide|aten.remainder"):
         torch.compile(model, backend="spyre", dynamic=False)(*inputs)
     torch._dynamo.reset()
     snap = snapshot(model)
-    with adapters.apply(model, only=["host_int_division", "rewrite"]) as handle:
-        assert {"host_int_division", "rewrite"} <= set(handle.report.applied)
+    with adapters.apply(model, only=["rewrite"]) as handle:
+        assert handle.report.applied == ["rewrite"]
         eager = model(*inputs)
         x16 = inputs[0].half()
         compiled = torch.compile(model, backend="spyre", dynamic=False)(x16, *inputs[1:])
@@ -546,16 +545,14 @@ def test_integer_division_runs_on_the_host_bit_identical():
 def test_integer_division_on_a_model_moved_to_the_device():
     model, inputs = _IndexArithmetic(), _index_inputs()
     ref = model(*inputs)
-    with adapters.apply(model, only=["host_int_division", "rewrite"]):
+    with adapters.apply(model, only=["rewrite"]):
         out = model.to("spyre")(*(t.to("spyre") for t in inputs))
     assert all(o.device.type == "spyre" for o in out)
     assert all(torch.equal(a, b.cpu()) for a, b in zip(ref[:3], out[:3], strict=True))
 
 
 def test_integer_division_forms_left_to_stock_and_retirement():
-    from adapters.host_inputs import _INT_DIVISIONS
-
-    floor, div, rem = (r.handler for r in _INT_DIVISIONS)
+    floor, div, rem = (r.handler for r in adapters.rewrite.REWRITES if r.how.startswith("integer"))
     i, x = torch.arange(6), torch.randn(6)
     assert torch.equal(floor((i, 4), {}), i // 4) and torch.equal(rem((i, torch.tensor(4)), {}), i % 4)
     assert torch.equal(div((i, 4), {"rounding_mode": "floor"}), i // 4)
@@ -569,20 +566,5 @@ def test_integer_division_forms_left_to_stock_and_retirement():
         (floor, (i.bool(), 1), {}),
     ]:
         assert handler(args, kwargs) is adapters.rewrite._PASS
-    assert not adapters.get_adapter("host_int_division").applicable(_ShuffleMask())
     with torch_spyre_emu.capabilities.override({"aten.floor_divide": "native", "aten.remainder": "native"}) as c:
-        assert adapters.get_adapter("host_int_division").retired(c)
-
-
-def test_init_time_division_does_not_make_it_applicable():
-    """Every model has `hidden_size // num_heads` in __init__: the scan reads the methods that run (model_methods)."""
-
-    class Sized(nn.Module):
-        def __init__(self, hidden=64, heads=4):
-            super().__init__()
-            self.proj = nn.Linear(hidden, hidden // heads)
-
-        def forward(self, x):
-            return self.proj(x)
-
-    assert not adapters.get_adapter("host_int_division").applicable(Sized())
+        assert not {"aten.floor_divide", "aten.remainder"} & {r.gap for r in adapters.rewrite.active_rewrites(c)}
