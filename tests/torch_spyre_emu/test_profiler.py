@@ -2,6 +2,7 @@
 ranges, the simulated device kernels in key_averages() and in the exported Chrome trace, nothing when no profiler
 runs, torch_spyre.profiler as the real stub."""
 
+import gc
 import gzip
 import importlib
 import json
@@ -231,12 +232,19 @@ def test_profile_memory_reports_the_allocators_bytes_on_the_ops_and_in_the_trace
     torch.spyre.memory_allocated counts them) land in the "SPYRE Mem" of the ops that made them, a free outside any
     op is a "[memory]" event, and the exported trace has the records and an allocated-bytes counter."""
     x = _x(64, 128)
-    base = torch.spyre.memory_allocated()
-    with profile(activities=DEVICE, profile_memory=True) as prof:
-        z = torch.ones(8, 100, device="spyre")  # 4,096 B: rows padded to whole 128 B sticks
-        y = x + x
-        after = torch.spyre.memory_allocated()
-        del y
+    # device tensors of earlier tests held in reference cycles would be freed by a collection inside the window
+    # (an allocation can trigger one) and count against it: collect first, and not during
+    gc.collect()
+    gc.disable()
+    try:
+        base = torch.spyre.memory_allocated()
+        with profile(activities=DEVICE, profile_memory=True) as prof:
+            z = torch.ones(8, 100, device="spyre")  # 4,096 B: rows padded to whole 128 B sticks
+            y = x + x
+            after = torch.spyre.memory_allocated()
+            del y
+    finally:
+        gc.enable()
     grown = after - base
     assert grown == z.untyped_storage().nbytes() + 64 * 128 * 2
     ops = {e.key: e for e in prof.key_averages()}
