@@ -49,6 +49,11 @@ def host(fn):
     return torch.compiler.disable(fn, recursive=True)
 
 
+def integer_tensor(t: torch.Tensor) -> bool:
+    """A tensor of an integer dtype (not bool, float or complex): index arithmetic's operands."""
+    return not (t.is_floating_point() or t.is_complex() or t.dtype == torch.bool)
+
+
 def to_host(t: torch.Tensor) -> torch.Tensor:
     return t if t.device.type == "cpu" else t.to("cpu")
 

@@ -22,6 +22,17 @@ bit-identical) and handing its result to the device, as hf-adapters pass positio
   per-sample shuffle and its inverse, SAM-HQ's masks ordered by predicted IoU) on the host, the results back on the
   tensor's device, the stock op on the same values (bit-identical, stable or not, as the host's kernel).
   Gap: aten.sort (#4072: no lowering, no CPU island).
+- `host_position_embedding`: position embeddings made from shapes and the padding mask alone (DETR's sine embedding
+  and its copies: an arange floor-divided by 2, then sin and cos), built on the host when they are for the device.
+  In a compiled graph with CPU inputs the stock code runs (it folds to a constant); on a model moved with
+  `Module.to("spyre")` it would run eagerly on the device. Gaps: aten.floor_divide, aten.sin and aten.cos (CPU
+  fallbacks).
+- `host_grid_size`: sizes a method receives as integer tensors where its code needs Python values (`height` and
+  `width` annotated as tensors and used as arange bounds: SAM 3's DETR decoder sizes its box-bias coordinate grids by
+  `spatial_shapes[0, 0]` and `[0, 1]`; a forward's parameter annotated as lists of ints: HunYuan-VL's vision embeddings
+  iterate `grid_thw`, which its vision model passes as a tensor) read on the host before the method runs, so what
+  they size is built for known sizes rather than sized by a tensor's value (shape.data_dependent). The same values.
+
 How they recognise their targets (by structure, not by class name):
 - a *position helper* is a function of the model's package whose code calls `cumsum` and whose first parameter is
   `input_ids` or `attention_mask`, reached from a module's forward either as a module-level global (directly or
@@ -56,7 +67,7 @@ import torch.utils._pytree as pytree
 from torch import nn
 
 from adapters import structure
-from adapters._stack import back_on, device_of, host, on_host, to_host
+from adapters._stack import back_on, device_of, host, integer_tensor, on_host, to_host
 from adapters.base import Adapter
 from adapters.patch import Patch
 from adapters.registry import register_adapter
@@ -503,7 +514,7 @@ def host_grid_sizes(fn, sizes: tuple[str, ...]):
         bound = signature.bind(self, *args, **kwargs)
         for p in sizes:
             v = bound.arguments.get(p)
-            if isinstance(v, torch.Tensor) and not (v.is_floating_point() or v.is_complex() or v.dtype == torch.bool):
+            if isinstance(v, torch.Tensor) and integer_tensor(v):
                 bound.arguments[p] = _host_value(v)
         return fn(*bound.args, **bound.kwargs)
 

@@ -202,7 +202,7 @@ def scatter_reduce(args, kwargs):
         return _PASS
     if reduce not in _SCATTER_EMPTY or not isinstance(include_self, bool) or not isinstance(dim, int):
         return _PASS
-    integer = not (x.is_floating_point() or x.is_complex() or x.dtype == torch.bool)
+    integer = _stack.integer_tensor(x)
     if not (x.is_floating_point() or (integer and reduce == "sum")):
         return _PASS  # an integer mean is a floor division, integer extrema have no infinite identity
     if src.dtype != x.dtype or index.dtype not in (torch.int64, torch.int32) or x.dim() == 0:

@@ -66,15 +66,10 @@ def _ceil_extra(size: int, k: int, s: int, p: int, d: int) -> int:
     return max(0, (out - 1) * s + span - (size + 2 * p))
 
 
-def valid_counts(size: int, k: int, s: int, p: int, out: int) -> list[int]:
-    """Per output position along one dim, the real (not padding) elements of its window: ATen's avg_pool divisor
-    with count_include_pad=False (the window clipped to the input)."""
-    return [min(o * s - p + k, size + p, size) - max(o * s - p, 0) for o in range(out)]
-
-
 def avg_divisors(size: int, k: int, s: int, p: int, out: int, count_include_pad: bool) -> list[int]:
     """Per output position along one dim, ATen's avg_pool divisor: the window clipped to the padded input
-    (count_include_pad) or to the input. With ceil_mode a last window past the padded end is clipped too."""
+    (count_include_pad) or to the input (its real elements). With ceil_mode a last window past the padded end is
+    clipped too."""
     out_div = []
     for o in range(out):
         start, end = o * s - p, min(o * s - p + k, size + p)
@@ -91,12 +86,13 @@ def pool_by_unfold(x: torch.Tensor, kernel, stride, padding, dilation, reduce: s
     if unbatched:
         x = x.unsqueeze(0)
     (kh, kw), (sh, sw), (ph, pw), (dh, dw) = kernel, stride, padding, dilation
-    if reduce != "amax" and ceil_mode:
-        out = _ceil_average(x, (kh, kw), (sh, sw), (ph, pw), reduce == "mean")
-        return out.squeeze(0) if unbatched else out
+    size = x.shape[-2:]  # before any ceil_mode padding: ATen's divisors clip to it
+    if ceil_mode:
+        eh, ew = _ceil_extra(x.shape[-2], kh, sh, ph, dh), _ceil_extra(x.shape[-1], kw, sw, pw, dw)
+        if reduce != "amax":
+            x = F.pad(x, (0, ew, 0, eh))  # zeros; the divisors below leave them out
     if reduce == "amax" and (ph or pw or ceil_mode):
-        eh = _ceil_extra(x.shape[-2], kh, sh, ph, dh) if ceil_mode else 0
-        ew = _ceil_extra(x.shape[-1], kw, sw, pw, dw) if ceil_mode else 0
+        eh, ew = (eh, ew) if ceil_mode else (0, 0)
         x = F.pad(x, (pw, pw + ew, ph, ph + eh), value=-math.inf)
         ph = pw = 0
     n, c, h, w = x.shape
@@ -104,28 +100,16 @@ def pool_by_unfold(x: torch.Tensor, kernel, stride, padding, dilation, reduce: s
     wo = (w + 2 * pw - dw * (kw - 1) - 1) // sw + 1
     cols = F.unfold(x, (kh, kw), dilation=(dh, dw), padding=(ph, pw), stride=(sh, sw))  # [N, C*kh*kw, L]
     windows = cols.reshape(n, c, kh * kw, ho * wo)
-    if reduce == "mean_valid":
+    if reduce == "mean_valid" or (reduce == "mean" and ceil_mode):
         # a constant divisor per output position (small integers: exact in any float dtype)
-        ch, cw = valid_counts(h, kh, sh, ph, ho), valid_counts(w, kw, sw, pw, wo)
+        include_pad = reduce == "mean"
+        ch = avg_divisors(size[0], kh, sh, ph, ho, include_pad)
+        cw = avg_divisors(size[1], kw, sw, pw, wo, include_pad)
         count = torch.tensor([a * b for a in ch for b in cw], dtype=x.dtype, device=x.device)
         out = (windows.sum(2) / count).reshape(n, c, ho, wo)
     else:
         out = (windows.amax(2) if reduce == "amax" else windows.mean(2)).reshape(n, c, ho, wo)
     return out.squeeze(0) if unbatched else out
-
-
-def _ceil_average(x: torch.Tensor, kernel, stride, padding, count_include_pad: bool) -> torch.Tensor:
-    """An (N, C, H, W) average pool with ceil_mode: zero padding on both sides plus ceil_mode's extra rows and
-    columns, the windows' sums divided by ATen's per-position divisor (a constant: small integers, exact)."""
-    (kh, kw), (sh, sw), (ph, pw) = kernel, stride, padding
-    n, c, h, w = x.shape
-    eh, ew = _ceil_extra(h, kh, sh, ph, 1), _ceil_extra(w, kw, sw, pw, 1)
-    x = F.pad(x, (pw, pw + ew, ph, ph + eh))
-    ho, wo = (x.shape[-2] - kh) // sh + 1, (x.shape[-1] - kw) // sw + 1
-    windows = F.unfold(x, (kh, kw), stride=(sh, sw)).reshape(n, c, kh * kw, ho * wo)
-    ch, cw = avg_divisors(h, kh, sh, ph, ho, count_include_pad), avg_divisors(w, kw, sw, pw, wo, count_include_pad)
-    count = torch.tensor([a * b for a in ch for b in cw], dtype=x.dtype, device=x.device)
-    return (windows.sum(2) / count).reshape(n, c, ho, wo)
 
 
 def _pool(
@@ -164,7 +148,7 @@ def _ceil_global_mean(m: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """An unpadded average pool with ceil_mode whose one window covers its whole input (ALIGN's
     `AvgPool2d(hidden_dim, ceil_mode=True)`, a global pool: kernel >= size and kernel - size < stride in each dim, so
     ATen's output is 1 x 1 and it divides by the window clipped to the input, the input's size): the mean. Any other
-    ceil_mode average is the windows' sums divided by ATen's clipped divisors (_ceil_average)."""
+    ceil_mode average is the windows' sums divided by ATen's clipped divisors (pool_by_unfold)."""
     n = 1 if isinstance(m, nn.AvgPool1d) else 2
     kernel, stride = _pair(m.kernel_size, n), _pair(m.stride or m.kernel_size, n)
     sizes = tuple(x.shape[-n:])

@@ -434,15 +434,15 @@ def div_floor(args, kwargs):
 def _integer(v) -> bool:
     """An integer operand: a tensor of an integer dtype or a Python int (not bool, float, complex)."""
     if isinstance(v, torch.Tensor):
-        return not (v.is_floating_point() or v.is_complex() or v.dtype == torch.bool)
+        return _stack.integer_tensor(v)
     return isinstance(v, int) and not isinstance(v, bool)
 
 
 def _int_division_on_host(stock, rounding_mode: str | None = None):
-    """A Reexpress handler: `stock` (floor_divide or remainder: `(input, other)`) run by `_stack.on_host` (on the host, the result back on the operand's device) when both operands
-    are integers and one is a strided tensor; float operands, out= and anything else stay stock (`floor_div`: a
-    float tensor's floor division by 2^k is a device form). `rounding_mode`: the one torch.div's
-    call must name to be this division (div's default is true division)."""
+    """A Reexpress handler: `stock` (floor_divide or remainder: `(input, other)`) run by `_stack.on_host` (on the
+    host, the result back on the operand's device) when both operands are integers and one is a strided tensor;
+    float operands, out= and anything else stay stock (`floor_div`: a float tensor's floor division by 2^k is a device
+    form). `rounding_mode`: the one torch.div's call must name to be this division (div's default is true division)."""
     run = _stack.on_host(stock)
 
     def handler(args, kwargs):
@@ -450,8 +450,7 @@ def _int_division_on_host(stock, rounding_mode: str | None = None):
             return _PASS
         if kwargs.get("rounding_mode") != rounding_mode:
             return _PASS
-        x = args[0] if args else kwargs.get("input", kwargs.get("self"))
-        d = args[1] if len(args) > 1 else kwargs.get("other")
+        x, d = _arg(args, kwargs, 0, "input", "self", default=None), _arg(args, kwargs, 1, "other", default=None)
         tensors = [v for v in (x, d) if isinstance(v, torch.Tensor)]
         if not tensors or any(t.layout != torch.strided for t in tensors) or not (_integer(x) and _integer(d)):
             return _PASS
@@ -1276,8 +1275,13 @@ class Reexpress(TorchFunctionMode):
         # Tensor's methods written in Python (Tensor.__floordiv__, __rsub__, ...) are compared by identity: as a dict
         # key dynamo (torch 2.13) finds such a function absent while it is there, and the frame's own guard then fails
         # ("Guard failed on the same frame it was created": `x // 2` in compiled code)
-        self.by_identity = tuple((f, hs) for f, hs in table.items() if _python_tensor_method(f))
-        self.handlers = {f: hs for f, hs in table.items() if not _python_tensor_method(f)}
+        self.by_identity: tuple[tuple[object, tuple[Callable, ...]], ...] = ()
+        self.handlers: dict[object, tuple[Callable, ...]] = {}
+        for f, hs in table.items():
+            if _python_tensor_method(f):
+                self.by_identity += ((f, hs),)
+            else:
+                self.handlers[f] = hs
 
     def _handlers(self, func) -> tuple[Callable, ...]:
         for f, hs in self.by_identity:
@@ -1337,13 +1341,8 @@ def _python_tensor_method(func) -> bool:
 
 
 def _python_wrapped_method(func) -> bool:
-    name = getattr(func, "__name__", None)
-    return (
-        isinstance(func, types.FunctionType)
-        and hasattr(func, "__wrapped__")
-        and isinstance(name, str)
-        and getattr(torch.Tensor, name, None) is func
-    )
+    """A Python method of torch.Tensor that wraps another (functools.wraps: the stack's Tensor.to)."""
+    return _python_tensor_method(func) and hasattr(func, "__wrapped__")
 
 
 def _skip_eager_frames(code: types.CodeType) -> None:
