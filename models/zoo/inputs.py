@@ -131,7 +131,7 @@ def _fill(name: str, config, g: torch.Generator, seq: int):
         return torch.randn(BATCH, 4, _cfg_int(config, "visual_feat_dim", default=hidden), generator=g)
     if name == "visual_pos":
         return torch.rand(BATCH, 4, _cfg_int(config, "visual_pos_dim", default=4), generator=g)
-    if name.endswith("_embeds") or name == "hidden_states":
+    if name.endswith("_embeds") or name in ("hidden_states", "inputs"):  # Perceiver without a preprocessor: inputs
         return torch.randn(BATCH, seq, hidden, generator=g)
     if name.startswith("pixel_values"):
         h, w = _image_size(config)
@@ -231,6 +231,10 @@ def candidates(model, config, seed: int = 0, causal: bool = False):
         inputs["input_values"] = torch.randn(BATCH, WAVE, generator=g)
     if "use_cache" in params and (causal or getattr(config, "is_encoder_decoder", False)):
         inputs["use_cache"] = False  # one static prefill program, no cache object in the graph
+    if "prompt_pixel_values" in required:  # SegGPT: the prompt image above the input image make its image_size
+        h, w = _image_size(config)
+        for name in ("pixel_values", "prompt_pixel_values", "prompt_masks"):
+            inputs[name] = torch.randn(BATCH, _channels(config), h // 2, w, generator=g)
     grid = next((n for n in ("grid_thw", "image_grid_thw") if n in required), None)
     if grid is not None:  # Qwen-VL-style towers: flattened patches plus their (t, h, w) grid (census §3)
         patches = next(n for n in ("hidden_states", "pixel_values") if n in params)
@@ -253,6 +257,9 @@ def candidates(model, config, seed: int = 0, causal: bool = False):
         channels = _cfg_int(config, "audio_channels", "num_channels", "in_channels", default=1)
         yield {**inputs, "input_values": torch.randn(BATCH, channels, WAVE, generator=g)}, pad_mask
         yield {**inputs, "input_values": torch.randn(BATCH, 200, mels, generator=g)}, pad_mask
+    if "pixel_values" in inputs and inputs["pixel_values"].dim() == 4:  # image matchers (LoFTR, LightGlue): pairs
+        other = torch.randn(inputs["pixel_values"].shape, generator=g)
+        yield {**inputs, "pixel_values": torch.stack([inputs["pixel_values"], other], 1)}, pad_mask
     media = [k for k in ("pixel_values", "input_features", "input_values") if k in inputs]
     if media and "input_ids" in inputs and not set(media) & set(required):
         yield {k: v for k, v in inputs.items() if k not in media}, pad_mask

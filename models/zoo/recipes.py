@@ -96,7 +96,7 @@ class ZooModel:
 
 _LAYER_RE = re.compile(
     r"^(num_hidden_layers|num_layers|n_layer|n_layers|encoder_layers|decoder_layers|num_decoder_layers|"
-    r"num_encoder_layers|depth|num_blocks|.*_num_layers|num_.*_layers|.*_layers)$"
+    r"num_encoder_layers|depth|num_blocks|.*_num_layers|num_.*_layers|.*_layers|num_self_attends_per_block)$"
 )
 _WIDTH_RE = re.compile(
     r"^(hidden_size|d_model|n_embd|dim|hidden_dim|intermediate_size|ffn_dim|d_ff|n_inner|ffn_hidden_size|"
@@ -146,6 +146,7 @@ _EXPERT_KEYS = (
     "n_routed_experts",
     "moe_num_experts",
     "num_routed_experts",
+    "zero_expert_num",  # LongCat-Flash's zero-computation experts: the router's extra outputs, allocated as experts
 )
 _TOPK_KEYS = (
     "num_experts_per_tok",
@@ -164,8 +165,13 @@ _TOKEN_ID_RE = re.compile(
 _SKIP_FIELDS = {"transformers_version", "architectures", "id2label", "label2id", "dtype", "torch_dtype"}
 
 
+# widths the name rules miss: dots3's audio adapter takes the audio tower's hidden size; BLT's local encoder and
+# decoder project to and from the global transformer's hidden size; Perceiver's latent width
+_ALSO_WIDTH = ("adapter_input_size", "hidden_size_global", "d_latents")
+
+
 def _is_width(name: str) -> bool:
-    return bool(_WIDTH_RE.match(name)) and not any(s in name for s in _NOT_WIDTH)
+    return name in _ALSO_WIDTH or (bool(_WIDTH_RE.match(name)) and not any(s in name for s in _NOT_WIDTH))
 
 
 def _round_to(v: float, m: int) -> int:
@@ -211,9 +217,14 @@ def _first_key(d: dict, keys) -> str | None:
     return None
 
 
+_LAYER_KINDS = ("layers_block_type", "layer_types")
+
+
 def _shrink_layers(d: dict) -> None:
     main = _first_key(d, ("num_hidden_layers", "num_layers", "n_layer", "n_layers"))
     n0 = d[main] if main else None
+    if n0 is None:  # the layer count is the length of the per-layer kinds (Nemotron-H: layers_block_type)
+        n0 = next((len(d[k]) for k in _LAYER_KINDS if isinstance(d.get(k), list | tuple)), None)
     keep: list[int] | None = None
     if n0 and n0 > LAYERS:
         per_layer = [
@@ -247,7 +258,8 @@ def _shrink_layers(d: dict) -> None:
                 break
             if i not in keep:
                 keep = sorted(keep + [i])
-        d[main] = len(keep)
+        if main:
+            d[main] = len(keep)
         for k in per_layer:
             d[k] = type(d[k])(d[k][i] for i in keep)
         for k in index_lists:
@@ -288,6 +300,8 @@ def _shrink_widths_and_heads(d: dict, variant: str) -> None:
     for k, v in list(d.items()):
         if _is_width(k):
             d[k] = _map_width(v, rule)
+    if h0:
+        _fit_mamba_heads(d, h0, d[hidden_key])
     if not (h0 and heads_keys):
         return
     h = d[hidden_key]
@@ -323,6 +337,19 @@ def _shrink_widths_and_heads(d: dict, variant: str) -> None:
         if heads % kv:
             kv = 1
         d[kv_key] = kv
+
+
+_MAMBA_HEADS = ("mamba_n_heads", "mamba_d_head", "mamba_expand")
+
+
+def _fit_mamba_heads(d: dict, h0: int, h: int) -> None:
+    """Mamba-2 mixers whose config ties heads x head size to expand x hidden (Bamba, Granite 4.0-H): the head size is
+    kept and the head count follows the shrunk hidden size, where the family's config held the identity."""
+    n, hd, expand = (d.get(k) for k in _MAMBA_HEADS)
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in (n, hd, expand)):
+        return
+    if n * hd == expand * h0 and (expand * h) % hd == 0:
+        d["mamba_n_heads"] = expand * h // hd
 
 
 def _shrink_experts(d: dict) -> None:
@@ -414,9 +441,11 @@ def _shrink_config(cfg, parts: set[str], variant: str, tokens: _TokenMap | None)
     if "experts" in parts:
         _shrink_experts(d)
     if "vocab" in parts:
-        for k in d:  # vocab_size and its relatives (gemma3n's vocab_size_per_layer_input: 262144 rows)
+        # vocab_size and its relatives (gemma3n's vocab_size_per_layer_input: 262144 rows; BLT's hash n-gram
+        # embedding, encoder_hash_byte_group_vocab: 500002 rows)
+        for k in d:
             if (
-                "vocab_size" in k
+                ("vocab_size" in k or k.endswith("_vocab"))
                 and isinstance(d[k], int)
                 and not isinstance(d[k], bool)
                 and d[k] > VOCAB[variant]
@@ -460,8 +489,95 @@ def _whisper_short_audio(d: dict, variant: str) -> None:
     d["max_source_positions"] = 64
 
 
+def _with_attention_layer(d: dict, variant: str) -> None:
+    # Granite 4.0-H and Bamba checkpoints interleave a few attention layers among their Mamba-2 layers (IBM's model
+    # cards: about one in ten; Bamba-9B's attn_layer_indices are [9, 18, 27]); the stock default configs have none,
+    # so the last kept layer is an attention layer, as a real checkpoint's tiny slice would have one.
+    n = d.get("num_hidden_layers") or LAYERS
+    if "attn_layer_indices" in d:
+        d["attn_layer_indices"] = [n - 1]
+    elif isinstance(d.get("layer_types"), list | tuple):
+        d["layer_types"] = ["linear_attention"] * (n - 1) + ["full_attention"]
+
+
+def _sub_with(d: dict, key: str):
+    """The (sub-)config dicts of `d` that hold `key`, d first."""
+    found = [d] if key in d else []
+    for v in d.values():
+        if isinstance(v, dict) and "model_type" in v:
+            found += _sub_with(v, key)
+    return found
+
+
+_GLM_MROPE = (2, 3, 3)  # GLM-4.1V's mrope_section [8, 12, 12]: temporal, height, width in the ratio 2 : 3 : 3
+
+
+def _glm_mrope_section(d: dict, variant: str) -> None:
+    # GLM-4V's rotary embedding splits its frequencies by mrope_section, [8, 12, 12] when the config names none: the
+    # 32 frequencies of the real checkpoints' rotary dim (head_dim 128 x partial_rotary_factor 0.5). The stock default
+    # configs omit the factor (or leave head_dim to hidden / heads), so even they fail; the section is scaled to the
+    # built config's rotary dim, keeping the real ratio.
+    for text in _sub_with(d, "rope_parameters"):
+        rope = dict(text.get("rope_parameters") or {})
+        if "mrope_section" in rope or not text.get("num_attention_heads"):
+            continue
+        head_dim = text.get("head_dim") or text["hidden_size"] // text["num_attention_heads"]
+        half = int(head_dim * rope.get("partial_rotary_factor", 1.0)) // 2
+        unit = half // sum(_GLM_MROPE)
+        section = [unit * r for r in _GLM_MROPE]
+        section[0] += half - sum(section)
+        text["rope_parameters"] = {**rope, "mrope_section": section}
+
+
+def _seggpt_merge_index(d: dict, variant: str) -> None:
+    # SegGPT merges the prompt and image streams after layer merge_index (2 of 24), before the first layer whose
+    # state it returns; the layer shrink keeps one layer of each kind, so the merge moves to the first kept layer.
+    kept = d.get("intermediate_hidden_state_indices") or [1]
+    d["merge_index"] = max(0, min(kept) - 1)
+    # Its default image_size, [896, 448], is two 448-pixel images: 1,568 patches, which would dominate the sweep's
+    # time in the bit-exact emulator; two 128-pixel images keep the layout (its position embeddings interpolate).
+    d["image_size"] = [256, 128]
+
+
+def _molmo2_feature_layers(d: dict, variant: str) -> None:
+    # Molmo2's adapter reads vision layers [24, 18] of 25 (the last and the seventh from last); with the vision
+    # tower shrunk, it reads the last and the one before.
+    adapter, vision = d.get("adapter_config"), d.get("vision_config")
+    if isinstance(adapter, dict) and isinstance(vision, dict):
+        n = vision.get("num_hidden_layers") or LAYERS
+        adapter["vision_feature_layer"] = [n - 1, max(0, n - 2)]
+
+
+def _loftr_hidden(d: dict, variant: str) -> None:
+    # EfficientLoFTR's attention runs on the backbone's last stage: hidden_size must equal out_features[-1] (256),
+    # which the width rule does not shrink (a channel count), so hidden_size keeps it.
+    d["hidden_size"] = d["out_features"][-1]
+    # Its 2-D rotary embedding fills hidden_size / 2 slots with head_dim x partial_rotary_factor (4.0) frequencies,
+    # so head_dim is hidden_size / 8 whatever the width: the head count stays the family's 8.
+    factor = (d.get("rope_parameters") or {}).get("partial_rotary_factor", 4.0)
+    d["num_attention_heads"] = d["num_key_value_heads"] = int(2 * factor)
+
+
 OVERRIDES: dict[str, tuple] = {
     "whisper": (_whisper_short_audio,),
+    "granitemoehybrid": (_with_attention_layer,),
+    "bamba": (_with_attention_layer,),
+    "seggpt": (_seggpt_merge_index,),
+    "molmo2": (_molmo2_feature_layers,),
+    "efficientloftr": (_loftr_hidden,),
+    **{
+        t: (_glm_mrope_section,)
+        for t in (
+            "glm4v",
+            "glm4v_text",
+            "glm46v",
+            "glm4v_moe",
+            "glm4v_moe_text",
+            "glm_image",
+            "glm_image_text",
+            "glmga",
+        )
+    },
 }
 
 
@@ -684,6 +800,15 @@ def _ladder(model_type: str, variant: str, levels) -> tuple[list[str], str | Non
     return [level] + [x for x in LEVELS if x != level], None
 
 
+def _first_lines(e: Exception) -> str:
+    """An error's first line, and its second where the first only announces it (a config validator's "Class
+    validation error for validator 'validate_architecture':" says what failed on the next line)."""
+    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+    if len(lines) > 1 and lines[0].endswith(":"):
+        return f"{lines[0]} {lines[1]}"
+    return lines[0] if lines else ""
+
+
 def build(model_type: str, variant: str = "default", seed: int = 0, levels=None) -> ZooModel:
     """A tiny random-weight model of `model_type`: the first recipe level that validates, stays under PARAM_CAP and
     runs forward on the CPU. `levels`: the levels to try, in order (default: the ladder, with the level recorded in
@@ -704,8 +829,7 @@ def build(model_type: str, variant: str = "default", seed: int = 0, levels=None)
             if "not exported" in e.reason:
                 break
         except Exception as e:  # noqa: BLE001 - every failure of a level is a reason to try the next
-            first = next((line for line in str(e).splitlines() if line.strip()), "")
-            reasons.append(f"{level}: {type(e).__name__}: {first[:300]}")
+            reasons.append(f"{level}: {type(e).__name__}: {_first_lines(e)[:300]}")
             if _no_level_helps(e):
                 break
     raise ZooBuildError(model_type, "; ".join(reasons + ([note] if note else [])))

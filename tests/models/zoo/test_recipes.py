@@ -214,3 +214,71 @@ def test_only_initializer_ranges_near_zero_are_raised():
     assert _raise_init_ranges(cfg)
     assert cfg.vision_config.initializer_range == INIT_RANGE and cfg.initializer_range == 0.05
     assert not _raise_init_ranges(cfg)  # nothing left to raise
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# shrink rules that keep a config's own identities (each type below failed to build before its rule)
+
+
+@pytest.mark.parametrize("model_type", ["granitemoehybrid", "bamba"])
+def test_mamba_heads_follow_the_hidden_size_and_an_attention_layer_is_kept(model_type):
+    c = tiny_config(model_type)
+    assert c.mamba_d_head == 64 and c.mamba_n_heads * c.mamba_d_head == c.mamba_expand * c.hidden_size
+    kinds = list(c.layers_block_type) if model_type == "granitemoehybrid" else None
+    if kinds is not None:
+        assert kinds[-1] == "full_attention" and "linear_attention" in kinds
+    else:
+        assert c.attn_layer_indices == [c.num_hidden_layers - 1]
+
+
+def test_granite_4_hybrid_builds_as_a_causal_lm():
+    z = build("granitemoehybrid")
+    assert z.model_class == "GraniteMoeHybridForCausalLM" and z.is_decoder_lm and z.family == "hybrid"
+
+
+@pytest.mark.parametrize("model_type", ["glm4v", "glm4v_moe", "glm_image_text"])
+def test_glm_mrope_section_fits_the_rotary_dim(model_type):
+    from models.zoo.inputs import text_config
+
+    t = text_config(tiny_config(model_type))
+    rope = t.rope_parameters
+    head_dim = getattr(t, "head_dim", None) or t.hidden_size // t.num_attention_heads
+    half = int(head_dim * rope.get("partial_rotary_factor", 1.0)) // 2
+    section = rope["mrope_section"]
+    assert sum(section) == half and section[1] == section[2] and 2 * section[1] == 3 * section[0]
+
+
+def test_layer_count_from_the_per_layer_kinds():
+    from models.zoo.recipes import MAX_LAYERS
+
+    kinds = tiny_config("nemo_speechlm").text_config.layers_block_type
+    assert len(kinds) <= MAX_LAYERS and set(kinds) == {"linear_attention", "moe", "full_attention"}
+    assert kinds == sorted(set(kinds), key=kinds.index)  # one layer of each kind, in their first order
+
+
+def test_vocab_relatives_zero_experts_and_named_widths_shrink():
+    from models.zoo.recipes import EXPERTS, VOCAB
+
+    blt = tiny_config("blt")
+    assert blt.encoder_hash_byte_group_vocab == VOCAB["default"]
+    assert blt.encoder_config.hidden_size_global == blt.global_config.hidden_size
+    assert tiny_config("longcat_flash").zero_expert_num == EXPERTS
+    perceiver = tiny_config("perceiver")
+    assert perceiver.num_self_attends_per_block == 2 and perceiver.d_latents % STICK == 0
+
+
+def test_a_validator_error_names_what_failed():
+    with pytest.raises(ZooBuildError) as info:
+        build("apertus1p5", levels=["tiny"])  # a validator's first line only says which validator failed
+    assert "validate_architecture': ValueError: The audio token range ends at" in info.value.reason
+
+
+def test_paired_and_prompted_image_inputs():
+    seggpt = build("seggpt")
+    h, w = seggpt.model.config.image_size
+    assert {k: tuple(v.shape) for k, v in seggpt.inputs.items()} == {
+        k: (BATCH, 3, h // 2, w) for k in ("pixel_values", "prompt_pixel_values", "prompt_masks")
+    }
+    loftr = build("efficientloftr")  # an image matcher takes a pair of (different) images per row
+    pair = loftr.inputs["pixel_values"]
+    assert pair.shape[:2] == (BATCH, 2) and not torch.equal(pair[:, 0], pair[:, 1])
