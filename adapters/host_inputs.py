@@ -7,8 +7,10 @@ bit-identical) and handing its result to the device, as hf-adapters pass positio
   cumsum of `input_ids != padding_idx`; BLOOM's ALiBi positions, a cumsum of the attention mask) and the token types
   BERT-style embeddings gather from their all-zero `token_type_ids` buffer (`torch.gather(buffer, 1, position_ids)`);
   T5's, WavLM's and LayoutLMv3's relative position buckets (integer positions -> bucket ids: a log of 0 cast to int64 gives int64's minimum,
-  which the device's int32 cannot hold). Gaps: aten.cumsum (a CPU fallback: the scan is not implemented),
-  aten.gather (unsupported), aten.log on integer positions.
+  which the device's int32 cannot hold); token hashes (BLT's `byte_group_hash_function`: a rolling polynomial hash
+  of byte n-grams in int64 that wraps past 2^63, then a remainder by the hash vocabulary: its sums leave the int32
+  range the device holds). Gaps: aten.cumsum (a CPU fallback: the scan is not implemented), aten.gather
+  (unsupported), aten.log on integer positions, int64 values past int32 (Int64RangeError).
 - `host_clamp_guard`: the fp16 overflow guards of T5 (`torch.where(torch.isinf(h).any(), max - 1000, max)`) and
   BART (`if fp16 and not torch.isfinite(h).all(): clamp`): the boolean is computed on the host from the activations;
   the clamp itself stays stock on the device. Applying the clamp unconditionally is not identical (T5 clamps to
@@ -35,7 +37,7 @@ bit-identical) and handing its result to the device, as hf-adapters pass positio
 
 How they recognise their targets (by structure, not by class name):
 - a *position helper* is a function of the model's package whose code calls `cumsum` and whose first parameter is
-  `input_ids` or `attention_mask`, reached from a module's forward either as a module-level global (directly or
+  `input_ids` or `attention_mask` (or whose first parameter is `token_ids` and whose code takes a remainder: a hash), reached from a module's forward either as a module-level global (directly or
   through a same-package helper: `structure.rebind` replaces it by the host call) or as a staticmethod or method
   called as `self.<name>` (the instance gets the host call as an attribute, which shadows the class's);
 - a *token-type gather* is a module with a `token_type_ids` buffer whose forward calls `torch.gather`: its forward is
@@ -71,9 +73,10 @@ from adapters._stack import back_on, device_of, host, integer_tensor, on_host, t
 from adapters.base import Adapter
 from adapters.patch import Patch
 from adapters.registry import register_adapter
-from adapters.rewrite import _PASS, ModeAdapter, Rewrite
+from adapters.rewrite import _PASS, ModeAdapter, Rewrite, _code_uses
 
 _POSITION_INPUTS = ("input_ids", "attention_mask")  # the first parameter of a cumsum position helper
+_HASH_INPUTS = ("token_ids",)  # the first parameter of a token hashing helper (with a remainder in its code)
 # the first parameter of a relative-position bucketing helper (T5's and its copies'; WavLM's is plural)
 _RELATIVE = ("relative_position", "relative_positions")
 
@@ -116,7 +119,7 @@ def is_position_helper(fn, method: bool = False) -> bool:
     """A function whose code calls cumsum and whose first parameter (after `self` for a method) is input_ids or
     attention_mask, or a relative-position bucketing function (first parameter `relative_position`: T5's
     `_relative_position_bucket` and its copies; `relative_positions`: WavLM's `_relative_positions_bucket`; integer
-    work on integer positions)."""
+    work on integer positions), or a token hash (first parameter `token_ids`, a remainder in its code)."""
     f = structure.chain(fn)
     if not f:
         return False
@@ -124,7 +127,20 @@ def is_position_helper(fn, method: bool = False) -> bool:
     if code.co_argcount <= first:
         return False
     name = code.co_varnames[first]
-    return name in _RELATIVE or ("cumsum" in structure._global_names(code) and name in _POSITION_INPUTS)
+    return (
+        name in _RELATIVE
+        or ("cumsum" in structure._global_names(code) and name in _POSITION_INPUTS)
+        or is_token_hash(fn)
+    )
+
+
+def is_token_hash(fn) -> bool:
+    """A function whose first parameter is `token_ids` and whose code takes a remainder (a hash of token ids)."""
+    f = structure.chain(fn)
+    if not f or not f[-1].__code__.co_argcount:
+        return False
+    code = f[-1].__code__
+    return code.co_varnames[0] in _HASH_INPUTS and "%" in _code_uses(code, frozenset({"%"}))
 
 
 def _own_names(fn) -> set[str]:
@@ -155,8 +171,9 @@ def position_helpers(module: nn.Module) -> tuple[dict[int, object], dict[str, ob
     globs = {
         i: f
         for i, f in structure.reachable(forward, _is_helper_function).items()
-        if f.__name__
-        in loaded  # co_names also holds attribute names: `self.build_alibi_tensor` is no global call
+        # co_names also holds attribute names (`self.build_alibi_tensor` is no global call); a token hash is
+        # taken through its helpers too (BLT's forward -> compute_hash_embeddings -> byte_group_hash_function)
+        if f.__name__ in loaded or is_token_hash(f)
     }
     statics = {}
     for name in _self_calls_deep(type(module), forward):
@@ -237,7 +254,7 @@ class HostPositionIds(Adapter):
         }
     )
     order = 15  # with the other host inputs (embedding 10, masks 20); changes no shape
-    summary = "position ids from the padding (cumsum) and buffered token types (gather) computed on the host"
+    summary = "position ids from the padding (cumsum), buffered token types (gather) and token hashes on the host"
 
     def applicable(self, model: nn.Module) -> bool:
         return bool(position_targets(model))

@@ -32,7 +32,7 @@ from aiu_sim.ir.program import (
 )
 from aiu_sim.numerics import host
 from aiu_sim.numerics.accumulate import DEFAULT_MODEL, AccumulationModel
-from aiu_sim.numerics.errors import NumericsError
+from aiu_sim.numerics.errors import Int64RangeError, NumericsError
 from aiu_sim.numerics.formats import get_format
 
 HostFunction = Callable[..., object]
@@ -85,6 +85,8 @@ def execute(
         for index, step in enumerate(program.steps):
             try:
                 state.run(index, step, inputs)
+            except Int64RangeError as e:  # data the device cannot hold (a documented limit), not a broken program
+                raise Int64RangeError(f"step {step.name!r}: {e}") from e
             except NumericsError as e:
                 raise ExecutionError(f"step {step.name!r}: {e}") from e
             for name in done_after.get(index, ()):

@@ -78,6 +78,7 @@ POSITION_FAMILIES = {  # type -> what the adapter puts on the host there
     "t5": {
         "_relative_position_bucket"
     },  # relative position buckets (staticmethod reached through compute_bias)
+    "blt": {"byte_group_hash_function"},  # a token hash reached through compute_hash_embeddings
 }
 
 
@@ -126,6 +127,20 @@ def test_what_is_a_position_helper():
     assert is_position_helper(from_mask)
     # the inputs_embeds variant is an arange (no padding to count): not a cumsum helper
     assert not is_position_helper(RobertaEmbeddings.create_position_ids_from_inputs_embeds)
+
+
+def test_a_token_hash_is_a_host_helper():
+    """BLT's byte n-gram hash: int64 sums that wrap past 2^63 (the device holds int32), then a remainder."""
+    from transformers.models.blt.modeling_blt import byte_group_hash_function, rolling_polynomial_hash
+
+    def hashed(token_ids, buckets):
+        return token_ids * 31 % buckets
+
+    def scaled(token_ids, factor):  # token ids, but no remainder: not a hash
+        return token_ids * factor
+
+    assert is_position_helper(byte_group_hash_function) and is_position_helper(hashed)
+    assert not is_position_helper(scaled) and not is_position_helper(rolling_polynomial_hash)
 
 
 def test_llama_has_no_position_targets():

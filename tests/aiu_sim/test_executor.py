@@ -532,6 +532,26 @@ def test_host_op_errors_name_the_step_and_function():
         execute(host_program(), {"x": x}, host_functions=bad_shape)
 
 
+def test_int64_values_past_int32_from_a_host_step_are_a_range_error():
+    """A CPU island whose int64 result the device cannot hold is the documented limit (Int64RangeError, naming
+    the step), not a malformed program (ExecutionError)."""
+    from aiu_sim.numerics import Int64RangeError
+    from aiu_sim.numerics import host as numerics_host
+
+    pb = ProgramBuilder("hash", "small")
+    pb.buffer("x", "int32", (2, 64))
+    pb.buffer("y", "int32", (2, 64))
+    pb.host_input("x", "x")
+    pb.host_op("cpu_hash", "hash", ["x"], ["y"])
+    pb.host_output("y", "y")
+
+    def hash_on_host(x):  # as the runtime hands a host result back: converted to the device's values
+        return numerics_host.to_device(x.astype(np.int64) * 1_000_000_007, "int64")
+
+    with pytest.raises(Int64RangeError, match=r"step 'cpu_hash': .* int64 values lie outside"):
+        execute(pb.build(), {"x": np.arange(128, dtype=np.int32).reshape(2, 64)}, host_functions={"hash": hash_on_host})
+
+
 def test_missing_input_and_unwritten_buffer():
     with pytest.raises(ExecutionError, match=r"missing input\(s\) \['x'\]"):
         execute(host_program(), {})
