@@ -92,7 +92,7 @@ def _modality(names: set[str]) -> str:
     if names & {"input_features", "input_values", "audio_values", "input_audio_features"}:
         media.add("audio")
     text = "input_ids" in names
-    if names & {"past_values", "past_time_features"}:
+    if names & {"past_values", "past_time_features", "returns_to_go"}:  # RL trajectories: series of states
         return "time_series"
     if media and text:
         return "audio" if media == {"audio"} and "decoder_input_ids" in names else "multimodal"
@@ -136,6 +136,8 @@ def _fill(name: str, config, g: torch.Generator, seq: int):
     if name.startswith("pixel_values"):
         h, w = _image_size(config)
         return torch.randn(BATCH, _channels(config), h, w, generator=g)
+    if name == "lang_ids":  # X-MOD's per-row language adapter: the first of config.languages
+        return torch.zeros(BATCH, dtype=torch.long)
     if name == "image_sizes":
         h, w = _image_size(config)
         return torch.tensor([[h, w]] * BATCH)
@@ -185,6 +187,44 @@ def _time_series(config, params: dict, g: torch.Generator) -> list[dict]:
     return shaped
 
 
+def _trajectories(config, g: torch.Generator) -> tuple[dict, torch.Tensor]:
+    """Decision Transformer's offline-RL inputs (its model card's rollout): SEQ steps of states, actions, rewards,
+    returns-to-go and episode timesteps per row, the second row left-padded as batched rollouts of unequal length."""
+    state_dim = _cfg_int(config, "state_dim", default=17)
+    act_dim = _cfg_int(config, "act_dim", default=4)
+    max_ep = _cfg_int(config, "max_ep_len", default=1000)
+    start = torch.randint(0, max(1, max_ep - SEQ), (BATCH, 1), generator=g)
+    mask = torch.ones(BATCH, SEQ, dtype=torch.long)
+    mask[1, :PAD] = 0
+    inputs = {
+        "states": torch.randn(BATCH, SEQ, state_dim, generator=g),
+        "actions": torch.rand(BATCH, SEQ, act_dim, generator=g) * 2 - 1,  # tanh-bounded actions
+        "rewards": torch.randn(BATCH, SEQ, 1, generator=g),
+        "returns_to_go": torch.randn(BATCH, SEQ, 1, generator=g),
+        "timesteps": start + torch.arange(SEQ),
+        "attention_mask": mask,
+    }
+    return inputs, mask.bool()
+
+
+def _vla_prefix(inputs: dict, pad_mask, config, g: torch.Generator):
+    """A vision-language-action policy's inputs (PI0's processor): per row one camera image (pixel_values
+    [batch, cameras, C, H, W] with its pixel_attention_mask), the prompt with one image token per vision patch, and
+    the action expert's input embeddings (the robot state then chunk_size noised actions, at the expert's width)."""
+    vlm, dit = config.vlm_config, config.dit_config
+    vision = vlm.vision_config
+    side, patch = vision.image_size, vision.patch_size
+    ids = token_ids(vlm, tuple(inputs["input_ids"].shape), g)
+    if pad_mask is not None:
+        ids[~pad_mask] = inputs["input_ids"][~pad_mask]
+    inputs = dict(inputs, input_ids=ids)
+    inputs["pixel_values"] = torch.randn(BATCH, 1, vision.num_channels, side, side, generator=g)
+    inputs["pixel_attention_mask"] = torch.ones(BATCH, 1, dtype=torch.bool)
+    chunk = _cfg_int(config, "chunk_size", default=50)
+    inputs["action_embeds"] = torch.randn(BATCH, chunk + 1, dit.hidden_size, generator=g)
+    return _with_image_tokens(inputs, pad_mask, (side // patch) ** 2, vlm.image_token_id)
+
+
 def candidates(model, config, seed: int = 0, causal: bool = False):
     """Input sets to try, in order: (inputs, pad_mask). The first is what people pass; the others are the other
     layouts a modality comes in (audio), or the text-only path of a multimodal model (census §4: 63 models)."""
@@ -197,6 +237,9 @@ def candidates(model, config, seed: int = 0, causal: bool = False):
     if "past_values" in params:
         for d in _time_series(config, params, g):
             yield d, None
+        return
+    if {"states", "actions", "returns_to_go", "timesteps"} <= set(params):
+        yield _trajectories(config, g)
         return
     # every input the model names that we know how to make: a multimodal model (CLIP) gets text and image
     wants = set(required) | {main} | (set(params) & {"input_ids", "pixel_values", "input_features"})
@@ -239,8 +282,14 @@ def candidates(model, config, seed: int = 0, causal: bool = False):
     if grid is not None:  # Qwen-VL-style towers: flattened patches plus their (t, h, w) grid (census §3)
         patches = next(n for n in ("hidden_states", "pixel_values") if n in params)
         inputs[patches], inputs[grid] = _flat_patches(config, g)
-    # optional in the signature, required in practice ("You have to specify bbox", "visual_feats cannot be None")
-    for name in [n for n in ("bbox", "visual_feats", "visual_pos") if n in params] + required:
+    if "action_embeds" in params and getattr(config, "vlm_config", None) is not None:
+        inputs, pad_mask = _vla_prefix(inputs, pad_mask, config, g)
+    # optional in the signature, required in practice ("You have to specify bbox", "visual_feats cannot be None",
+    # X-MOD's "Input language unknown" without a default_language)
+    practice = ["bbox", "visual_feats", "visual_pos"]
+    if getattr(config, "languages", None) and getattr(config, "default_language", "") is None:
+        practice.append("lang_ids")
+    for name in [n for n in practice if n in params] + required:
         if name not in inputs:
             value = _fill(name, config, g, SEQ)
             if value is None:
@@ -260,6 +309,11 @@ def candidates(model, config, seed: int = 0, causal: bool = False):
     if "pixel_values" in inputs and inputs["pixel_values"].dim() == 4:  # image matchers (LoFTR, LightGlue): pairs
         other = torch.randn(inputs["pixel_values"].shape, generator=g)
         yield {**inputs, "pixel_values": torch.stack([inputs["pixel_values"], other], 1)}, pad_mask
+    # audio-codebook decoders (MusicGen's) take one row of codes per codebook: (batch * num_codebooks, seq)
+    books = _cfg_int(config, "num_codebooks", default=None)
+    if books and books > 1 and "input_ids" in inputs:
+        codes = token_ids(config, (BATCH * books, SEQ), g)
+        yield {**inputs, "input_ids": codes}, pad_mask
     media = [k for k in ("pixel_values", "input_features", "input_values") if k in inputs]
     if media and "input_ids" in inputs and not set(media) & set(required):
         yield {k: v for k, v in inputs.items() if k not in media}, pad_mask

@@ -155,6 +155,8 @@ _TOPK_KEYS = (
     "num_experts_per_token",
     "moe_top_k",
     "router_top_k",
+    "moe_k",  # ERNIE 4.5
+    "top_k_experts",  # Gemma 4, DiffusionGemma
 )
 _GROUP_KEYS = ("n_group", "topk_group")
 _SHARED_KEYS = ("n_shared_experts", "num_shared_experts", "shared_experts", "moe_num_shared_experts")
@@ -331,6 +333,11 @@ def _shrink_widths_and_heads(d: dict, variant: str) -> None:
                 d[hd_key] = h // heads
     for k in heads_keys:
         d[k] = heads if d[k] == heads0 else max(1, min(heads, d[k]))
+    # a kv-heads field still None after the config's constructor (Nemotron's: its attention divides by it) means
+    # multi-head attention, as the constructors that fill it in (Llama's) make it
+    for k in _KV_KEYS:
+        if k in d and d[k] is None:
+            d[k] = heads
     if kv_key and isinstance(kv0, int) and kv0 > 0:
         ratio = max(1, heads0 // kv0) if heads0 % kv0 == 0 else 1
         kv = max(1, heads // ratio)
@@ -352,7 +359,30 @@ def _fit_mamba_heads(d: dict, h0: int, h: int) -> None:
         d["mamba_n_heads"] = expand * h // hd
 
 
+def _fill_unset_experts(d: dict) -> None:
+    """An MoE config whose expert count and top-k default to None (the checkpoints set them: dots.llm1 has 128 routed
+    experts, top 6, 2 shared; DiffusionGemma-26B-A4B 128 experts, top 8) while its model builds the experts
+    unconditionally (no `enable_moe*` / `use_moe*` flag turned off, as Gemma 4's dense default has): EXPERTS experts,
+    top TOP_K, one shared expert, the expert width the dense one where that is None too."""
+    if any(k in d and d[k] is False for k in d if re.match(r"^(enable|use)_moe", k)):
+        return
+    count = [k for k in _EXPERT_KEYS if k in d and d[k] is None]
+    topk = [k for k in _TOPK_KEYS if k in d and d[k] is None]
+    if not (count and topk):
+        return
+    for k in count:
+        d[k] = EXPERTS
+    for k in topk:
+        d[k] = TOP_K
+    for k in _SHARED_KEYS:
+        if k in d and d[k] is None:
+            d[k] = 1
+    if d.get("moe_intermediate_size", 0) is None and isinstance(d.get("intermediate_size"), int):
+        d["moe_intermediate_size"] = d["intermediate_size"]
+
+
 def _shrink_experts(d: dict) -> None:
+    _fill_unset_experts(d)
     has_experts = False
     for k in _EXPERT_KEYS:
         v = d.get(k)
@@ -456,6 +486,13 @@ def _shrink_config(cfg, parts: set[str], variant: str, tokens: _TokenMap | None)
     for k in ("use_pretrained_backbone", "use_timm_backbone"):  # census §3 step 7: no downloads
         if d.get(k):
             d[k] = False
+    if d.get("rope_parameters") == {} and isinstance(d.get("layer_types"), list | tuple):
+        # a per-layer-type rope_parameters left empty by the constructor (Cohere Compass's), which the rotary
+        # embedding indexes by layer type: transformers' standard rope (type "default", the class's default theta)
+        # for each layer type, as a config without per-layer rope gets
+        theta = float(getattr(type(cfg), "default_theta", 10000.0))
+        kinds = dict.fromkeys(d["layer_types"])
+        d["rope_parameters"] = {t: {"rope_type": "default", "rope_theta": theta} for t in kinds}
     if "prediction_length" in d:  # census §3 step 7: time-series models predict 4 steps
         d["prediction_length"] = min(d["prediction_length"] or PREDICTION, PREDICTION)
     return d
@@ -558,6 +595,106 @@ def _loftr_hidden(d: dict, variant: str) -> None:
     d["num_attention_heads"] = d["num_key_value_heads"] = int(2 * factor)
 
 
+def _esm2_vocab(d: dict, variant: str) -> None:
+    # EsmConfig leaves vocab_size (and the pad / mask ids) None: the ESM-2 checkpoints (facebook/esm2_t6_8M_UR50D up
+    # to esm2_t48_15B_UR50D) all have the 33-token amino-acid vocabulary, pad 1, mask 32, rotary positions, token
+    # dropout on and no embedding layer norm.
+    d.update(vocab_size=33, pad_token_id=1, mask_token_id=32, position_embedding_type="rotary")
+    d.update(token_dropout=True, emb_layer_norm_before=False)
+
+
+def _dbrx_checkpoint_attn(d: dict, variant: str) -> None:
+    # DbrxAttention reads attn_config.rope_theta, which DbrxAttentionConfig no longer declares (the rotary embedding
+    # itself reads rope_parameters), and clamps q/k/v with clip_qkv, which its default None makes torch.clamp
+    # refuse: databricks/dbrx-base and dbrx-instruct have attn_config {"clip_qkv": 8, "rope_theta": 500000}.
+    d["attn_config"]["rope_theta"] = (d.get("rope_parameters") or {}).get("rope_theta", 500000.0)
+    d["attn_config"]["clip_qkv"] = 8
+
+
+def _zamba_shared_block(d: dict, variant: str) -> None:
+    # Zamba's one attention block is shared (tied) by all its hybrid layers: Zyphra/Zamba-7B-v1 has 13 of them among
+    # 76 mamba layers, and the model refuses a single one (nothing to tie). Three layers, a plain mamba one and two
+    # hybrid ones, keep the sharing; the attention width, its head_dim and the dt rank are left to the constructor's
+    # rules (2 * hidden, 2 * hidden / heads, ceil(hidden / 16)), as the checkpoint's values follow them.
+    d["num_hidden_layers"] = 3
+    d["layers_block_type"] = ["linear_attention", "hybrid", "hybrid"]
+    d.update(attention_hidden_size=None, attention_head_dim=None, mamba_dt_rank="auto")
+
+
+def _lfm2_moe_layer_kinds(d: dict, variant: str) -> None:
+    # Lfm2MoeConfig leaves layer_types None, which its model indexes: LiquidAI/LFM2-8B-A1B lists conv and
+    # full_attention layers, the first num_dense_layers (2) dense and the rest MoE. Four layers keep every kind:
+    # a dense conv and attention layer, then an MoE one of each.
+    d["num_hidden_layers"], d["num_dense_layers"] = 4, 2
+    d["layer_types"] = ["conv", "full_attention", "conv", "full_attention"]
+
+
+def _step3p7_sliding_layers(d: dict, variant: str) -> None:
+    # Step3p7TextModel builds the sliding-window mask on every forward, and the config's defaults (every layer
+    # full_attention, sliding_window None) make that raise: stepfun-ai/Step-3.5-Flash / Step-3.7-Flash interleave
+    # sliding_attention layers (window 512) with full_attention ones. The two kept layers get one of each.
+    t = d["text_config"]
+    t["sliding_window"] = 512
+    t["layer_types"] = ["full_attention", "sliding_attention"][: t["num_hidden_layers"]]
+
+
+def _t5gemma2_encoder_dropout(d: dict, variant: str) -> None:
+    # T5Gemma2's layers read text_config.dropout_rate, which only the T5Gemma2Config around an encoder sets (it
+    # copies its own dropout_rate, 0.0, into encoder.text_config): the standalone encoder config needs it given, as
+    # the encoder config inside the google/t5gemma-2-* checkpoints carries it.
+    d["text_config"]["dropout_rate"] = 0.0
+
+
+def _hunyuan_vl_xdrope(d: dict, variant: str) -> None:
+    # HunYuanVL's rotary embedding expands positions over the rope_parameters' mrope_section axes, which the default
+    # config lacks (None: len() raises): tencent/HunyuanOCR has xdrope_section [16, 16, 16, 16] (position, width,
+    # height, image index) splitting half of its 128-wide heads; the same four equal quarters of half the head. Its
+    # attention reads head_dim, which the checkpoint gives (128) and the default config leaves None.
+    t = d.get("text_config", d)
+    hd = t["head_dim"] = t.get("head_dim") or t["hidden_size"] // t["num_attention_heads"]
+    t["rope_parameters"] = {**(t.get("rope_parameters") or {}), "mrope_section": [hd // 8] * 4}
+
+
+def _deepseek_ocr2_mlp_kinds(d: dict, variant: str) -> None:
+    # DeepSeek-OCR-2's decoder layers index mlp_layer_types, which its config leaves None: the checkpoint
+    # (deepseek-community/DeepSeek-OCR-2, a DeepSeek-V2-style MoE decoder) has its first layer dense and the rest
+    # sparse, ["dense", "sparse", "sparse", ...]; the two kept layers get one of each.
+    t = d["text_config"]
+    t["mlp_layer_types"] = ["dense", "sparse"][: t["num_hidden_layers"]]
+
+
+IMAGE_CODES = 256  # VQ codebook of the early-fusion models below: image codes must fit a tiny vocabulary
+
+
+def _vq_vocabulary(d: dict, names, extra=()) -> None:
+    """Early-fusion VLMs (Chameleon, Emu3) map VQ codes to BPE ids through config.vocabulary_map, the checkpoint
+    tokenizer's vocabulary, which the default config leaves None (the model refuses it). The map gets the layout of the
+    checkpoints' one: IMAGE_CODES image tokens named as they are (`names(i)` for code i) on consecutive ids from 4,
+    then "<image>" and the `extra` specials; the VQ codebook shrinks to IMAGE_CODES so that every code has a token."""
+    vocab = {names(i): 4 + i for i in range(IMAGE_CODES)}
+    for n, tok in enumerate(("<image>", *extra)):
+        vocab[tok] = 4 + IMAGE_CODES + n
+    d["vocabulary_map"] = vocab
+
+
+def _chameleon_vocabulary(d: dict, variant: str) -> None:
+    # facebook/chameleon-7b: 8192 codes as tokens "IMGIMG<code in letters A-J>Z" on ids 4..8195, "<image>" 8711
+    d["vq_config"]["num_embeddings"] = IMAGE_CODES
+    _vq_vocabulary(d, lambda i: "IMGIMG" + "".join(chr(ord("A") + int(c)) for c in str(i)) + "Z")
+
+
+def _emu3_vocabulary(d: dict, variant: str) -> None:
+    # BAAI/Emu3-*: 32768 codes as tokens "<|visual token000000|>"..., "<image>", and "<|extra_200|>" ending each row.
+    # Its VQ-VAE's conv width (base_channels 256, 240 M parameters, named "channels" so the width rule skips it)
+    # shrinks by the width rule too, or the model is over PARAM_CAP; the attention of its last stage is as wide as
+    # that stage (hidden_size 1024 = 256 * channel_multiplier[-1] in the checkpoints), so it follows.
+    vq = d["vq_config"]
+    vq["codebook_size"] = IMAGE_CODES
+    vq["base_channels"] = WIDTH_RULES[variant](vq["base_channels"])
+    vq["hidden_size"] = vq["base_channels"] * vq["channel_multiplier"][-1]
+    _vq_vocabulary(d, lambda i: f"<|visual token{i:06d}|>", extra=("<|extra_200|>",))
+
+
 OVERRIDES: dict[str, tuple] = {
     "whisper": (_whisper_short_audio,),
     "granitemoehybrid": (_with_attention_layer,),
@@ -578,6 +715,17 @@ OVERRIDES: dict[str, tuple] = {
             "glmga",
         )
     },
+    "esm": (_esm2_vocab,),
+    "dbrx": (_dbrx_checkpoint_attn,),
+    "zamba": (_zamba_shared_block,),
+    "lfm2_moe": (_lfm2_moe_layer_kinds,),
+    "step3p7": (_step3p7_sliding_layers,),
+    "t5gemma2_encoder": (_t5gemma2_encoder_dropout,),
+    "hunyuan_vl": (_hunyuan_vl_xdrope,),
+    "hunyuan_vl_text": (_hunyuan_vl_xdrope,),
+    "deepseek_ocr2": (_deepseek_ocr2_mlp_kinds,),
+    "chameleon": (_chameleon_vocabulary,),
+    "emu3": (_emu3_vocabulary,),
 }
 
 
@@ -661,6 +809,16 @@ def _dims(config) -> dict:
 # the ladder
 
 
+def _config_of(cls, config):
+    """The config `cls` is built from: `config`, or its one sub-config of cls.config_class where the mapped base
+    class is a sub-model (MusicGen's MusicgenModel is the decoder of a MusicgenConfig with text and audio encoders)."""
+    want = getattr(cls, "config_class", None)
+    if want is None or isinstance(config, want):
+        return config
+    subs = [v for v in vars(config).values() if isinstance(v, want)]
+    return subs[0] if len(subs) == 1 else config
+
+
 def _n_params_meta(cls, config) -> int:
     with torch.device("meta"):
         model = cls(config)
@@ -676,6 +834,7 @@ def _seeded(cls, config, seed: int):
 def _try_level(model_type: str, level: str, variant: str, seed: int) -> ZooModel:
     config = tiny_config(model_type, level, variant)
     cls, task, is_lm = _model_class(model_type, config)
+    config = _config_of(cls, config)
     n_meta = _n_params_meta(cls, config)
     if n_meta > PARAM_CAP:
         raise ZooBuildError(
