@@ -10,6 +10,7 @@ pixel values at the config's image size. Audio: log-mel features or a waveform. 
 from __future__ import annotations
 
 import inspect
+import math
 import re
 
 import torch
@@ -53,8 +54,20 @@ def _special_ids(config) -> set[int]:
     return ids
 
 
-def token_ids(config, shape, g: torch.Generator) -> torch.Tensor:
-    vocab = int(getattr(text_config(config), "vocab_size", 0) or 1000)
+def _vocab(config, encoder: bool = False) -> int:
+    """The vocabulary input_ids are drawn from: the text config's; an encoder-decoder's encoder's when `encoder` (Dia
+    reads bytes, 256 ids, into its encoder and audio codes into its decoder); else the first sub-config's that has
+    one (FastSpeech2 + HiFi-GAN's model_config)."""
+    enc = getattr(config, "encoder_config", None) if encoder else None
+    for cfg in ([enc] if enc is not None else []) + [text_config(config)] + _configs(config):
+        v = getattr(cfg, "vocab_size", None)
+        if isinstance(v, int) and not isinstance(v, bool) and v > 0:
+            return v
+    return 1000
+
+
+def token_ids(config, shape, g: torch.Generator, vocab: int | None = None) -> torch.Tensor:
+    vocab = vocab or _vocab(config)
     ids = torch.randint(0, vocab, shape, generator=g)
     special = _special_ids(config)
     if special:
@@ -115,6 +128,55 @@ def _cfg_int(config, *names, default=None):
     return default
 
 
+def _configs(config) -> list:
+    """config and its sub-configs, depth first in field order (canary's encoder_config, neucodec's
+    semantic_model_config, nemotron's asr_config: the fields of an audio tower are often one level down)."""
+    out, todo = [], [config]
+    while todo:
+        cfg = todo.pop(0)
+        if any(cfg is c for c in out):
+            continue
+        out.append(cfg)
+        todo[:0] = [v for v in vars(cfg).values() if hasattr(v, "to_dict") and hasattr(v, "model_type")]
+    return out
+
+
+def _feature_dim(config) -> int:
+    """Values per frame of input_features as the model's feature extractor gives them, from the first config (or
+    sub-config) that says: wav2vec2-bert's extractor stacks `stride` mel frames into feature_projection_input_dim
+    values, FunASR's stacks num_stacked_frames (low frame rate features); else num_mel_bins (gemma3n's
+    input_feat_size). Extractors whose stacking no config field states (granite-speech's mel+delta pairs) are fitted
+    by fit_inputs from the model's own first projection (see _FEATURES_MATMUL_RE)."""
+    for cfg in _configs(config):
+        stacked = _own_int(cfg, "feature_projection_input_dim")
+        if stacked is not None:
+            return stacked
+        mels = _own_int(cfg, "num_mel_bins", "input_feat_size", "feature_size", "n_mels")
+        if mels is not None:
+            return mels * (_own_int(cfg, "num_stacked_frames") or 1)
+    return 80
+
+
+def _own_int(cfg, *names):
+    for n in names:
+        v = getattr(cfg, n, None)
+        if isinstance(v, int) and not isinstance(v, bool):
+            return v
+    return None
+
+
+# the mask over input_features' frames that feature extractors return with them (True / 1 at real frames; gemma3n's
+# encoder takes the inverse, True at padding, as Gemma3nModel passes it)
+_FRAME_MASKS = ("input_features_mask", "feature_attention_mask", "audio_mel_mask")
+
+
+def _frame_mask(name: str, frames: int) -> torch.Tensor:
+    """[BATCH, frames]: the second row's last quarter is padding, as in a batch of two clips of unequal length."""
+    mask = torch.ones(BATCH, frames, dtype=torch.long)
+    mask[1, frames - frames // 4 :] = 0
+    return (mask == 0) if name == "audio_mel_mask" else mask
+
+
 def _fill(name: str, config, g: torch.Generator, seq: int):
     """A dummy for a required argument, by its name (census §3 "Other required arguments"); None if unknown."""
     hidden = _cfg_int(config, "hidden_size", "d_model", "embed_dim", default=64)
@@ -131,6 +193,9 @@ def _fill(name: str, config, g: torch.Generator, seq: int):
         return torch.randn(BATCH, 4, _cfg_int(config, "visual_feat_dim", default=hidden), generator=g)
     if name == "visual_pos":
         return torch.rand(BATCH, 4, _cfg_int(config, "visual_pos_dim", default=4), generator=g)
+    if name == "latents":
+        # codec decoders (Mimi, Pocket TTS): continuous latents [batch, hidden_size, frames]
+        return torch.randn(BATCH, hidden, seq, generator=g)
     if name.endswith("_embeds") or name in ("hidden_states", "inputs"):  # Perceiver without a preprocessor: inputs
         return torch.randn(BATCH, seq, hidden, generator=g)
     if name.startswith("pixel_values"):
@@ -246,32 +311,54 @@ def candidates(model, config, seed: int = 0, causal: bool = False):
     # main_input_name defaults to input_ids even where forward() takes none (it may take only **kwargs, though)
     wants = (wants & set(params)) or {main}
     if "input_ids" in wants:
-        ids = token_ids(config, (BATCH, SEQ), g)
+        vocab = _vocab(config, encoder=getattr(config, "is_encoder_decoder", False))
+        ids = token_ids(config, (BATCH, SEQ), g, vocab)
         mask = torch.ones(BATCH, SEQ, dtype=torch.long)
         if causal:
             mask[1, :PAD] = 0
         else:
             mask[1, SEQ - PAD :] = 0
-        pad_id = getattr(text_config(config), "pad_token_id", None)
-        if isinstance(pad_id, int) and 0 <= pad_id < int(getattr(text_config(config), "vocab_size", 0) or 0):
+        text = text_config(config)
+        pad_id = getattr(text, "pad_token_id", None)
+        if isinstance(pad_id, int) and 0 <= pad_id < min(vocab, int(getattr(text, "vocab_size", 0) or 0)):
             ids[mask == 0] = pad_id
+        streams, codebook = getattr(text, "num_codebooks", None), getattr(text, "codebook_vocab_size", None)
+        if isinstance(streams, int) and isinstance(codebook, int):
+            # Kyutai speech-to-text: every step is one text token and num_codebooks audio codes, [B, T, 1 + n]
+            codes = torch.randint(0, codebook, (BATCH, SEQ, streams), generator=g)
+            ids = torch.cat([ids[..., None], codes], -1)
         inputs["input_ids"] = ids
         if "attention_mask" in params:
             inputs["attention_mask"] = mask
             pad_mask = mask.bool()
     if "decoder_input_ids" in params and getattr(config, "is_encoder_decoder", False):
         inputs["decoder_input_ids"] = token_ids(config, (BATCH, DECODER_SEQ), g)
+        channels = getattr(getattr(config, "decoder_config", None), "num_channels", None)
+        if isinstance(channels, int):
+            # Dia's decoder reads num_channels audio-code streams per step, [B, T, C]
+            inputs["decoder_input_ids"] = token_ids(config, (BATCH, DECODER_SEQ, channels), g)
     if "pixel_values" in wants:
         h, w = _image_size(config)
         frames = _cfg_int(config, "num_frames", default=None)
         shape = (BATCH, frames, _channels(config), h, w) if frames else (BATCH, _channels(config), h, w)
         inputs["pixel_values"] = torch.randn(*shape, generator=g)
-    mels = _cfg_int(config, "num_mel_bins", "feature_size", "n_mels", default=80)
+    mels = _feature_dim(config)
     frames = 2 * (_cfg_int(config, "max_source_positions", default=100) or 100)
-    if "input_features" in wants:
-        inputs["input_features"] = torch.randn(BATCH, mels, frames, generator=g)
+    per_token = _cfg_int(config, "audio_length_per_tok")
+    if per_token:  # Voxtral Realtime adds each text token's audio_length_per_tok frames to its embedding
+        frames = SEQ * per_token
+    # gemma3n's audio encoder names its log-mel input audio_mel ([batch, frames, mels])
+    feats = "audio_mel" if main == "audio_mel" and "audio_mel" in params else "input_features"
+    frame_mask = next((n for n in _FRAME_MASKS if n in params), None)
+    if feats in wants:
+        inputs[feats] = torch.randn(BATCH, mels, frames, generator=g)
+        if frame_mask:
+            inputs[frame_mask] = _frame_mask(frame_mask, frames)
     if "input_values" in wants:
         inputs["input_values"] = torch.randn(BATCH, WAVE, generator=g)
+    if "decoder_input_values" in params and getattr(config, "is_encoder_decoder", False):
+        # SpeechT5's speech decoder: log-mel frames [B, T, mels] (its decoder runs on nothing without them)
+        inputs["decoder_input_values"] = torch.randn(BATCH, DECODER_SEQ, mels, generator=g)
     if "use_cache" in params and (causal or getattr(config, "is_encoder_decoder", False)):
         inputs["use_cache"] = False  # one static prefill program, no cache object in the graph
     if "prompt_pixel_values" in required:  # SegGPT: the prompt image above the input image make its image_size
@@ -297,15 +384,29 @@ def candidates(model, config, seed: int = 0, causal: bool = False):
             inputs[name] = value
     yield inputs, pad_mask
     # the other audio layouts (census §3): features [B,T,C] and [B,1,T,C]; waveforms [B,C,T] and [B,T,F]
-    if "input_features" in inputs:
-        feats = inputs["input_features"]
-        yield {**inputs, "input_features": feats.transpose(1, 2).contiguous()}, pad_mask
-        yield {**inputs, "input_features": feats.transpose(1, 2).unsqueeze(1).contiguous()}, pad_mask
-        yield {**inputs, "input_features": torch.randn(BATCH, 200, mels, generator=g)}, pad_mask
+    if feats in inputs:
+        f = inputs[feats]
+        masked = {frame_mask: _frame_mask(frame_mask, 200)} if frame_mask else {}
+        yield {**inputs, feats: f.transpose(1, 2).contiguous()}, pad_mask
+        yield {**inputs, feats: f.transpose(1, 2).unsqueeze(1).contiguous()}, pad_mask
+        yield {**inputs, feats: torch.randn(BATCH, 200, mels, generator=g), **masked}, pad_mask
     if "input_values" in inputs:
         channels = _cfg_int(config, "audio_channels", "num_channels", "in_channels", default=1)
-        yield {**inputs, "input_values": torch.randn(BATCH, channels, WAVE, generator=g)}, pad_mask
-        yield {**inputs, "input_values": torch.randn(BATCH, 200, mels, generator=g)}, pad_mask
+        wave = torch.randn(BATCH, channels, WAVE, generator=g)
+        yield {**inputs, "input_values": wave}, pad_mask
+        # spectrogram frames [B, T, mels]; AST's feature extractor pads every clip to the config's max_length frames
+        # (its position embeddings are that many patches long)
+        t = _cfg_int(config, "max_length", default=200) or 200
+        yield {**inputs, "input_values": torch.randn(BATCH, t, mels, generator=g)}, pad_mask
+        if feats in inputs:
+            # codecs that take both (NeuCodec, XCodec2): a [B, C, T] waveform and [B, T, F] features of the same
+            # audio, one feature frame per hop of the acoustic encoder (the product of its downsampling ratios)
+            ratios = getattr(config, "downsampling_ratios", None) or [1]
+            n = max(1, WAVE // math.prod(ratios))
+            same = {feats: torch.randn(BATCH, n, mels, generator=g)}
+            if frame_mask:
+                same[frame_mask] = _frame_mask(frame_mask, n)
+            yield {**inputs, "input_values": wave, **same}, pad_mask
     if "pixel_values" in inputs and inputs["pixel_values"].dim() == 4:  # image matchers (LoFTR, LightGlue): pairs
         other = torch.randn(inputs["pixel_values"].shape, generator=g)
         yield {**inputs, "pixel_values": torch.stack([inputs["pixel_values"], other], 1)}, pad_mask
@@ -314,12 +415,76 @@ def candidates(model, config, seed: int = 0, causal: bool = False):
     if books and books > 1 and "input_ids" in inputs:
         codes = token_ids(config, (BATCH * books, SEQ), g)
         yield {**inputs, "input_ids": codes}, pad_mask
+    if main == "input_values" and main not in params and inputs.get("hidden_states") is not None:
+        # an audio conv stack that names its input hidden_states (VibeVoice's tokenizer halves): channels first,
+        # latents [B, hidden, frames] into a decoder, a [B, channels, T] waveform into an encoder
+        h = inputs["hidden_states"]
+        yield {**inputs, "hidden_states": h.transpose(1, 2).contiguous()}, pad_mask
+        channels = _cfg_int(config, "audio_channels", "channels", "num_channels", "in_channels", default=1)
+        yield {**inputs, "hidden_states": torch.randn(BATCH, channels, WAVE, generator=g)}, pad_mask
     media = [k for k in ("pixel_values", "input_features", "input_values") if k in inputs]
     if media and "input_ids" in inputs and not set(media) & set(required):
-        yield {k: v for k, v in inputs.items() if k not in media}, pad_mask
+        yield {k: v for k, v in inputs.items() if k not in media and k != frame_mask}, pad_mask
 
 
 _FEATURES_RE = re.compile(r"tokens:\s*(\d+),\s*features:?\s*(\d+)")
+# an audio tower's first projection refusing the frames: "(rows x K and N x D)", K values per frame where N are
+# wanted (granite-speech's extractor stacks mel and delta of two frames, 4 x num_mel_bins; Gemma 4's wants as many
+# mel bins as its first subsampling conv has channels): no config field states it, the layer's weight does
+_FEATURES_MATMUL_RE = re.compile(r"mat1 and mat2 shapes cannot be multiplied \((\d+)x(\d+) and (\d+)x(\d+)\)")
+# a layer norm refusing an input outright ("normalized_shape=[128] ... got input of size[2, 200, 80]"): frames of
+# hidden states (SpeechT5Model without its pre-nets takes [B, T, hidden] on both sides)
+_NORM_SHAPE_RE = re.compile(
+    r"normalized_shape=\[(\d+)\], expected input with shape \[\*, \d+\], but got input of size\s*\[([\d, ]+)\]"
+)
+# a waveform the feature extractor pads to a whole number of frames ("length 4000 is not a multiple of 1920")
+_WAVE_MULTIPLE_RE = re.compile(r"length (\d+) is not a multiple of (\d+)")
+
+
+def _refit_audio(inputs: dict, err: str, mels: int) -> dict | None:
+    """inputs with the audio refitted as the error asks (see _FEATURES_MATMUL_RE, _NORM_SHAPE_RE,
+    _WAVE_MULTIPLE_RE), or None. Only frames laid out [B, T, mels] change size (a [B, mels, T] candidate refused
+    is left to the next layout rather than given other frames)."""
+    feats = next((k for k in ("input_features", "audio_mel") if k in inputs), None)
+    hit = _FEATURES_MATMUL_RE.search(err)
+    if hit:  # an input that goes straight into the linear layer: its last dim becomes the layer's
+        rows, have, want = int(hit.group(1)), int(hit.group(2)), int(hit.group(3))
+        name = next(
+            (
+                k
+                for k, v in inputs.items()
+                if isinstance(v, torch.Tensor)
+                and v.is_floating_point()
+                and v.dim() == 3
+                and v.shape[-1] == have == mels
+                and v.numel() == rows * have
+            ),
+            None,
+        )
+        if name is not None:
+            g = torch.Generator().manual_seed(want)
+            return {**inputs, name: torch.randn(*inputs[name].shape[:-1], want, generator=g)}
+    if hit and feats and inputs[feats].dim() == 3 and inputs[feats].shape[-1] == mels:
+        # past a subsampling conv (Gemma 4) or a frame stacking (granite-speech): the values per frame scale by
+        # want / have
+        f = inputs[feats]
+        if (f.shape[-1] * want) % have == 0 and f.shape[-1] * want // have != f.shape[-1]:
+            g = torch.Generator().manual_seed(f.shape[-1])
+            return {**inputs, feats: torch.randn(*f.shape[:-1], f.shape[-1] * want // have, generator=g)}
+    hit = _NORM_SHAPE_RE.search(err)
+    if hit:
+        want, got = int(hit.group(1)), [int(x) for x in hit.group(2).split(",")]
+        name = next(
+            (k for k, v in inputs.items() if isinstance(v, torch.Tensor) and list(v.shape) == got), None
+        )
+        if name is not None and inputs[name].is_floating_point() and len(got) == 3 and got[-1] == mels:
+            g = torch.Generator().manual_seed(want)
+            return {**inputs, name: torch.randn(*got[:-1], want, generator=g)}
+    hit = _WAVE_MULTIPLE_RE.search(err)
+    if hit and "input_values" in inputs and inputs["input_values"].shape[-1] == int(hit.group(1)):
+        v, m = inputs["input_values"], int(hit.group(2))
+        return {**inputs, "input_values": torch.nn.functional.pad(v, (0, -v.shape[-1] % m))}
+    return None
 
 
 def _image_token_id(config) -> int | None:
@@ -348,14 +513,19 @@ def fit_inputs(model, config, variant: str = "default", seed: int = 0, causal: b
     output. A VLM that reports "tokens: X, features: Y" gets Y image tokens and is tried again (census §3). Raises
     the last error."""
     last: BaseException | None = None
+    mels = _feature_dim(config)
     for inputs, pad_mask in candidates(model, config, seed=seed, causal=causal):
-        for _ in range(3):
+        for _ in range(4):
             try:
                 with torch.no_grad():
                     output = model(**inputs)
                 return inputs, _modality({k for k, v in inputs.items() if v is not None}), pad_mask, output
             except Exception as e:  # noqa: BLE001 - each failure says which candidate to try next
                 last = e
+                refit = _refit_audio(inputs, str(e), mels)
+                if refit is not None:
+                    inputs = refit
+                    continue
                 hit = _FEATURES_RE.search(str(e))
                 token = _image_token_id(config)
                 if not (hit and token is not None and "input_ids" in inputs):

@@ -119,6 +119,7 @@ _NOT_WIDTH = (
     "feature",
     "bucket",
     "conv_dim",  # wav2vec2-style feature-extractor conv widths feed from the waveform
+    "model_in_dim",  # HiFi-GAN vocoders read num_mel_bins-wide spectrogram frames
     "rope",
     "rotary",
     "time_step",
@@ -244,9 +245,12 @@ def _shrink_layers(d: dict) -> None:
         fkdr = d.get("first_k_dense_replace") if isinstance(d.get("first_k_dense_replace"), int) else 0
         mwl = d.get("max_window_layers") if isinstance(d.get("max_window_layers"), int) else None
 
+        def hashable(v):
+            return tuple(hashable(x) for x in v) if isinstance(v, list | tuple) else v
+
         def kind(i):
             return (
-                tuple(d[k][i] for k in per_layer)
+                tuple(hashable(d[k][i]) for k in per_layer)
                 + tuple(i in d[k] for k in index_lists)
                 + (i < fkdr, mwl is not None and i < mwl)
             )
@@ -299,11 +303,19 @@ def _shrink_widths_and_heads(d: dict, variant: str) -> None:
     explicit = (
         isinstance(hd_val, int) and hd_val != derived_hd
     )  # an explicit head_dim (gemma's 256) is the family's
+    widths0 = {}
     for k, v in list(d.items()):
         if _is_width(k):
+            widths0[k] = v
             d[k] = _map_width(v, rule)
     if h0:
         _fit_mamba_heads(d, h0, d[hidden_key])
+    # a group count equal to a width is a depthwise conv over it (Mimi's upsample_groups = hidden_size): it follows
+    for k, v in list(d.items()):
+        if k.endswith("groups") and isinstance(v, int) and not isinstance(v, bool) and v > 1:
+            same = next((w for w, v0 in widths0.items() if v0 == v and isinstance(d[w], int)), None)
+            if same is not None:
+                d[k] = d[same]
     if not (h0 and heads_keys):
         return
     h = d[hidden_key]
@@ -695,6 +707,53 @@ def _emu3_vocabulary(d: dict, variant: str) -> None:
     _vq_vocabulary(d, lambda i: f"<|visual token{i:06d}|>", extra=("<|extra_200|>",))
 
 
+def _ast_short_audio(d: dict, variant: str) -> None:
+    # AST's position embeddings cover exactly max_length spectrogram frames (1024 = 1214 patches for the AudioSet
+    # checkpoints); the Speech Commands checkpoint (MIT/ast-finetuned-speech-commands-v2) has max_length 128, which
+    # keeps the emulated forward short, as Whisper's override does.
+    d["max_length"] = 128
+
+
+def _qwen_omni_vision_start(d: dict, variant: str) -> None:
+    # The Qwen-Omni thinker configs have no vision_start_token_id field, but the thinker's get_rope_index reads
+    # config.vision_start_token_id on every forward (the released checkpoints' config.json carries it: 151652,
+    # <|vision_start|> of the Qwen2 tokenizer). Here it gets a special id of the shrunk vocab no other token field
+    # holds, as the shrink's token map gives the others.
+    vocab = d.get("text_config", {}).get("vocab_size") or VOCAB[variant]
+    taken = {v for k, v in d.items() if _TOKEN_ID_RE.match(k) and isinstance(v, int)}
+    d.setdefault("vision_start_token_id", next(i for i in range(vocab - 1, 0, -1) if i not in taken))
+
+
+def _mrope_section(default: list[int]):
+    """The thinker's text rotary embedding falls back to a hard-coded mrope_section (`default`, halves of a 128-wide
+    head: the released checkpoints' rope_scaling says the same) when rope_parameters has none; the tiny text config's
+    head is narrower (hidden 3584 / 8 is not a whole number of 128-wide heads), so the section is given, scaled to
+    the tiny head with the same temporal / height / width proportions."""
+
+    def fix(d: dict, variant: str) -> None:
+        text = d["text_config"]
+        half = (text.get("head_dim") or text["hidden_size"] // text["num_attention_heads"]) // 2
+        section = [x * half // sum(default) for x in default]
+        section[0] += half - sum(section)
+        text["rope_parameters"] = {**(text.get("rope_parameters") or {}), "mrope_section": section}
+
+    return fix
+
+
+def _clvp_speech_vocab(d: dict, variant: str) -> None:
+    # CLVP's forward feeds the speech decoder's argmax tokens to the speech encoder, so the speech encoder's vocabulary
+    # must hold the decoder's (8194 speech tokens); ClvpConfig's default speech_config has the text encoder's 256, and
+    # with the decoder's vocab shrunk to VOCAB its tokens fall outside: the speech encoder gets the decoder's vocab.
+    d["speech_config"]["vocab_size"] = d["decoder_config"]["vocab_size"]
+
+
+def _moonshine_streaming_kv_heads(d: dict, variant: str) -> None:
+    # MoonshineStreamingConfig has no num_key_value_heads field, but its decoder layers read config.num_key_value_heads
+    # (its encoder config has the field, at num_attention_heads: plain multi-head attention): the default config does
+    # not build in transformers itself. The decoder gets the encoder's rule, one kv head per attention head.
+    d.setdefault("num_key_value_heads", d["num_attention_heads"])
+
+
 OVERRIDES: dict[str, tuple] = {
     "whisper": (_whisper_short_audio,),
     "granitemoehybrid": (_with_attention_layer,),
@@ -726,6 +785,13 @@ OVERRIDES: dict[str, tuple] = {
     "deepseek_ocr2": (_deepseek_ocr2_mlp_kinds,),
     "chameleon": (_chameleon_vocabulary,),
     "emu3": (_emu3_vocabulary,),
+    # AudioFlamingo3's encoder is Whisper's: it too wants 2 * max_source_positions mel frames (3000 by default)
+    "audioflamingo3_encoder": (_whisper_short_audio,),
+    "moonshine_streaming": (_moonshine_streaming_kv_heads,),
+    "clvp": (_clvp_speech_vocab,),
+    "audio-spectrogram-transformer": (_ast_short_audio,),
+    "qwen2_5_omni_thinker": (_qwen_omni_vision_start, _mrope_section([16, 24, 24])),
+    "qwen3_omni_moe_thinker": (_qwen_omni_vision_start, _mrope_section([24, 20, 20])),
 }
 
 
