@@ -282,3 +282,35 @@ def test_paired_and_prompted_image_inputs():
     loftr = build("efficientloftr")  # an image matcher takes a pair of (different) images per row
     pair = loftr.inputs["pixel_values"]
     assert pair.shape[:2] == (BATCH, 2) and not torch.equal(pair[:, 0], pair[:, 1])
+
+
+@pytest.mark.parametrize(
+    ("model_type", "shapes"),
+    [
+        ("esm", {"input_ids": (BATCH, SEQ)}),  # ESM-2's 33-token vocabulary (the default config leaves it None)
+        ("musicgen", {"input_ids": (BATCH * 4, SEQ)}),  # one row of codes per codebook
+        ("decision_transformer", {"states": (BATCH, SEQ, 17), "timesteps": (BATCH, SEQ)}),  # RL trajectories
+        ("xmod", {"lang_ids": (BATCH,)}),  # a language per row where the config names no default
+        ("wav2vec2-bert", {"input_features": (BATCH, 200, 160)}),  # 2 x 80 stacked mel frames
+        ("audioflamingo3_encoder", {"input_features_mask": (BATCH, 128)}),  # a frame mask, not a token mask
+    ],
+)
+def test_inputs_the_processors_would_give(model_type, shapes):
+    z = build(model_type)
+    for name, shape in shapes.items():
+        assert tuple(z.inputs[name].shape) == shape, (name, tuple(z.inputs[name].shape))
+
+
+@pytest.mark.parametrize(
+    ("model_type", "field", "expected"),
+    [
+        ("nemotron", "num_key_value_heads", "heads"),  # None means multi-head attention
+        ("ernie4_5_moe", "moe_k", 2),  # ERNIE's top-k shrinks with its experts
+        ("dots1", "num_experts_per_tok", 2),  # expert fields left None are filled
+        ("dots1", "n_routed_experts", 4),
+    ],
+)
+def test_unset_or_renamed_moe_and_attention_fields(model_type, field, expected):
+    c = tiny_config(model_type)
+    want = c.num_attention_heads if expected == "heads" else expected
+    assert getattr(c, field) == want
