@@ -89,6 +89,53 @@ def _image_size(config) -> tuple[int, int]:
     return IMAGE_FALLBACK, IMAGE_FALLBACK
 
 
+def _int_list(v) -> list[int] | None:
+    if isinstance(v, list | tuple) and v and all(isinstance(x, int) and not isinstance(x, bool) for x in v):
+        return list(v)
+    return None
+
+
+def _detector_side(config) -> int:
+    """For a two-stage DETR (RT-DETR, D-FINE, Grounding DINO, RF-DETR: the decoder's num_queries are picked by
+    torch.topk among the encoder's feature positions, which fails when the image has fewer) the smallest side, at
+    least IMAGE_FALLBACK, in whole steps of the coarsest stride, whose feature maps hold num_queries positions.
+    Strides: the config's own (feat_strides), a hierarchical backbone's output stages (stage i at stride 2^(i+1)),
+    or a ViT backbone's patch (times its windows per side); levels past the backbone's are strided twice as coarse
+    (DETR's extra input projections)."""
+    queries = getattr(config, "num_queries", None)
+    if not isinstance(queries, int) or isinstance(queries, bool):
+        return IMAGE_FALLBACK
+    backbone = getattr(config, "backbone_config", None)
+    strides = next(
+        (
+            _int_list(getattr(config, n, None))
+            for n in ("feat_strides", "feature_strides", "strides")
+            if _int_list(getattr(config, n, None))
+        ),
+        None,
+    )
+    unit = None
+    if strides is None and backbone is not None:
+        patch = getattr(backbone, "patch_size", None)
+        outs = [i for i in (_int_list(getattr(backbone, "out_indices", None)) or []) if i > 0]
+        if isinstance(getattr(backbone, "depths", None), list | tuple) and outs:
+            strides = [2 ** (i + 1) for i in outs]
+        elif isinstance(patch, int):
+            strides = [patch]
+            # windows per side: LW-DETR's num_windows_side, RF-DETR's num_windows
+            windows = getattr(backbone, "num_windows_side", None) or getattr(backbone, "num_windows", 1) or 1
+            unit = patch * max(1, windows)
+    strides = strides or [8, 16, 32]
+    levels = getattr(config, "num_feature_levels", None)
+    while isinstance(levels, int) and len(strides) < levels:
+        strides.append(strides[-1] * 2)
+    unit = unit or max(strides)
+    side = -(-IMAGE_FALLBACK // unit) * unit
+    while sum(math.ceil(side / s) ** 2 for s in strides) < queries:
+        side += unit
+    return side
+
+
 def _channels(config) -> int:
     for cfg in (getattr(config, "vision_config", None), config):
         c = getattr(cfg, "num_channels", None) if cfg is not None else None
@@ -185,6 +232,9 @@ def _fill(name: str, config, g: torch.Generator, seq: int):
         return torch.cat([xy, xy + torch.randint(1, 500, (BATCH, seq, 2), generator=g)], -1)
     if name.endswith("input_ids"):
         return token_ids(config, (BATCH, seq), g)
+    if name == "task_inputs":
+        # OneFormer: the tokenized task prompt ("the task is semantic"), task_seq_len ids
+        return token_ids(config, (BATCH, _cfg_int(config, "task_seq_len", default=seq)), g)
     if name.endswith("_mask"):
         return torch.ones(BATCH, seq, dtype=torch.long)
     if name in ("token_type_ids",) or name.endswith("_type_ids"):
@@ -246,6 +296,14 @@ def _time_series(config, params: dict, g: torch.Generator) -> list[dict]:
         d = {"past_values": torch.randn(*shape, generator=g), **extra}
         if "past_observed_mask" in params:
             d["past_observed_mask"] = torch.ones_like(d["past_values"])
+        if "past_values_padding" in params and len(shape) == 2:
+            # TimesFM: 1.0 at padding; the second series is one patch shorter, front-padded as its processor does
+            pad = torch.zeros(shape)
+            pad[1, : _cfg_int(config, "patch_length", default=PAD) or PAD] = 1.0
+            d["past_values"][pad.bool()] = 0.0
+            d["past_values_padding"] = pad
+        if "freq" in params:  # TimesFM's frequency class per series (0 high, 1 medium, 2 low)
+            d["freq"] = torch.arange(BATCH).remainder(3).unsqueeze(1)
         if "future_values" in params and "future_time_features" in d:
             d["future_values"] = torch.randn(BATCH, pred, *shape[2:], generator=g)
         shaped.append(d)
@@ -296,6 +354,7 @@ def candidates(model, config, seed: int = 0, causal: bool = False):
     params = _params(model)
     required = _required(params)
     main = getattr(model, "main_input_name", "input_ids")
+    mains = set(main) if isinstance(main, list | tuple) else {main}  # OneFormer: [pixel_values, task_inputs]
     g = torch.Generator().manual_seed(seed + 1)
     inputs: dict = {}
     pad_mask = None
@@ -307,9 +366,9 @@ def candidates(model, config, seed: int = 0, causal: bool = False):
         yield _trajectories(config, g)
         return
     # every input the model names that we know how to make: a multimodal model (CLIP) gets text and image
-    wants = set(required) | {main} | (set(params) & {"input_ids", "pixel_values", "input_features"})
+    wants = set(required) | mains | (set(params) & {"input_ids", "pixel_values", "input_features"})
     # main_input_name defaults to input_ids even where forward() takes none (it may take only **kwargs, though)
-    wants = (wants & set(params)) or {main}
+    wants = (wants & set(params)) or mains
     if "input_ids" in wants:
         vocab = _vocab(config, encoder=getattr(config, "is_encoder_decoder", False))
         ids = token_ids(config, (BATCH, SEQ), g, vocab)
@@ -510,7 +569,8 @@ def _with_image_tokens(inputs: dict, pad_mask, per_row: int, token: int):
 
 def fit_inputs(model, config, variant: str = "default", seed: int = 0, causal: bool = False):
     """(inputs, modality, pad_mask, output): the first candidate that runs forward on the CPU, and that forward's
-    output. A VLM that reports "tokens: X, features: Y" gets Y image tokens and is tried again (census §3). Raises
+    output. A VLM that reports "tokens: X, features: Y" gets Y image tokens and is tried again (census §3); a
+    two-stage DETR whose image has fewer feature positions than queries gets a larger image (_detector_side). Raises
     the last error."""
     last: BaseException | None = None
     mels = _feature_dim(config)
@@ -526,6 +586,15 @@ def fit_inputs(model, config, variant: str = "default", seed: int = 0, causal: b
                 if refit is not None:
                     inputs = refit
                     continue
+                pixels = inputs.get("pixel_values")
+                if "selected index k out of range" in str(e) and pixels is not None and pixels.dim() == 4:
+                    # a two-stage DETR: too few feature positions for its queries
+                    side = _detector_side(config)
+                    if side > pixels.shape[-1]:
+                        g = torch.Generator().manual_seed(seed + 2)
+                        side_pixels = torch.randn(*pixels.shape[:2], side, side, generator=g)
+                        inputs = dict(inputs, pixel_values=side_pixels)
+                        continue
                 hit = _FEATURES_RE.search(str(e))
                 token = _image_token_id(config)
                 if not (hit and token is not None and "input_ids" in inputs):

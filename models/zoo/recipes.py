@@ -118,7 +118,6 @@ _NOT_WIDTH = (
     "channel",
     "feature",
     "bucket",
-    "conv_dim",  # wav2vec2-style feature-extractor conv widths feed from the waveform
     "model_in_dim",  # HiFi-GAN vocoders read num_mel_bins-wide spectrogram frames
     "rope",
     "rotary",
@@ -173,8 +172,20 @@ _SKIP_FIELDS = {"transformers_version", "architectures", "id2label", "label2id",
 _ALSO_WIDTH = ("adapter_input_size", "hidden_size_global", "d_latents")
 
 
-def _is_width(name: str) -> bool:
+def _is_width(name: str, value=None) -> bool:
+    if "conv_dim" in name and isinstance(value, list | tuple):
+        return False  # wav2vec2-style feature-extractor conv widths feed from the waveform (OneFormer's int is a width)
     return name in _ALSO_WIDTH or (bool(_WIDTH_RE.match(name)) and not any(s in name for s in _NOT_WIDTH))
+
+
+def _is_channel_widths(name: str, v, d: dict) -> bool:
+    """A list of per-stage channel widths (a backbone's stage_out_channels, a detection head's encoder_in_channels):
+    widths, shrunk by the same rule as the backbone's hidden_sizes so that the two stay equal. Scalars named
+    *channels stay out (the input's channels, 3 for RGB), and so do chains that start at the input's channels (a
+    stem's [3, 48, 96], whose last width feeds blocks given elsewhere)."""
+    if not (name.endswith("_channels") and isinstance(v, list | tuple) and len(v) > 1):
+        return False
+    return v[0] != d.get("num_channels", 3)
 
 
 def _round_to(v: float, m: int) -> int:
@@ -241,6 +252,7 @@ def _shrink_layers(d: dict) -> None:
             and v
             and all(isinstance(x, int) and not isinstance(x, bool) and 0 <= x < n0 for x in v)
             and re.search(r"idx|indices|index|layers|layer_ids", k)
+            and k != "out_indices"  # a backbone's stage indices (1-based: stage k follows layer k - 1), below
         ]
         fkdr = d.get("first_k_dense_replace") if isinstance(d.get("first_k_dense_replace"), int) else 0
         mwl = d.get("max_window_layers") if isinstance(d.get("max_window_layers"), int) else None
@@ -270,6 +282,7 @@ def _shrink_layers(d: dict) -> None:
             d[k] = type(d[k])(d[k][i] for i in keep)
         for k in index_lists:
             d[k] = type(d[k])(keep.index(i) for i in d[k] if i in keep)
+        _remap_out_stages(d, keep)
         if fkdr:
             d["first_k_dense_replace"] = sum(1 for i in keep if i < fkdr)
         if mwl is not None:
@@ -291,6 +304,19 @@ def _shrink_layers(d: dict) -> None:
                 d[off] = d[off] % n
 
 
+def _remap_out_stages(d: dict, keep: list[int]) -> None:
+    """A layer-stacked backbone's outputs (ViT-style out_indices into ["stem", "stage1", ...], stage k being layer
+    k's output) after only the layers `keep` are kept: each output stage becomes the last kept layer at or before
+    it (duplicates merged); out_features is derived from them by the config."""
+    idx = d.get("out_indices")
+    if not (isinstance(idx, list | tuple) and idx and all(isinstance(k, int) for k in idx)):
+        return
+    stages = sorted({k if k <= 0 else sum(1 for i in keep if i < k) for k in idx}, key=lambda k: (k < 0, k))
+    d["out_indices"] = list(stages)
+    if "out_features" in d:
+        d["out_features"] = None
+
+
 def _shrink_widths_and_heads(d: dict, variant: str) -> None:
     rule = WIDTH_RULES[variant]
     hidden_key = _first_key(d, _HIDDEN_KEYS)
@@ -303,11 +329,13 @@ def _shrink_widths_and_heads(d: dict, variant: str) -> None:
     explicit = (
         isinstance(hd_val, int) and hd_val != derived_hd
     )  # an explicit head_dim (gemma's 256) is the family's
+    before = dict(d)
     widths0 = {}
     for k, v in list(d.items()):
-        if _is_width(k):
+        if _is_width(k, v) or _is_channel_widths(k, v, d):
             widths0[k] = v
             d[k] = _map_width(v, rule)
+    _stage_heads(d, before, variant)
     if h0:
         _fit_mamba_heads(d, h0, d[hidden_key])
     # a group count equal to a width is a depthwise conv over it (Mimi's upsample_groups = hidden_size): it follows
@@ -393,6 +421,50 @@ def _fill_unset_experts(d: dict) -> None:
         d["moe_intermediate_size"] = d["intermediate_size"]
 
 
+def _stage_widths(d: dict, heads: list[int]) -> list[int] | None:
+    """The per-stage widths that per-stage heads split: a width list as long as the heads list (PVT's
+    hidden_sizes, CvT's embed_dim), else a first-stage embed_dim grown with the heads (Swin's embed_dim * 2^i: every
+    stage of these hierarchical towers keeps one head_dim)."""
+    for k in ("hidden_sizes", "embed_dim", "embed_dims"):
+        v = d.get(k)
+        if isinstance(v, list | tuple) and len(v) == len(heads) and all(isinstance(x, int) for x in v):
+            return list(v)
+    e = d.get("embed_dim")
+    if (
+        isinstance(e, int)
+        and not isinstance(e, bool)
+        and heads[0] > 0
+        and all(h % heads[0] == 0 for h in heads)
+    ):
+        return [e * h // heads[0] for h in heads]
+    return None
+
+
+def _stage_heads(d: dict, before: dict, variant: str) -> None:
+    """Per-stage head lists (Swin's num_heads [3, 6, 12, 24]) after the stage widths were shrunk: where a shrunk
+    width no longer splits into its heads (embed_dim 96 -> 128 over 3 heads), the heads become width / head_dim,
+    head_dim being the family's when >= 64 (default variant) or the family's own (ragged), lowered to a divisor."""
+    if any(isinstance(d.get(k), list | tuple) for k in ("key_dim", *_HEAD_DIM_KEYS)):
+        return  # per-stage head dims of their own (LeViT's key_dim): the heads need not split the widths
+    for key in _HEADS_KEYS:
+        heads = d.get(key)
+        if not (
+            isinstance(heads, list | tuple) and heads and all(isinstance(h, int) and h > 0 for h in heads)
+        ):
+            continue
+        new, old = _stage_widths(d, list(heads)), _stage_widths(before, list(heads))
+        if new is None or old is None or all(w % h == 0 for w, h in zip(new, heads, strict=True)):
+            continue
+        out = []
+        for w, w0, h0 in zip(new, old, heads, strict=True):
+            hd = max(STICK, w0 // h0) if variant == "default" else max(1, w0 // h0)
+            h = max(1, min(h0, w // hd)) if variant == "ragged" else max(1, w // hd)
+            while w % h:
+                h -= 1
+            out.append(h)
+        d[key] = type(heads)(out)
+
+
 def _shrink_experts(d: dict) -> None:
     _fill_unset_experts(d)
     has_experts = False
@@ -448,6 +520,12 @@ def _fields(cfg) -> dict:
     out = {}
     for n in names:
         if n in _SKIP_FIELDS:
+            continue
+        public = n[1:] if n.startswith("_") else None
+        if public and isinstance(getattr(type(cfg), public, None), property) and public not in names:
+            # a private field behind a property (backbone configs' _out_features / _out_indices): the
+            # constructor takes the public name and resets the private one to its default
+            out[public] = getattr(cfg, public)
             continue
         if n in vars(
             cfg
@@ -507,6 +585,11 @@ def _shrink_config(cfg, parts: set[str], variant: str, tokens: _TokenMap | None)
         d["rope_parameters"] = {t: {"rope_type": "default", "rope_theta": theta} for t in kinds}
     if "prediction_length" in d:  # census §3 step 7: time-series models predict 4 steps
         d["prediction_length"] = min(d["prediction_length"] or PREDICTION, PREDICTION)
+        context = d.get("context_length") or d["prediction_length"]
+        if isinstance(d.get("label_length"), int) and d["label_length"] > context:
+            # Autoformer's decoder starts from the last label_length context steps (10 of the tourism checkpoint's
+            # 48): no more than the context there is
+            d["label_length"] = context
     return d
 
 
@@ -754,6 +837,22 @@ def _moonshine_streaming_kv_heads(d: dict, variant: str) -> None:
     d.setdefault("num_key_value_heads", d["num_attention_heads"])
 
 
+def _lw_detr_one_scale(d: dict, variant: str) -> None:
+    # LW-DETR's default config has no projector scales, so no feature level reaches its decoder (torch.cat of an
+    # empty list): the small/medium checkpoints (AnnaZhang/lwdetr_small_60e_coco) project one P4 scale, [1.0].
+    if not d.get("projector_scale_factors"):
+        d["projector_scale_factors"] = [1.0]
+
+
+def _uvdoc_every_bridge(d: dict, variant: str) -> None:
+    # UVDoc's head concatenates every bridge output (its bridge_connector takes 128 x len(stage_configs) channels),
+    # but the backbone's default out_indices name the last stage only: its outputs are all the stages.
+    backbone = d.get("backbone_config")
+    if isinstance(backbone, dict) and isinstance(backbone.get("stage_configs"), list | tuple):
+        backbone["out_indices"] = list(range(1, len(backbone["stage_configs"]) + 1))
+        backbone["out_features"] = None
+
+
 OVERRIDES: dict[str, tuple] = {
     "whisper": (_whisper_short_audio,),
     "granitemoehybrid": (_with_attention_layer,),
@@ -792,6 +891,8 @@ OVERRIDES: dict[str, tuple] = {
     "audio-spectrogram-transformer": (_ast_short_audio,),
     "qwen2_5_omni_thinker": (_qwen_omni_vision_start, _mrope_section([16, 24, 24])),
     "qwen3_omni_moe_thinker": (_qwen_omni_vision_start, _mrope_section([24, 20, 20])),
+    "lw_detr": (_lw_detr_one_scale,),
+    "uvdoc": (_uvdoc_every_bridge,),
 }
 
 
