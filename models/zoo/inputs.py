@@ -21,6 +21,9 @@ DECODER_SEQ = 8  # decoder tokens of encoder-decoders
 PAD = 4  # padding positions in the second row
 WAVE = 4000  # waveform samples (census §3)
 IMAGE_FALLBACK = 64
+SOFT_TOKENS = 70  # Gemma 4's smallest image budget (its processor pads each image to 70 * 3^2 patches)
+# video frames where the config names no clip length (InstructBLIP-video's processor takes 4), and at most
+FRAMES, MAX_FRAMES = 4, 16
 
 
 def text_config(config):
@@ -78,8 +81,16 @@ def token_ids(config, shape, g: torch.Generator, vocab: int | None = None) -> to
 
 
 def _image_size(config) -> tuple[int, int]:
-    for cfg in (config, getattr(config, "vision_config", None)):
+    ratios, patch = getattr(config, "scaled_images_ratios", None), getattr(config, "patch_size", None)
+    if ratios and isinstance(patch, int):  # DepthPro: its smallest scale holds one patch (1536 = 384 / 0.25)
+        side = math.ceil(patch / min(ratios))
+        return side, side
+    # SAM's prompt encoder maps points into the image its processor resizes to (1024)
+    prompts = getattr(config, "prompt_encoder_config", None)
+    for cfg in (config, getattr(config, "vision_config", None), prompts):
         size = getattr(cfg, "image_size", None) if cfg is not None else None
+        if size is None and cfg is not None:
+            size = getattr(cfg, "crop_size", None)  # V-JEPA 2's processor crops to crop_size
         if isinstance(size, int):
             return size, size
         if isinstance(size, list | tuple) and len(size) == 2:
@@ -246,6 +257,13 @@ def _fill(name: str, config, g: torch.Generator, seq: int):
     if name == "latents":
         # codec decoders (Mimi, Pocket TTS): continuous latents [batch, hidden_size, frames]
         return torch.randn(BATCH, hidden, seq, generator=g)
+    if name == "context_hidden_states":  # DFlash drafters: the target's states at its target_layer_ids
+        layers = len(getattr(config, "target_layer_ids", None) or [0])
+        return torch.randn(BATCH, seq, hidden * layers, generator=g)
+    if name == "noise_embeds":  # DFlash drafters denoise one block of block_size tokens
+        return torch.randn(BATCH, _cfg_int(config, "block_size", default=seq), hidden, generator=g)
+    if name == "encoder_hidden_states":
+        return torch.randn(BATCH, seq, _cfg_int(config, "encoder_hidden_size", default=hidden), generator=g)
     if name.endswith("_embeds") or name in ("hidden_states", "inputs"):  # Perceiver without a preprocessor: inputs
         return torch.randn(BATCH, seq, hidden, generator=g)
     if name.startswith("pixel_values"):
@@ -259,17 +277,72 @@ def _fill(name: str, config, g: torch.Generator, seq: int):
     return None
 
 
-def _flat_patches(config, g: torch.Generator, side: int = 4):
-    """(patches, grid_thw) for BATCH images of side x side patches, one temporal patch: rows of
-    channels * temporal_patch_size * patch_size^2 values, as Qwen-VL processors flatten them."""
+def _flat_patches(config, g: torch.Generator, side: int = 4, layout: str = "rows"):
+    """(patches, grid_thw) for BATCH images of side x side patches, one temporal patch. Layouts: "rows" of
+    channels * temporal_patch_size * patch_size^2 values, as Qwen-VL processors flatten them; "patches",
+    [n, channels, patch, patch] images of one patch (Kimi-K2.5); "tiles", one [patch * merge, patch * merge,
+    channels] tile per merged (language-model) token, the grid counted in those tokens (Inkling 2)."""
     channels = _cfg_int(config, "in_channels", "num_channels", default=3) or 3
-    temporal = _cfg_int(config, "temporal_patch_size", default=1) or 1
+    temporal = _cfg_int(config, "temporal_patch_size", "patch_temporal", default=1) or 1
     patch = _cfg_int(config, "patch_size", default=14) or 14
-    merge = _cfg_int(config, "spatial_merge_size", default=2) or 2
+    merge = _cfg_int(config, "spatial_merge_size", "merge_size", default=2) or 2
     side = max(side, merge) // merge * merge
     grid = torch.tensor([[1, side, side]] * BATCH)
     rows = BATCH * side * side
+    if layout == "patches":
+        return torch.randn(rows, channels, patch, patch, generator=g), grid
+    if layout == "tiles":
+        tiles = rows // (merge * merge)
+        tokens = torch.tensor([[1, side // merge, side // merge]] * BATCH)
+        return torch.randn(tiles, patch * merge, patch * merge, channels, generator=g), tokens
     return torch.randn(rows, channels * temporal * patch * patch, generator=g), grid
+
+
+def _frames(config) -> int:
+    """Frames of a video input: the config's clip length (at most MAX_FRAMES), a whole number of tubelets."""
+    frames = _cfg_int(config, "num_frames", "frames_per_clip", default=FRAMES) or FRAMES
+    tubelet = _cfg_int(config, "tubelet_size", default=1) or 1
+    return max(tubelet, min(frames, MAX_FRAMES) // tubelet * tubelet)
+
+
+def _video(config, g: torch.Generator, frames: int | None = None) -> torch.Tensor:
+    h, w = _image_size(config)
+    return torch.randn(BATCH, frames or _frames(config), _channels(config), h, w, generator=g)
+
+
+def _naflex(config, g: torch.Generator) -> dict:
+    """Native-resolution patch inputs, as SigLIP 2's and Gemma 4's processors make them: each image resized to at most
+    n patches of patch_size^2 * channels values, padded to n rows, with the valid rows' mask and (rows, cols) grid
+    (SigLIP 2: n = num_patches) or each patch's (x, y), -1 on padding (Gemma 4: n = its smallest budget of 70 soft
+    tokens, each pooling_kernel_size^2 patches). The second image is 3/4 as wide, so its rows end in padding."""
+    pool = _cfg_int(config, "pooling_kernel_size", default=1) or 1
+    n = _cfg_int(config, "num_patches", default=None) or SOFT_TOKENS * pool * pool
+    patch = _cfg_int(config, "patch_size", default=16) or 16
+    side = math.isqrt(n) // pool * pool
+    shapes = torch.tensor([[side, side], [side, side * 3 // 4 // pool * pool]])
+    mask = torch.zeros(BATCH, n, dtype=torch.long)
+    positions = torch.full((BATCH, n, 2), -1, dtype=torch.long)
+    for i, (h, w) in enumerate(shapes.tolist()):
+        mask[i, : h * w] = 1
+        rows, cols = torch.meshgrid(torch.arange(h), torch.arange(w), indexing="ij")
+        positions[i, : h * w] = torch.stack([cols.flatten(), rows.flatten()], -1)
+    pixels = torch.randn(BATCH, n, _channels(config) * patch * patch, generator=g) * mask[..., None]
+    return {
+        "pixel_values": pixels,
+        "pixel_attention_mask": mask,
+        "spatial_shapes": shapes,
+        "pixel_position_ids": positions,
+    }
+
+
+def _packed_patches(config, g: torch.Generator):
+    """MiniCPM-V's packing: BATCH images (image_size / patch_size patches a side, the second 3/4 as wide, sides
+    even for its 2 x 2 merger) as one [1, channels, patch, patches * patch] strip, and their (rows, cols) grids."""
+    patch = _cfg_int(config, "patch_size", default=14) or 14
+    side = max(2, _image_size(config)[0] // patch // 2 * 2)
+    sizes = torch.tensor([[side, side], [side, side * 3 // 4 // 2 * 2]], dtype=torch.int32)
+    total = int(sizes.prod(-1).sum())
+    return torch.randn(1, _channels(config), patch, total * patch, generator=g), sizes
 
 
 def _time_series(config, params: dict, g: torch.Generator) -> list[dict]:
@@ -348,6 +421,10 @@ def _vla_prefix(inputs: dict, pad_mask, config, g: torch.Generator):
     return _with_image_tokens(inputs, pad_mask, (side // patch) ** 2, vlm.image_token_id)
 
 
+# what describes the pixels, dropped with them from the text-only candidate
+_PIXEL_LAYOUT = ("pixel_attention_mask", "spatial_shapes", "pixel_position_ids", "target_sizes")
+
+
 def candidates(model, config, seed: int = 0, causal: bool = False):
     """Input sets to try, in order: (inputs, pad_mask). The first is what people pass; the others are the other
     layouts a modality comes in (audio), or the text-only path of a multimodal model (census §4: 63 models)."""
@@ -369,6 +446,8 @@ def candidates(model, config, seed: int = 0, causal: bool = False):
     wants = set(required) | mains | (set(params) & {"input_ids", "pixel_values", "input_features"})
     # main_input_name defaults to input_ids even where forward() takes none (it may take only **kwargs, though)
     wants = (wants & set(params)) or mains
+    if "pixel_values_videos" in params and "pixel_values" not in params:  # a video-only tower (VideoPrism's)
+        wants.add("pixel_values_videos")
     if "input_ids" in wants:
         vocab = _vocab(config, encoder=getattr(config, "is_encoder_decoder", False))
         ids = token_ids(config, (BATCH, SEQ), g, vocab)
@@ -396,11 +475,21 @@ def candidates(model, config, seed: int = 0, causal: bool = False):
         if isinstance(channels, int):
             # Dia's decoder reads num_channels audio-code streams per step, [B, T, C]
             inputs["decoder_input_ids"] = token_ids(config, (BATCH, DECODER_SEQ, channels), g)
-    if "pixel_values" in wants:
+    if "pixel_values" in wants and params.keys() & {"spatial_shapes", "pixel_position_ids"}:  # native sizes
+        inputs.update({k: v for k, v in _naflex(config, g).items() if k in params})
+    elif "pixel_values" in wants and hasattr(config, "keypoint_detector_config"):  # matchers take image pairs
+        inputs["pixel_values"] = _video(config, g, frames=2)
+    elif "pixel_values" in wants and "image_encoder_embeddings" in params:
+        # IDEFICS: (batch, images, C, H, W) and which images each text position sees (one image, before the text)
+        inputs["pixel_values"] = _video(config, g, frames=1)
+        inputs["image_attention_mask"] = torch.ones(BATCH, SEQ, 1, dtype=torch.long)
+    elif "pixel_values" in wants:
         h, w = _image_size(config)
         frames = _cfg_int(config, "num_frames", default=None)
         shape = (BATCH, frames, _channels(config), h, w) if frames else (BATCH, _channels(config), h, w)
         inputs["pixel_values"] = torch.randn(*shape, generator=g)
+    if "pixel_values_videos" in wants:
+        inputs["pixel_values_videos"] = _video(config, g)
     mels = _feature_dim(config)
     frames = 2 * (_cfg_int(config, "max_source_positions", default=100) or 100)
     per_token = _cfg_int(config, "audio_length_per_tok")
@@ -428,14 +517,20 @@ def candidates(model, config, seed: int = 0, causal: bool = False):
     if grid is not None:  # Qwen-VL-style towers: flattened patches plus their (t, h, w) grid (census §3)
         patches = next(n for n in ("hidden_states", "pixel_values") if n in params)
         inputs[patches], inputs[grid] = _flat_patches(config, g)
+        if "merge_sizes" in params:  # VideoLLaMA 3: each image's merge (its processor merges images by 1)
+            inputs["merge_sizes"] = torch.ones(BATCH, dtype=torch.long)
+    if "target_sizes" in params and "pixel_values" in inputs:  # MiniCPM-V's NaViT packing
+        inputs["pixel_values"], inputs["target_sizes"] = _packed_patches(config, g)
     if "action_embeds" in params and getattr(config, "vlm_config", None) is not None:
         inputs, pad_mask = _vla_prefix(inputs, pad_mask, config, g)
     # optional in the signature, required in practice ("You have to specify bbox", "visual_feats cannot be None",
     # X-MOD's "Input language unknown" without a default_language)
-    practice = ["bbox", "visual_feats", "visual_pos"]
+    needed = ["bbox", "visual_feats", "visual_pos"]
     if getattr(config, "languages", None) and getattr(config, "default_language", "") is None:
-        practice.append("lang_ids")
-    for name in [n for n in practice if n in params] + required:
+        needed.append("lang_ids")
+    if _cfg_int(config, "encoder_hidden_size") and "query_embeds" in params:
+        needed.append("encoder_hidden_states")  # a lone Q-Former cross-attends to given image features
+    for name in [n for n in needed if n in params] + required:
         if name not in inputs:
             value = _fill(name, config, g, SEQ)
             if value is None:
@@ -481,9 +576,17 @@ def candidates(model, config, seed: int = 0, causal: bool = False):
         yield {**inputs, "hidden_states": h.transpose(1, 2).contiguous()}, pad_mask
         channels = _cfg_int(config, "audio_channels", "channels", "num_channels", "in_channels", default=1)
         yield {**inputs, "hidden_states": torch.randn(BATCH, channels, WAVE, generator=g)}, pad_mask
+    # the other vision layout: a video (batch, frames, C, H, W) where the model takes pixel_values of clips
+    if "pixel_values" in inputs and inputs["pixel_values"].dim() == 4:
+        yield {**inputs, "pixel_values": _video(config, g)}, pad_mask
+    if grid is not None:  # the other patch layouts of these towers (the same images of side x side patches)
+        for layout in ("patches", "tiles"):
+            pixels, thw = _flat_patches(config, g, layout=layout)
+            yield {**inputs, patches: pixels, grid: thw}, pad_mask
     media = [k for k in ("pixel_values", "input_features", "input_values") if k in inputs]
     if media and "input_ids" in inputs and not set(media) & set(required):
-        yield {k: v for k, v in inputs.items() if k not in media and k != frame_mask}, pad_mask
+        dropped = {*media, *_PIXEL_LAYOUT, frame_mask}
+        yield {k: v for k, v in inputs.items() if k not in dropped}, pad_mask
 
 
 _FEATURES_RE = re.compile(r"tokens:\s*(\d+),\s*features:?\s*(\d+)")
@@ -546,25 +649,61 @@ def _refit_audio(inputs: dict, err: str, mels: int) -> dict | None:
     return None
 
 
-def _image_token_id(config) -> int | None:
+def _token_id(config, names) -> int | None:
     for cfg in (config, text_config(config)):
-        for n in ("image_token_id", "image_token_index", "image_token", "img_token_id", "image_pad_token_id"):
+        for n in names:
             v = getattr(cfg, n, None)
             if isinstance(v, int) and not isinstance(v, bool):
                 return v
     return None
 
 
-def _with_image_tokens(inputs: dict, pad_mask, per_row: int, token: int):
-    """input_ids with `per_row` image tokens inserted after the padding of each row (mask extended to match)."""
+def _image_token_id(config) -> int | None:
+    return _token_id(
+        config, ("image_token_id", "image_token_index", "image_token", "img_token_id", "image_pad_token_id")
+    )
+
+
+def _with_image_tokens(inputs: dict, pad_mask, per_row, token: int | None = None):
+    """input_ids with `per_row` image tokens inserted after the padding of each row (mask extended to match);
+    `per_row` may instead be the [batch, n] ids to insert."""
     ids = inputs["input_ids"]
-    img = torch.full((ids.shape[0], per_row), token, dtype=ids.dtype)
+    if isinstance(per_row, torch.Tensor):
+        img = per_row.to(ids.dtype)
+    else:
+        img = torch.full((ids.shape[0], per_row), token, dtype=ids.dtype)
     out = dict(inputs, input_ids=torch.cat([ids[:, :PAD], img, ids[:, PAD:]], 1))
     if "attention_mask" in inputs:
         m = inputs["attention_mask"]
         out["attention_mask"] = torch.cat([m[:, :PAD], torch.ones_like(img), m[:, PAD:]], 1)
         pad_mask = out["attention_mask"].bool()
     return out, pad_mask
+
+
+def _placeholders(model, config, inputs: dict, pad_mask, seed: int):
+    """The image placeholders a processor puts in the text: BLIP-2 / InstructBLIP's num_query_tokens image tokens (per
+    frame of a video), Kosmos-2's latent_query_num positions marked in image_embeds_position_mask."""
+    pixels = next((inputs[k] for k in ("pixel_values", "pixel_values_videos") if k in inputs), None)
+    if pixels is None or "input_ids" not in inputs:
+        return inputs, pad_mask
+    queries = _cfg_int(config, "num_query_tokens")
+    if queries and pixels.dim() == 5:
+        token = _token_id(config, ("video_token_id", "video_token_index")) or _image_token_id(config)
+        if token is not None:
+            return _with_image_tokens(inputs, pad_mask, queries * pixels.shape[1], token)
+    elif queries:
+        token = _image_token_id(config)
+        if token is not None:
+            return _with_image_tokens(inputs, pad_mask, queries, token)
+    latents = _cfg_int(config, "latent_query_num")
+    if latents and "image_embeds_position_mask" in _params(model):
+        g = torch.Generator().manual_seed(seed + 2)
+        out, pad_mask = _with_image_tokens(inputs, pad_mask, token_ids(config, (BATCH, latents), g))
+        where = torch.zeros_like(out["input_ids"])
+        where[:, PAD : PAD + latents] = 1
+        out["image_embeds_position_mask"] = where
+        return out, pad_mask
+    return inputs, pad_mask
 
 
 def fit_inputs(model, config, variant: str = "default", seed: int = 0, causal: bool = False):
@@ -575,6 +714,7 @@ def fit_inputs(model, config, variant: str = "default", seed: int = 0, causal: b
     last: BaseException | None = None
     mels = _feature_dim(config)
     for inputs, pad_mask in candidates(model, config, seed=seed, causal=causal):
+        inputs, pad_mask = _placeholders(model, config, inputs, pad_mask, seed)
         for _ in range(4):
             try:
                 with torch.no_grad():
@@ -611,4 +751,5 @@ def fit_inputs(model, config, variant: str = "default", seed: int = 0, causal: b
 def make_inputs(model, config, variant: str = "default", seed: int = 0, causal: bool = False):
     """(inputs, modality, pad_mask) of the first candidate, without running the model."""
     inputs, pad_mask = next(iter(candidates(model, config, seed=seed, causal=causal)))
+    inputs, pad_mask = _placeholders(model, config, inputs, pad_mask, seed)
     return inputs, _modality(set(inputs)), pad_mask

@@ -15,6 +15,7 @@ ZooBuildError. Per-family overrides live in OVERRIDES, each with the reason it i
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import json
@@ -100,7 +101,8 @@ _LAYER_RE = re.compile(
 )
 _WIDTH_RE = re.compile(
     r"^(hidden_size|d_model|n_embd|dim|hidden_dim|intermediate_size|ffn_dim|d_ff|n_inner|ffn_hidden_size|"
-    r"embed_dim|embedding_size|embedding_dim|hidden_sizes|d_inner|inner_dim|mlp_dim|projection_dim|proj_size|"
+    r"embed_dim|embedding_size|embedding_dim|hidden_sizes|d_inner|inner_dim|mlp_dim|projection_dim|projection_size|"
+    r"proj_size|"
     r".*_hidden_size|.*_intermediate_size|.*_ffn_dim|.*_embed_dim|.*_lora_rank|.*_dim|.*_dims)$"
 )
 _NOT_WIDTH = (
@@ -127,6 +129,7 @@ _NOT_WIDTH = (
     "max_",
     "label",
     "d_kv",
+    "keypoint_decoder",  # SuperPoint's 65 keypoint logits: the 8 x 8 positions of a cell and a dustbin
 )
 _HIDDEN_KEYS = ("hidden_size", "d_model", "n_embd", "dim", "embed_dim", "hidden_dim")
 _HEADS_KEYS = (
@@ -164,6 +167,8 @@ _VOCAB_KEYS = ("vocab_size",)
 _TOKEN_ID_RE = re.compile(
     r"^(.*_token_ids?|.*_token_index|.*_token_id_list|begin_suppress_tokens|suppress_tokens)$"
 )
+_LAYER_ID_RE = re.compile(r"^.*_layer_(id|idx)$")
+_PLACEHOLDER_KEYS = ("image_token_index", "image_token_id", "video_token_index", "video_token_id")
 _SKIP_FIELDS = {"transformers_version", "architectures", "id2label", "label2id", "dtype", "torch_dtype"}
 
 
@@ -283,6 +288,12 @@ def _shrink_layers(d: dict) -> None:
         for k in index_lists:
             d[k] = type(d[k])(keep.index(i) for i in d[k] if i in keep)
         _remap_out_stages(d, keep)
+        for k, v in list(d.items()):
+            # one layer named by index (MiniCPM-V's insert_layer_id 6 of 12: a merger after it): still a kept layer,
+            # with kept layers after it where the family has some
+            if _LAYER_ID_RE.match(k) and isinstance(v, int) and not isinstance(v, bool) and v >= 0:
+                before = sum(1 for i in keep if i <= v)
+                d[k] = len(keep) - 1 if v >= n0 - 1 else max(0, min(before, len(keep) - 1) - 1)
         if fkdr:
             d["first_k_dense_replace"] = sum(1 for i in keep if i < fkdr)
         if mwl is not None:
@@ -317,8 +328,34 @@ def _remap_out_stages(d: dict, keep: list[int]) -> None:
         d["out_features"] = None
 
 
+_PREFIXED_HEADS_RE = re.compile(r"^(.+?)_(num_attention_heads|num_heads)$")
+
+
+def _prefixed_towers(d: dict, variant: str) -> dict:
+    """Heads of a second tower named by a prefix (V-JEPA 2's pred_hidden_size / pred_num_attention_heads): shrunk
+    with its own width by the same rule as the main pair, so width / heads stays whole. Returns the new values."""
+    out = {}
+    for k, v in d.items():
+        m = _PREFIXED_HEADS_RE.match(k)
+        if not (m and isinstance(v, int) and not isinstance(v, bool)):
+            continue
+        p = m.group(1)
+        width = next((f"{p}_{w}" for w in _HIDDEN_KEYS if isinstance(d.get(f"{p}_{w}"), int)), None)
+        if width is None:
+            continue
+        sub = {"hidden_size": d[width], "num_attention_heads": v}
+        if f"{p}_head_dim" in d:
+            sub["head_dim"] = d[f"{p}_head_dim"]
+        _shrink_widths_and_heads(sub, variant)
+        out[k] = sub["num_attention_heads"]
+        if "head_dim" in sub:
+            out[f"{p}_head_dim"] = sub["head_dim"]
+    return out
+
+
 def _shrink_widths_and_heads(d: dict, variant: str) -> None:
     rule = WIDTH_RULES[variant]
+    d.update(_prefixed_towers(d, variant))  # before the widths: it reads their unshrunk values
     hidden_key = _first_key(d, _HIDDEN_KEYS)
     h0 = d.get(hidden_key) if hidden_key else None
     heads_keys = [k for k in _HEADS_KEYS if isinstance(d.get(k), int) and not isinstance(d.get(k), bool)]
@@ -573,6 +610,11 @@ def _shrink_config(cfg, parts: set[str], variant: str, tokens: _TokenMap | None)
                 d[k] = VOCAB[variant]
     if tokens is not None:
         _remap_tokens(d, tokens)
+        for i, k in enumerate(_PLACEHOLDER_KEYS):
+            # a placeholder the default config leaves None (BLIP-2's image_token_index): every checkpoint sets one,
+            # its processor inserts it where the image goes; a distinct id at the top of the vocab
+            if k in d and d[k] is None:
+                d[k] = tokens(1 << 40 | i)
     for k in ("use_pretrained_backbone", "use_timm_backbone"):  # census §3 step 7: no downloads
         if d.get(k):
             d[k] = False
@@ -853,7 +895,41 @@ def _uvdoc_every_bridge(d: dict, variant: str) -> None:
         backbone["out_features"] = None
 
 
+def _depth_pro_hooks(d: dict, variant: str) -> None:
+    # DepthPro's intermediate_hook_ids (11, 5) index the layers of its patch encoder (a 24-layer ViT in the
+    # checkpoints), a sub-config the recipe cuts to 2 layers: the same two hooks, deepest first, in the kept layers
+    layers = d["patch_model_config"].get("num_hidden_layers", LAYERS)
+    d["intermediate_hook_ids"] = [layers - 1 - i for i in range(len(d["intermediate_hook_ids"]))]
+
+
+def _sam2_hiera_widths(d: dict, variant: str) -> None:
+    # SAM 2's Hiera backbone has one width per stage (embed_dim_per_stage 96..768, hidden_size = the first, heads per
+    # stage, the neck's backbone_channel_list = the stages reversed), lists the width rule does not see: the
+    # backbone keeps the checkpoints' widths and heads (Hiera-tiny: 96 wide, 1 head in the first stage)
+    from transformers import AutoConfig
+
+    base = AutoConfig.for_model("sam2").vision_config.backbone_config
+    d["vision_config"]["backbone_config"].update(
+        hidden_size=base.hidden_size, num_attention_heads=base.num_attention_heads
+    )
+
+
+def _ernie_vl_mrope(d: dict, variant: str) -> None:
+    # ERNIE-4.5-VL's rope falls back to mrope_section [22, 22, 20] (h, w, t frequencies), which fills half of the
+    # checkpoints' head_dim of 128 (2560 / 20); the tiny text model's head_dim is 64: the same split, halved
+    text = d["text_config"]
+    head_dim = text.get("head_dim") or text["hidden_size"] // text["num_attention_heads"]
+    default, half = (22, 22, 20), head_dim // 2
+    section = [s * half // sum(default) for s in default[:2]]
+    rope = dict(text.get("rope_parameters") or {})
+    rope.setdefault("mrope_section", section + [half - sum(section)])
+    text["rope_parameters"] = rope
+
+
 OVERRIDES: dict[str, tuple] = {
+    "depth_pro": (_depth_pro_hooks,),
+    "ernie4_5_vl_moe": (_ernie_vl_mrope,),
+    "sam2": (_sam2_hiera_widths,),
     "whisper": (_whisper_short_audio,),
     "granitemoehybrid": (_with_attention_layer,),
     "bamba": (_with_attention_layer,),
@@ -987,9 +1063,31 @@ def _config_of(cls, config):
 
 
 def _n_params_meta(cls, config) -> int:
-    with torch.device("meta"):
-        model = cls(config)
+    try:
+        with torch.device("meta"):
+            model = cls(config)
+    except NotImplementedError:  # a constructor fills a buffer from CPU data (Florence-2's sinusoid table)
+        with _parameters_on_meta():
+            model = cls(config)
     return sum(p.numel() for p in model.parameters())
+
+
+@contextlib.contextmanager
+def _parameters_on_meta():
+    """Parameters moved to the meta device as they are registered, buffers built on the CPU (accelerate's
+    init_empty_weights(include_buffers=False)): one parameter at a time is ever allocated."""
+    register = torch.nn.Module.register_parameter
+
+    def on_meta(module, name, param):
+        register(module, name, param)
+        if param is not None:
+            module._parameters[name] = torch.nn.Parameter(param.to("meta"), requires_grad=param.requires_grad)
+
+    torch.nn.Module.register_parameter = on_meta
+    try:
+        yield
+    finally:
+        torch.nn.Module.register_parameter = register
 
 
 def _seeded(cls, config, seed: int):
