@@ -293,6 +293,11 @@ def test_paired_and_prompted_image_inputs():
         ("xmod", {"lang_ids": (BATCH,)}),  # a language per row where the config names no default
         ("wav2vec2-bert", {"input_features": (BATCH, 200, 160)}),  # 2 x 80 stacked mel frames
         ("audioflamingo3_encoder", {"input_features_mask": (BATCH, 128)}),  # a frame mask, not a token mask
+        ("blip-2", {"input_ids": (BATCH, SEQ + 32)}),  # num_query_tokens image tokens per row
+        ("siglip2", {"pixel_values": (BATCH, 256, 768), "spatial_shapes": (BATCH, 2)}),  # NaFlex patches
+        ("timesfm", {"past_values": (BATCH, 512), "freq": (BATCH, 1)}),  # its padding and frequency inputs
+        ("rt_detr", {"pixel_values": (BATCH, 3, 128, 128)}),  # enough positions for its 300 queries
+        ("idefics", {"pixel_values": (BATCH, 1, 3, 224, 224)}),  # images per row
     ],
 )
 def test_inputs_the_processors_would_give(model_type, shapes):
@@ -314,3 +319,12 @@ def test_unset_or_renamed_moe_and_attention_fields(model_type, field, expected):
     c = tiny_config(model_type)
     want = c.num_attention_heads if expected == "heads" else expected
     assert getattr(c, field) == want
+
+
+def test_backbone_stages_and_per_stage_heads_follow_the_shrunk_widths():
+    rt = tiny_config("rt_detr")  # the detector reads the backbone's last three stages, whatever their widths
+    widths = rt.backbone_config.hidden_sizes
+    assert list(rt.encoder_in_channels) == widths[-3:] and rt.backbone_config.out_indices == [2, 3, 4]
+    swin = tiny_config("mask2former").backbone_config  # Swin's heads per stage divide each stage's width
+    dims = [swin.embed_dim * 2**i for i in range(len(swin.num_heads))]
+    assert all(d % h == 0 and d // h >= STICK for d, h in zip(dims, swin.num_heads, strict=True))
