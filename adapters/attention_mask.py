@@ -163,6 +163,15 @@ def _host_ids(batch, q_len, cache, need_pos, need_types, device):
     return pos, types_
 
 
+def _embedding_device(embeddings: nn.Module, ref: torch.Tensor) -> torch.device:
+    """Where the model's input embeddings live: their weight's device, or their first parameter's where the input
+    embeddings are a module of several tables (CSM's and Kyutai's codebook embeddings have no `.weight`)."""
+    weight = getattr(embeddings, "weight", None)
+    if weight is None:
+        weight = next(embeddings.parameters(), None)
+    return weight.device if weight is not None else ref.device
+
+
 def _ids_forward(prev, pass_pos: bool, pass_types: bool):
     """Wrap `prev` (the forward being replaced) to pass host-built position ids / token types when none are given."""
     sig = inspect.signature(prev)
@@ -180,7 +189,7 @@ def _ids_forward(prev, pass_pos: bool, pass_types: bool):
             need_types = pass_types and call.get("token_type_ids") is None
             if need_pos or need_types:
                 cache = call.get("cache", call.get("past_key_values"))
-                device = self.get_input_embeddings().weight.device
+                device = _embedding_device(self.get_input_embeddings(), ref)
                 pos, types_ = _host_ids(ref.shape[0], ref.shape[1], cache, need_pos, need_types, device)
                 if pos is not None:
                     call["position_ids"] = pos
