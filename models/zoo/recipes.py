@@ -343,13 +343,13 @@ def _prefixed_towers(d: dict, variant: str) -> dict:
         width = next((f"{p}_{w}" for w in _HIDDEN_KEYS if isinstance(d.get(f"{p}_{w}"), int)), None)
         if width is None:
             continue
+        # the tower's own head size and kv heads go along (Dia's cross attention: cross_head_dim 128, 16 kv heads)
+        named = {f"{p}_head_dim": "head_dim", f"{p}_num_key_value_heads": "num_key_value_heads"}
         sub = {"hidden_size": d[width], "num_attention_heads": v}
-        if f"{p}_head_dim" in d:
-            sub["head_dim"] = d[f"{p}_head_dim"]
+        sub.update({short: d[full] for full, short in named.items() if full in d})
         _shrink_widths_and_heads(sub, variant)
         out[k] = sub["num_attention_heads"]
-        if "head_dim" in sub:
-            out[f"{p}_head_dim"] = sub["head_dim"]
+        out.update({full: sub[short] for full, short in named.items() if short in sub})
     return out
 
 

@@ -328,3 +328,10 @@ def test_backbone_stages_and_per_stage_heads_follow_the_shrunk_widths():
     swin = tiny_config("mask2former").backbone_config  # Swin's heads per stage divide each stage's width
     dims = [swin.embed_dim * 2**i for i in range(len(swin.num_heads))]
     assert all(d % h == 0 and d // h >= STICK for d, h in zip(dims, swin.num_heads, strict=True))
+
+
+def test_a_second_tower_named_by_a_prefix_shrinks_its_heads_together():
+    dec = tiny_config("dia").decoder_config  # cross attention: 16 heads of 128 over 16 kv heads in the checkpoint
+    assert dec.cross_num_attention_heads == dec.cross_num_key_value_heads and dec.cross_head_dim == 128
+    vjepa = tiny_config("vjepa2")  # the predictor's width / heads stays whole
+    assert vjepa.pred_hidden_size % vjepa.pred_num_attention_heads == 0
