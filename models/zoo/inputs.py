@@ -5,6 +5,9 @@ Inputs are derived from forward()'s signature, `main_input_name` and the config.
 special ids avoided) with an attention_mask whose second row has PAD padding positions (left padding for causal
 models, as for batched generation; right padding for encoders); encoder-decoders also get decoder ids. Vision:
 pixel values at the config's image size. Audio: log-mel features or a waveform. Time series: the past/future API.
+Where a family's processor gives something else, the argument's name or a config field says so and the input takes
+that shape: NaFlex patches with their spatial shapes, video clips, image-matcher pairs, Q-Former image tokens,
+stacked mel frames and per-frame masks, codebook rows, RL trajectories (each rule names the family it was made for).
 """
 
 from __future__ import annotations
