@@ -985,6 +985,12 @@ _SCATTER_NEEDS = (
 
 
 _FLOOR_DIV_NEEDS = ("aten.floor", "aten.mul", "aten.sub", "aten.add")
+# where a floor division enters (and the names the scan finds it by): `//` and floor_divide; div(rounding_mode=)
+_FLOOR_DIVIDES = (
+    (torch.Tensor.__floordiv__, torch.Tensor.floor_divide, torch.floor_divide),
+    frozenset({"//", "floor_divide"}),
+)
+_DIVS = ((torch.Tensor.div, torch.div), frozenset({"div"}))
 
 REWRITES: tuple[Rewrite, ...] = (
     Rewrite(
@@ -1148,32 +1154,28 @@ REWRITES: tuple[Rewrite, ...] = (
     ),
     Rewrite(
         "aten.floor_divide",
-        (torch.Tensor.__floordiv__, torch.Tensor.floor_divide, torch.floor_divide),
-        frozenset({"//", "floor_divide"}),
+        *_FLOOR_DIVIDES,
         floor_div,
         _FLOOR_DIV_NEEDS,
         "floor division of a float tensor by 2^k as floor(floor(x) * 2^-k) (position tables' dim_t // 2)",
     ),
     Rewrite(
         "aten.floor_divide",
-        (torch.Tensor.div, torch.div),
-        frozenset({"div"}),
+        *_DIVS,
         div_floor,
         _FLOOR_DIV_NEEDS,
         "div(x, 2^k, rounding_mode='floor') of a float tensor, as floor division above",
     ),
     Rewrite(
         "aten.floor_divide",
-        (torch.Tensor.__floordiv__, torch.Tensor.floor_divide, torch.floor_divide),
-        frozenset({"//", "floor_divide"}),
+        *_FLOOR_DIVIDES,
         _int_division_on_host(torch.floor_divide),
         (),
         "integer `//` and floor_divide on the host (index arithmetic), the result back on the device",
     ),
     Rewrite(
         "aten.floor_divide",
-        (torch.Tensor.div, torch.div),
-        frozenset({"div"}),
+        *_DIVS,
         _int_division_on_host(torch.floor_divide, rounding_mode="floor"),
         (),
         "integer div(rounding_mode='floor') on the host, as `//`",
