@@ -683,24 +683,25 @@ def _sub_with(d: dict, key: str):
     return found
 
 
-_GLM_MROPE = (2, 3, 3)  # GLM-4.1V's mrope_section [8, 12, 12]: temporal, height, width in the ratio 2 : 3 : 3
+def _mrope_section(default: tuple[int, ...], remainder: int = 0):
+    """An override for a multimodal rotary embedding that splits its frequencies by rope_parameters' mrope_section
+    and falls back to a hard-coded section, `default`, sized for the checkpoints' heads, when the config names none.
+    The shrunk heads are narrower, so the section is given: `default` scaled to the built config's rotary half-dim
+    (head_dim x partial_rotary_factor / 2), the same proportions, the rounding remainder on slot `remainder`. Every
+    (sub-)config with rope_parameters and attention heads and no section of its own gets one."""
 
+    def fix(d: dict, variant: str) -> None:
+        for text in _sub_with(d, "rope_parameters"):
+            rope = dict(text.get("rope_parameters") or {})
+            if rope.get("mrope_section") is not None or not text.get("num_attention_heads"):
+                continue
+            head_dim = text.get("head_dim") or text["hidden_size"] // text["num_attention_heads"]
+            half = int(head_dim * rope.get("partial_rotary_factor", 1.0)) // 2
+            section = [x * half // sum(default) for x in default]
+            section[remainder] += half - sum(section)
+            text["rope_parameters"] = {**rope, "mrope_section": section}
 
-def _glm_mrope_section(d: dict, variant: str) -> None:
-    # GLM-4V's rotary embedding splits its frequencies by mrope_section, [8, 12, 12] when the config names none: the
-    # 32 frequencies of the real checkpoints' rotary dim (head_dim 128 x partial_rotary_factor 0.5). The stock default
-    # configs omit the factor (or leave head_dim to hidden / heads), so even they fail; the section is scaled to the
-    # built config's rotary dim, keeping the real ratio.
-    for text in _sub_with(d, "rope_parameters"):
-        rope = dict(text.get("rope_parameters") or {})
-        if "mrope_section" in rope or not text.get("num_attention_heads"):
-            continue
-        head_dim = text.get("head_dim") or text["hidden_size"] // text["num_attention_heads"]
-        half = int(head_dim * rope.get("partial_rotary_factor", 1.0)) // 2
-        unit = half // sum(_GLM_MROPE)
-        section = [unit * r for r in _GLM_MROPE]
-        section[0] += half - sum(section)
-        text["rope_parameters"] = {**rope, "mrope_section": section}
+    return fix
 
 
 def _seggpt_merge_index(d: dict, variant: str) -> None:
@@ -782,14 +783,10 @@ def _t5gemma2_encoder_dropout(d: dict, variant: str) -> None:
     d["text_config"]["dropout_rate"] = 0.0
 
 
-def _hunyuan_vl_xdrope(d: dict, variant: str) -> None:
-    # HunYuanVL's rotary embedding expands positions over the rope_parameters' mrope_section axes, which the default
-    # config lacks (None: len() raises): tencent/HunyuanOCR has xdrope_section [16, 16, 16, 16] (position, width,
-    # height, image index) splitting half of its 128-wide heads; the same four equal quarters of half the head. Its
-    # attention reads head_dim, which the checkpoint gives (128) and the default config leaves None.
+def _hunyuan_vl_head_dim(d: dict, variant: str) -> None:
+    # HunYuanVL's attention reads head_dim, which the checkpoint gives (128) and the default config leaves None.
     t = d.get("text_config", d)
-    hd = t["head_dim"] = t.get("head_dim") or t["hidden_size"] // t["num_attention_heads"]
-    t["rope_parameters"] = {**(t.get("rope_parameters") or {}), "mrope_section": [hd // 8] * 4}
+    t["head_dim"] = t.get("head_dim") or t["hidden_size"] // t["num_attention_heads"]
 
 
 def _deepseek_ocr2_mlp_kinds(d: dict, variant: str) -> None:
@@ -849,22 +846,6 @@ def _qwen_omni_vision_start(d: dict, variant: str) -> None:
     d.setdefault("vision_start_token_id", next(i for i in range(vocab - 1, 0, -1) if i not in taken))
 
 
-def _mrope_section(default: list[int]):
-    """The thinker's text rotary embedding falls back to a hard-coded mrope_section (`default`, halves of a 128-wide
-    head: the released checkpoints' rope_scaling says the same) when rope_parameters has none; the tiny text config's
-    head is narrower (hidden 3584 / 8 is not a whole number of 128-wide heads), so the section is given, scaled to
-    the tiny head with the same temporal / height / width proportions."""
-
-    def fix(d: dict, variant: str) -> None:
-        text = d["text_config"]
-        half = (text.get("head_dim") or text["hidden_size"] // text["num_attention_heads"]) // 2
-        section = [x * half // sum(default) for x in default]
-        section[0] += half - sum(section)
-        text["rope_parameters"] = {**(text.get("rope_parameters") or {}), "mrope_section": section}
-
-    return fix
-
-
 def _clvp_speech_vocab(d: dict, variant: str) -> None:
     # CLVP's forward feeds the speech decoder's argmax tokens to the speech encoder, so the speech encoder's vocabulary
     # must hold the decoder's (8194 speech tokens); ClvpConfig's default speech_config has the text encoder's 256, and
@@ -914,21 +895,10 @@ def _sam2_hiera_widths(d: dict, variant: str) -> None:
     )
 
 
-def _ernie_vl_mrope(d: dict, variant: str) -> None:
-    # ERNIE-4.5-VL's rope falls back to mrope_section [22, 22, 20] (h, w, t frequencies), which fills half of the
-    # checkpoints' head_dim of 128 (2560 / 20); the tiny text model's head_dim is 64: the same split, halved
-    text = d["text_config"]
-    head_dim = text.get("head_dim") or text["hidden_size"] // text["num_attention_heads"]
-    default, half = (22, 22, 20), head_dim // 2
-    section = [s * half // sum(default) for s in default[:2]]
-    rope = dict(text.get("rope_parameters") or {})
-    rope.setdefault("mrope_section", section + [half - sum(section)])
-    text["rope_parameters"] = rope
-
-
 OVERRIDES: dict[str, tuple] = {
     "depth_pro": (_depth_pro_hooks,),
-    "ernie4_5_vl_moe": (_ernie_vl_mrope,),
+    # ERNIE-4.5-VL falls back to [22, 22, 20] (h, w, t frequencies: half of the checkpoints' 128-wide heads)
+    "ernie4_5_vl_moe": (_mrope_section((22, 22, 20), remainder=-1),),
     "sam2": (_sam2_hiera_widths,),
     "whisper": (_whisper_short_audio,),
     "granitemoehybrid": (_with_attention_layer,),
@@ -937,7 +907,9 @@ OVERRIDES: dict[str, tuple] = {
     "molmo2": (_molmo2_feature_layers,),
     "efficientloftr": (_loftr_hidden,),
     **{
-        t: (_glm_mrope_section,)
+        # GLM-4V falls back to [8, 12, 12] (temporal, height, width): the 32 frequencies of the checkpoints' rotary
+        # dim, head_dim 128 x partial_rotary_factor 0.5, which the stock default configs omit (even they fail)
+        t: (_mrope_section((8, 12, 12)),)
         for t in (
             "glm4v",
             "glm4v_text",
@@ -955,8 +927,9 @@ OVERRIDES: dict[str, tuple] = {
     "lfm2_moe": (_lfm2_moe_layer_kinds,),
     "step3p7": (_step3p7_sliding_layers,),
     "t5gemma2_encoder": (_t5gemma2_encoder_dropout,),
-    "hunyuan_vl": (_hunyuan_vl_xdrope,),
-    "hunyuan_vl_text": (_hunyuan_vl_xdrope,),
+    # HunYuanVL expands positions over four equal axes (tencent/HunyuanOCR's xdrope_section [16, 16, 16, 16]:
+    # position, width, height, image index, half of its 128-wide heads); the default config's section is None
+    **{t: (_hunyuan_vl_head_dim, _mrope_section((1, 1, 1, 1))) for t in ("hunyuan_vl", "hunyuan_vl_text")},
     "deepseek_ocr2": (_deepseek_ocr2_mlp_kinds,),
     "chameleon": (_chameleon_vocabulary,),
     "emu3": (_emu3_vocabulary,),
@@ -965,8 +938,9 @@ OVERRIDES: dict[str, tuple] = {
     "moonshine_streaming": (_moonshine_streaming_kv_heads,),
     "clvp": (_clvp_speech_vocab,),
     "audio-spectrogram-transformer": (_ast_short_audio,),
-    "qwen2_5_omni_thinker": (_qwen_omni_vision_start, _mrope_section([16, 24, 24])),
-    "qwen3_omni_moe_thinker": (_qwen_omni_vision_start, _mrope_section([24, 20, 20])),
+    # the Qwen-Omni thinkers fall back to sections for 128-wide heads (their checkpoints' rope_scaling says the same)
+    "qwen2_5_omni_thinker": (_qwen_omni_vision_start, _mrope_section((16, 24, 24))),
+    "qwen3_omni_moe_thinker": (_qwen_omni_vision_start, _mrope_section((24, 20, 20))),
     "lw_detr": (_lw_detr_one_scale,),
     "uvdoc": (_uvdoc_every_bridge,),
 }
