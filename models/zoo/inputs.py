@@ -65,7 +65,7 @@ def _vocab(config, encoder: bool = False) -> int:
     reads bytes, 256 ids, into its encoder and audio codes into its decoder); else the first sub-config's that has
     one (FastSpeech2 + HiFi-GAN's model_config)."""
     enc = getattr(config, "encoder_config", None) if encoder else None
-    for cfg in ([enc] if enc is not None else []) + [text_config(config)] + _configs(config):
+    for cfg in ([enc] if enc is not None else []) + [text_config(config)] + all_configs(config):
         v = getattr(cfg, "vocab_size", None)
         if isinstance(v, int) and not isinstance(v, bool) and v > 0:
             return v
@@ -182,14 +182,13 @@ def _cfg_int(config, *names, default=None):
         getattr(config, "vision_config", None),
         getattr(config, "audio_config", None),
     ):
-        for n in names:
-            v = getattr(cfg, n, None) if cfg is not None else None
-            if isinstance(v, int) and not isinstance(v, bool):
-                return v
+        v = _own_int(cfg, *names)
+        if v is not None:
+            return v
     return default
 
 
-def _configs(config) -> list:
+def all_configs(config) -> list:
     """config and its sub-configs, depth first in field order (canary's encoder_config, neucodec's
     semantic_model_config, nemotron's asr_config: the fields of an audio tower are often one level down)."""
     out, todo = [], [config]
@@ -208,7 +207,7 @@ def _feature_dim(config) -> int:
     values, FunASR's stacks num_stacked_frames (low frame rate features); else num_mel_bins (gemma3n's
     input_feat_size). Extractors whose stacking no config field states (granite-speech's mel+delta pairs) are fitted
     by fit_inputs from the model's own first projection (see _FEATURES_MATMUL_RE)."""
-    for cfg in _configs(config):
+    for cfg in all_configs(config):
         stacked = _own_int(cfg, "feature_projection_input_dim")
         if stacked is not None:
             return stacked

@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 
 from models.zoo import catalog
-from models.zoo.inputs import fit_inputs, text_config
+from models.zoo.inputs import all_configs, fit_inputs, text_config
 from models.zoo.tolerance import judged
 
 LEVELS = ("tiny", "tiny_keep_vocab", "no_width", "width_no_layers", "layers_experts_only", "default")
@@ -1130,12 +1130,11 @@ def _vanishes(output) -> bool:
 def _raise_init_ranges(config) -> bool:
     """Initializer ranges below INIT_FLOOR in `config` and its sub-configs set to INIT_RANGE; whether any was."""
     changed = False
-    for key, value in list(vars(config).items()):
-        if key in ("initializer_range", "init_std") and isinstance(value, float) and 0 <= value < INIT_FLOOR:
-            setattr(config, key, INIT_RANGE)
-            changed = True
-        elif hasattr(value, "to_dict") and hasattr(value, "model_type"):  # a sub-config
-            changed = _raise_init_ranges(value) or changed
+    for cfg in all_configs(config):
+        for key, value in list(vars(cfg).items()):
+            if key in ("initializer_range", "init_std") and isinstance(value, float) and 0 <= value < INIT_FLOOR:
+                setattr(cfg, key, INIT_RANGE)
+                changed = True
     return changed
 
 
