@@ -34,6 +34,10 @@ bit-identical) and handing its result to the device, as hf-adapters pass positio
   `spatial_shapes[0, 0]` and `[0, 1]`; a forward's parameter annotated as lists of ints: HunYuan-VL's vision embeddings
   iterate `grid_thw`, which its vision model passes as a tensor) read on the host before the method runs, so what
   they size is built for known sizes rather than sized by a tensor's value (shape.data_dependent). The same values.
+- `host_shape_resize`: a table resized to each image's patch grid (SigLIP 2's NaFlex `resize_positional_embeddings`:
+  floor divisions and a product of `spatial_shapes` as floats, antialiased bilinear weights, one matmul with the
+  position table) run on the host, its result on the device. Gaps: aten.prod (unsupported), float floor division
+  (#4643), and the checks' aten.all.
 
 How they recognise their targets (by structure, not by class name):
 - a *position helper* is a function of the model's package whose code calls `cumsum` and whose first parameter is
@@ -52,6 +56,9 @@ How they recognise their targets (by structure, not by class name):
 - a *sort* is a call of torch.sort / torch.argsort (or the Tensor methods) anywhere in the model's own code: the
   rewrite adapter's structural scan (`rewrite.uses`) finds the names, and the model's forward runs under the same
   kind of TorchFunctionMode (`rewrite.ModeAdapter`) with the host sort as its only handler; out= stays stock;
+- a *shape resize* is a staticmethod of transformers whose parameters include `spatial_shapes` after the table it
+  resizes and whose code calls arange or interpolate: a function of its arguments alone, so the instance gets the
+  host call as an attribute;
 - a *position generator* is a module of transformers holding no tensor whose forward takes a `device` argument, or
   whose own code calls arange and sin or cos: its forward becomes the stock one, called on the host when the
   result is for another device.
@@ -557,6 +564,63 @@ class HostGridSizes(Adapter):
             for name, sizes in grid_size_methods(m).items():
                 fn = host_grid_sizes(structure.current_function(m, name), sizes)
                 patch.override_method(m, name, fn, f"{path}.{name}: {', '.join(sizes)} read on the host")
+        return patch
+
+
+# --------------------------------------------------------------------------------------- resizes by image size
+
+_IMAGE_GRIDS = ("spatial_shapes",)  # NaFlex: each image's patch grid (rows, columns), a (batch, 2) integer tensor
+
+
+def is_shape_resize(obj) -> bool:
+    """A staticmethod's function of transformers whose parameters include the images' patch grids
+    (`spatial_shapes`) after the table it resizes, and whose own code builds positions (arange) or interpolates:
+    a position-embedding resize driven by each image's size (SigLIP 2's NaFlex `resize_positional_embeddings`:
+    floor divisions and a product of the grids as floats, then antialiased bilinear weights). A staticmethod
+    reads no module state: its result is a function of its arguments alone."""
+    if not (isinstance(obj, types.FunctionType) and obj.__module__.startswith("transformers.")):
+        return False
+    code = obj.__code__
+    params = code.co_varnames[: code.co_argcount]
+    names = _own_names(obj)
+    return (
+        len(params) > 1
+        and any(p in _IMAGE_GRIDS for p in params[1:])
+        and bool({"arange", "interpolate"} & names)
+    )
+
+
+def shape_resizes(module: nn.Module) -> dict[str, object]:
+    """{name: function} of the staticmethods of the module's model classes that are shape resizes."""
+    out = {}
+    for cls in type(module).__mro__:
+        for name, raw in vars(cls).items():
+            if name not in out and isinstance(raw, staticmethod) and is_shape_resize(raw.__func__):
+                out[name] = raw.__func__
+    return out
+
+
+@register_adapter
+class HostShapeResize(Adapter):
+    name = "host_shape_resize"
+    gap = "aten.prod"
+    also = ("aten.floor_divide",)
+    applies_to = frozenset(
+        {"a staticmethod resizing a table by the images' spatial_shapes (SigLIP 2 NaFlex position embeddings)"}
+    )
+    order = 19  # with the other host inputs; changes no shape
+    summary = "position embeddings resized to each image's patch grid (NaFlex) on the host, the result on the device"
+
+    def applicable(self, model: nn.Module) -> bool:
+        return any(shape_resizes(m) for m in model.modules())
+
+    def patch(self, model: nn.Module) -> Patch:
+        patch = Patch(self.name)
+        calls: dict[int, object] = {}  # one host call per stock function: dynamo then guards on one object
+        for path, m in model.named_modules():
+            for name, fn in shape_resizes(m).items():
+                call = calls.setdefault(id(fn), on_host(fn))
+                patch.set_attr(m, name, call, f"{path}.{name}: on the host")
         return patch
 
 

@@ -511,6 +511,49 @@ def test_grids_given_as_a_tensor_are_read_as_lists():
     assert out.shape == embeddings(zm.inputs["pixel_values"], grid.tolist()).shape
 
 
+# -- host_shape_resize: SigLIP 2's NaFlex position embeddings resized to each image's grid --------------------------
+def test_naflex_position_resize_runs_on_the_host_bit_identically():
+    """Siglip2VisionEmbeddings.resize_positional_embeddings (a staticmethod: floor divisions and a product of
+    `spatial_shapes` as floats, antialiased bilinear weights, one matmul with the table): patched, the same output
+    bit for bit in fp32 and fp16; compiled for Spyre in strict mode the stock embeddings stop on its checks
+    (aten.all) and aten.prod, the patched ones run on the device alone, within DL16 rounding of the CPU."""
+    from adapters.host_inputs import is_shape_resize
+    from torch_spyre_emu.errors import SpyreUnsupportedOpError
+
+    zm = _zoo("siglip2_vision_model")
+    model = zm.model.eval()
+    embeddings = model.embeddings
+    adapter = adapters.get_adapter("host_shape_resize")
+    assert adapter.applicable(model) and not adapter.applicable(_zoo("siglip_vision_model").model)
+    assert is_shape_resize(type(embeddings).__dict__["resize_positional_embeddings"].__func__)
+    assert not is_shape_resize(type(embeddings).forward)  # a method, not a function of its arguments alone
+    for dtype in (torch.float32, torch.float16):
+        ref, out, patch = _stock_and_patched("siglip2_vision_model", "host_shape_resize", dtype)
+        assert torch.equal(ref, out), dtype
+        assert any("resize_positional_embeddings: on the host" in c for c in patch.changes)
+
+    pixels, shapes = zm.inputs["pixel_values"].half(), zm.inputs["spatial_shapes"]
+    assert shapes.dtype == torch.int64 and shapes.shape == (pixels.shape[0], 2)
+    embeddings.half()
+    try:
+        with torch.no_grad():
+            cpu = embeddings(pixels.float().half(), shapes).float()
+        torch._dynamo.reset()
+        with torch_spyre_emu.strict(), pytest.raises(SpyreUnsupportedOpError, match=r"aten\.(all|prod)"):
+            torch.compile(embeddings, backend="spyre", dynamic=False)(pixels, shapes)
+        snap = snapshot(embeddings)
+        with adapters.apply(embeddings, only=["host_shape_resize"]) as handle, torch.no_grad():
+            assert handle.report.applied == ["host_shape_resize"]
+            torch._dynamo.reset()
+            with torch_spyre_emu.strict():
+                got = torch.compile(embeddings, backend="spyre", dynamic=False)(pixels, shapes)
+            torch._dynamo.reset()
+        assert_restored(embeddings, snap)
+    finally:
+        embeddings.float()
+    torch.testing.assert_close(got.float().cpu(), cpu, rtol=2e-2, atol=2e-2)
+
+
 # -- integer // and % (index arithmetic) on the host: the rewrite adapter's host forms ----------------------------
 
 
