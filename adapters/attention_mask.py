@@ -14,7 +14,9 @@ every mask kind (causal, padding, sliding window, chunked, bidirectional, encode
 sequences, 4-D masks passed in) is exactly the stock one. Two host-side choices, both the math the stock SDPA path
 computes: a mask is always materialised (the causal `is_causal` shortcut would make the stack build a tril on the
 device, which it cannot), and a boolean mask becomes an additive one in the activations' dtype (0 where a query
-may attend, half of finfo.min elsewhere: see additive() for why not finfo.min itself).
+may attend, half of finfo.min elsewhere: see additive() for why not finfo.min itself), except in a model whose own
+code negates the built mask as a boolean without checking its dtype (Parakeet's relative-position attention:
+`attention_mask.logical_not()`): the module that builds its masks keeps the stock boolean ones (reads_boolean_masks).
 
 Position ids and BERT token types: the Llama template computes `position_ids = torch.arange(...) + past` inside the
 forward when none are passed (an arange: a CPU island in the middle of the graph); BERT gathers its token types
@@ -24,6 +26,7 @@ and for BERT, the host passes the same ids explicitly.
 
 from __future__ import annotations
 
+import dis
 import inspect
 import re
 import types
@@ -104,8 +107,43 @@ def _move(mask, device: torch.device):
     return mask
 
 
-def host_builder(fn):
-    """`fn` (a masking_utils builder) run on the host, materialised, additive, moved to the activations' device."""
+_MASK_NAMES = ("attention_mask",)  # the name a model's code gives the built mask where it reads it
+
+
+def _negates_a_mask(code: types.CodeType) -> bool:
+    """Does `code` negate the built mask as a boolean (`attention_mask.logical_not()`, `~attention_mask`) without
+    reading its dtype (`attention_mask.dtype == torch.bool`: code that handles both kinds)?"""
+    ins = [i for i in dis.get_instructions(code) if i.opname != "CACHE"]
+    if "dtype" in code.co_names and "bool" in code.co_names:
+        return False
+    return any(
+        a.opname == "LOAD_FAST"
+        and a.argval in _MASK_NAMES
+        and (b.opname == "UNARY_INVERT" or (b.opname in ("LOAD_ATTR", "LOAD_METHOD") and b.argval == "logical_not"))
+        for a, b in zip(ins, ins[1:], strict=False)
+    )
+
+
+def reads_boolean_masks(module: nn.Module) -> bool:
+    """Does the forward of the module or of one of its submodules read the built mask as a boolean only (Parakeet's
+    and NemotronAsrStreaming's relative-position attention: `matrix_bd.masked_fill_(attention_mask.logical_not(),
+    ...)`)? An additive mask there (0 where a query may attend) would mask every allowed position: the masks that
+    module builds stay the builders' boolean ones, exactly the stock masks. Asked of each mask-building module, so a
+    causal text model beside such a tower keeps additive masks."""
+    seen: set[type] = set()
+    for m in module.modules():
+        forward = getattr(type(m), "forward", None)
+        if type(m) in seen or not isinstance(forward, types.FunctionType):
+            continue
+        seen.add(type(m))
+        if forward.__module__.startswith("transformers.") and _negates_a_mask(structure.chain(forward)[-1].__code__):
+            return True
+    return False
+
+
+def host_builder(fn, keep_boolean: bool = False):
+    """`fn` (a masking_utils builder) run on the host, materialised, additive (boolean where `keep_boolean`: see
+    reads_boolean_masks), moved to the activations' device."""
     params = list(inspect.signature(fn).parameters)  # follows the deprecate_kwarg wrapper to the real signature
 
     @host
@@ -116,7 +154,8 @@ def host_builder(fn):
         kwargs = {k: _on_host(v, k) for k, v in kwargs.items()}
         if "allow_is_causal_skip" in params and "allow_is_causal_skip" not in named:
             kwargs["allow_is_causal_skip"] = False  # never None-for-is_causal: the device would build the tril
-        return _move(additive(fn(*args, **kwargs), dtype), device)
+        mask = fn(*args, **kwargs)
+        return _move(mask if keep_boolean else additive(mask, dtype), device)
 
     build_on_host.__name__ = build_on_host.__qualname__ = f"host_{fn.__name__}"
     return build_on_host
@@ -215,11 +254,15 @@ class HostAttentionMask(Adapter):
     def patch(self, model: nn.Module) -> Patch:
         patch = Patch(self.name)
         builders = mask_builders()
-        on_host = {i: host_builder(fn) for i, fn in builders.items()}
+        on_host = {
+            keep: {i: host_builder(fn, keep) for i, fn in builders.items()} for keep in (False, True)
+        }  # one host call per builder and mask kind: dynamo then guards on one object
         for _, module, names in mask_callers(model):
+            keep = reads_boolean_masks(module)
+            kind = "boolean masks" if keep else "masks"
             for name in names:
-                copy = structure.rebind(structure.current_function(module, name), on_host, patch.on_undo)
-                patch.override_method(module, name, copy, f"{type(module).__name__}.{name}: masks on the host")
+                copy = structure.rebind(structure.current_function(module, name), on_host[keep], patch.on_undo)
+                patch.override_method(module, name, copy, f"{type(module).__name__}.{name}: {kind} on the host")
             pass_pos = _template_positions(module)
             pass_types = type(module).__name__ in _BERT_TYPES
             if pass_types:

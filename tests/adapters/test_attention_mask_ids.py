@@ -1,4 +1,5 @@
-"""The attention_mask adapter's host-built position ids on models whose input embeddings are several tables."""
+"""The attention_mask adapter on unusual models: host-built position ids where the input embeddings are several
+tables, and boolean masks kept where a model negates its built mask."""
 
 from __future__ import annotations
 
@@ -21,3 +22,33 @@ def test_position_ids_where_the_input_embeddings_have_no_weight():
             out = primary_output(model(**zm.inputs))
     assert patch.report.applied == ["attention_mask"]
     assert torch.equal(out, ref)
+
+
+def test_a_model_that_negates_its_mask_keeps_boolean_masks():
+    """NemotronAsrStreaming's encoder builds a bidirectional chunked mask and its attention negates it
+    (`matrix_bd.masked_fill_(attention_mask.logical_not(), -inf)`) and the encoder zeroes the rows it finds all
+    masked (`all(mask == 0.0)` for a float mask): an additive mask there masked every allowed position (the CPU output
+    moved by 0.17 on a scale of 0.13, and the device output was all zeros). The module building the masks now keeps
+    the stock boolean ones: the output is stock's, bit for bit. A Llama's masks stay additive."""
+    from adapters.attention_mask import mask_callers, reads_boolean_masks
+
+    zm = build("nemotron_asr_streaming")
+    model = zm.model.eval()
+    callers = mask_callers(model)
+    assert callers and all(reads_boolean_masks(m) for _, m, _ in callers)
+    adapter = adapters.get_adapter("attention_mask")
+    with torch.no_grad():
+        ref = primary_output(model(**zm.inputs))
+        patch = adapter.patch(model)
+        try:
+            out = primary_output(model(**zm.inputs))
+        finally:
+            patch.undo()
+    assert any("boolean masks on the host" in c for c in patch.changes)
+    assert torch.equal(out, ref)
+
+    llama = build("llama").model
+    assert not any(reads_boolean_masks(m) for _, m, _ in mask_callers(llama))
+    patch = adapter.patch(llama)
+    patch.undo()
+    assert patch.changes and not any("boolean" in c for c in patch.changes)
