@@ -49,6 +49,13 @@ def host(fn):
     return torch.compiler.disable(fn, recursive=True)
 
 
+def device_generator(device: torch.device) -> torch.Generator | None:
+    """The generator random ops on `device` draw from (`torch.<device type>.get_generator(device)`: torch.spyre's, a
+    CPU generator seeded by torch.manual_seed and torch.spyre.manual_seed), or None where the device module has none."""
+    get = getattr(getattr(torch, device.type, None), "get_generator", None)
+    return get(device) if callable(get) else None
+
+
 def integer_tensor(t: torch.Tensor) -> bool:
     """A tensor of an integer dtype (not bool, float or complex): index arithmetic's operands."""
     return not (t.is_floating_point() or t.is_complex() or t.dtype == torch.bool)

@@ -1,9 +1,9 @@
 """Re-expressions that differ from stock by rounding only: expm1, log1p, elu, logsigmoid, var, std, group norm and batch
-norm with batch statistics, grid_sample, acos, log2, scatter_reduce and the unit lower-triangular solve.
+norm with batch statistics, grid_sample, acos, asinh, log2, scatter_reduce and the unit lower-triangular solve.
 
 Gap: `aten.linalg_solve_triangular`, `aten.expm1`, `aten.log1p`, `aten.var` and `aten.std` have no Spyre lowering
 and no CPU island in the real stack (capability table: "unsupported"; var and std are Welford reductions, STACK
-§1.7), and no bit-exact expression in ops it runs; nor do `aten.acos`, `aten.log2` and `aten.scatter_reduce` (in no June op table; scatter_reduce an indirect write as scatter_add); elu, logsigmoid and grid_sample are in no op table either, and
+§1.7), and no bit-exact expression in ops it runs; nor do `aten.acos`, `aten.asinh` (no lowering), `aten.log2` and `aten.scatter_reduce` (in no June op table; scatter_reduce an indirect write as scatter_add); elu, logsigmoid and grid_sample are in no op table either, and
 Inductor's decompositions take them to expm1, log1p and an index with four index tensors (#3484). Each has an expression with the same math in ops the stack does run
 (native or decomposed), whose result differs from stock's by rounding:
 
@@ -20,6 +20,7 @@ Inductor's decompositions take them to expm1, log1p and an index with four index
 | `F.group_norm(x, g, w, b, eps)` in a model's own code (BiT's GroupNorm subclass) | `group_norm.group_norm_two_pass`: mean, then mean square of the deviations, fp32 | as var |
 | `F.batch_norm(x, None, None, w, b, training=True)` (no running statistics: BiT's weight standardisation) | the same two passes over every dim but the channels, fp32 | as var |
 | `torch.acos(x)` (`arccos`, the methods) | `sqrt(1 - |x|) * p(|x|)`, p of degree 7 (Abramowitz & Stegun 4.4.46), `pi - that` for x < 0, fp32 for fp16/bf16 | <= 2 ulps fp32, 1 ulp fp16/bf16 (tested over every fp16/bf16 value) |
+| `torch.asinh(x)` (`arcsinh`, the methods) | `log1p(u)`, u = `|x| + x^2 / (1 + sqrt(1 + x^2))`, log1p as `log(w) * u / (w - 1)` (w = 1 + u in x's dtype; u where w is 1), `log(|x|) + ln 2` past 2^12, the sign by wheres; fp32 for fp16/bf16 but the log and the compares | <= 3 ulps fp32, 2 fp16, 1 bf16 (tested over every fp16/bf16 value) |
 | `x.scatter_reduce(d, index, src, reduce)` (sum, mean, amax, amin; index shaped as src, and as x off d) | `where(index == position, src, identity)` reduced over the index (positions a host constant), x kept where no index names a position | amax/amin exact; sum/mean the order of additions |
 | `x.scatter_add(d, index, src)`, `scatter_add_` (GLM-5-Next's count of selected keys: int32) | scatter_reduce's sum with include_self (its definition) | integers exact; floats the order of additions |
 | `F.grid_sample(x, grid, ...)` (4-D, any mode, padding, align_corners) | `x.reshape(N, C, Hi*Wi) @ M_n^T`, M_n the weights stock's own kernel gives the Hi*Wi one-hot images at grid n, built on the host | the matmul's fp32 sum; bilinear and nearest exact |
@@ -50,13 +51,20 @@ it on that system and on an ill-conditioned one). Other solve forms (upper, left
 stock, so the stack still reports them.
 acos: YOSO's LSH attention takes the collision probability `(1 - acos(q.k) / pi) ** tau` of unit vectors; the
 polynomial's own error (2e-8) is below fp32's rounding, |x| > 1 and nan give nan through the sqrt, as stock.
+asinh: Moonshine Streaming's audio embedder compresses its frames with `asinh(exp(log_k) * x)`. The plain
+`sign(x) * log(|x| + sqrt(x^2 + 1))` loses the relative accuracy near 0 (log of 1 + small) and overflows x^2 (fp32
+past 1.8e19) or |x| + sqrt (fp16 past 32752); the form keeps both away: x^2 / (1 + sqrt(1 + x^2)) is sqrt(1 + x^2) - 1
+without the cancellation, Goldberg's `log(w) * u / (w - 1)` is log1p(u) to a few ulps with a plain log (w - 1 is
+exact, so the rounding of w cancels), and past |x| = 2^12 asinh(|x|) = log(2|x|) to 1.5e-8. The log and the compares
+are taken in x's dtype (the table lists fp32 log and fp32 compares as CPU islands: #3680, SPYRE_FP32_OPS), the rest
+in fp32 for fp16/bf16 (ATen's op math). +-0 and nan give x itself, +-inf give +-inf, as stock.
 scatter_reduce: TAPAS's segment reductions (cell and column means, extrema) scatter K token values into N segments;
 the form costs K * N compares where stock writes K elements (capped at SCATTER_REDUCE_MAX); an integer sum is exact
 (scatter_add's counts), an integer mean (a floor division), integer extrema and prod stay stock.
 
 How it recognises its targets: by what the code calls. The model's module classes' methods and the same-package
 helpers they reach are scanned for the names `expm1`, `log1p`, `solve_triangular`, `elu`, `logsigmoid`, `var` and
-`std`, `group_norm`, `batch_norm`, `grid_sample`, `acos`, `log2`, `scatter_reduce`, `scatter_add` (rewrite.uses, the rewrite adapter's structural scan), an `nn.ELU` or `nn.LogSigmoid` in the model counts as
+`std`, `group_norm`, `batch_norm`, `grid_sample`, `acos`, `asinh`, `arcsinh`, `log2`, `scatter_reduce`, `scatter_add` (rewrite.uses, the rewrite adapter's structural scan), an `nn.ELU` or `nn.LogSigmoid` in the model counts as
 a call of its function, and the model's forward runs under the rewrite adapter's TorchFunctionMode
 (rewrite.Reexpress, entered outside dynamo by rewrite._wrapped) with only these handlers; any other call, and any
 call in a form not listed above, runs unchanged.
@@ -177,6 +185,34 @@ def acos(args, kwargs):
         poly = poly * a + c
     root = torch.sqrt(1 - a) * poly
     return torch.where(x < 0, math.pi - root, root).to(x.dtype)
+
+
+# asinh: past this |x| the form is log(|x|) + ln 2 (asinh(a) - log(2a) < 1 / (4a^2) = 1.5e-8, below fp32's rounding of
+# results near 9), so that no square or 2a + 1 overflows (fp16's 2a + 1 does past 32752, fp32's a * a past 1.8e19)
+_ASINH_LARGE = 2.0**12
+
+
+def asinh(args, kwargs):
+    """`asinh(|x|)` as log1p(u), u = |x| + x^2 / (1 + sqrt(1 + x^2)) (the same number: sqrt(1 + x^2) - 1 =
+    x^2 / (sqrt(1 + x^2) + 1) keeps the cancellation away), with log1p taken as `log(w) * u / (w - 1)`, w = 1 + u
+    rounded to x's dtype (Goldberg's form: relative accuracy near 0 from a plain log; u where w is 1), and
+    `log(|x|) + ln 2` past _ASINH_LARGE; the sign put back with wheres: x < 0 gives -r, x > 0 r, and +-0 and nan x
+    itself. In fp32 for fp16/bf16 (ATen's op math) but for the log and the compares, taken in x's dtype (an fp32 log
+    and fp32 compares are not device ops: the capability table's dtypes). Integer and bool inputs are taken as the
+    default float, as stock."""
+    x = _float_unary(args, kwargs)
+    if x is None:
+        return _PASS
+    wide_dtype = get_computation_dtype(x.dtype)
+    ax = x.abs()
+    a = ax.to(wide_dtype)
+    u = a + a * a / (torch.sqrt(a * a + 1) + 1)  # asinh(a) = log1p(u)
+    w = (u + 1).to(x.dtype)
+    wide_w = w.to(wide_dtype)
+    small = u * (torch.log(w).to(wide_dtype) / (wide_w - 1))
+    large = torch.log(ax).to(wide_dtype) + math.log(2)
+    r = torch.where(ax > _ASINH_LARGE, large, torch.where(w == 1, u, small)).to(x.dtype)
+    return torch.where(x < 0, -r, torch.where(x > 0, r, x))
 
 
 _SCATTER_REDUCE_NEEDS = (
@@ -484,6 +520,17 @@ _REWRITES: tuple[Rewrite, ...] = (
         "acos: sqrt(1 - |x|) * a degree-7 polynomial (A&S 4.4.46), reflected for x < 0",
     ),
     Rewrite(
+        "aten.asinh",
+        (torch.asinh, torch.Tensor.asinh, torch.arcsinh, torch.Tensor.arcsinh),
+        frozenset({"asinh", "arcsinh"}),
+        asinh,
+        (
+            "aten._to_copy", "aten.abs", "aten.mul", "aten.add", "aten.sqrt", "aten.div", "aten.sub", "aten.log",
+            "aten.gt", "aten.eq", "aten.lt", "aten.neg", "aten.where",
+        ),
+        "asinh: log1p(|x| + x^2 / (1 + sqrt(1 + x^2))), log1p as log(w) * u / (w - 1); log(|x|) + ln 2 for large |x|",
+    ),
+    Rewrite(
         "aten.log2",
         (torch.log2, torch.Tensor.log2),
         frozenset({"log2"}),
@@ -566,7 +613,7 @@ class NumericForms(ModeAdapter):
     applies_to = frozenset(
         {
             "any module whose code calls expm1, log1p, solve_triangular, elu, logsigmoid, var, std, group_norm,"
-            " batch_norm (batch statistics), grid_sample, acos, log2, scatter_reduce or scatter_add;"
+            " batch_norm (batch statistics), grid_sample, acos, asinh, log2, scatter_reduce or scatter_add;"
             " nn.ELU, nn.LogSigmoid"
         }
     )
@@ -574,7 +621,7 @@ class NumericForms(ModeAdapter):
     summary = (
         "expm1 -> exp - 1, log1p -> log(1 + x), unit lower-triangular solve -> product of (I + P^(2^j)),"
         " elu -> where/exp, logsigmoid -> -softplus(-x), var/std/group norm/batch statistics -> two passes,"
-        " grid_sample -> matmul with host-built weights, acos -> a polynomial, log2 -> log * (1 / ln 2), scatter_reduce and scatter_add -> compares + reductions:"
+        " grid_sample -> matmul with host-built weights, acos -> a polynomial, asinh -> log1p of a cancellation-free argument (Goldberg's log1p), log2 -> log * (1 / ln 2), scatter_reduce and scatter_add -> compares + reductions:"
         " the same math, rounding differs"
         " from stock"
     )

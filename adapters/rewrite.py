@@ -31,6 +31,8 @@ retires by itself on the default table.)
 | `x.prod(dim)`, `x.prod()` (int64, at most 16 factors: an image grid's `grid_thw.prod(-1)`) | `x.select(dim, 0) * x.select(dim, 1) * ...` | select (a view), mul |
 | `x // 2^k`, `torch.floor_divide`, `torch.div(..., rounding_mode="floor")` (a float x: a position table's `dim_t // 2`) | `floor(floor(x) * 2^-k) * ((x - x) + 1)` (`floor_div`) | floor, mul, sub, add |
 | `x // d`, `x % d`, floor_divide, remainder, `div(..., rounding_mode="floor")` of integer tensors (DeepSeek-V4's `(position_ids + 1) // rate`, CANINE's hash buckets) | the stock op on the host (index arithmetic, as hf-adapters keep it), the result back on the operand's device: a graph break, bit-identical | nothing on the device |
+| `x.flip(dims)`, `torch.flip` of an integer or bool tensor (prims.rev, Inductor's flip: Muse Glimmer's and Muse Spark's vision `position_ids.flip(-1) + 1`) | the stock op on the host (index work), the result back on x's device: a graph break, bit-identical | nothing on the device |
+| `torch.randint(low, high, size, ...)` (DiffusionGemma's random canvas, Informer's key sample) | the stock draw made on the host (a graph break) from the generator the stock call draws from: the global CPU one, the one named, or for a spyre device torch.spyre's (`_stack.device_generator`), the result on the device; the same numbers, the generator advanced alike | nothing on the device |
 | `F.fold(x, size, k, stride=k)` of patches tiling the output exactly (MobileViTv2) | `reshape` to (N, C, kh, kw, Lh, Lw), `permute` to (N, C, Lh, kh, Lw, kw), `reshape`: one input element per output element | view, permute |
 | `torch.bucketize(x, b, right=r)` (1-D b, at most 1024 boundaries: Idefics3's patch positions) | `sum(b < x)` (`b <= x` for right=True) over b as float16 ones, `where(x != x, len(b), count)`, cast to int64 / int32 | lt / le, ne, where, sum, the casts |
 | `x.as_strided(size, stride)` of a dense x, every read inside x (Longformer's and LED's overlapping chunks) | x in storage order, flattened, `narrow` to the span read, then one `unfold(-1, inner extent, stride)` per dim (largest stride first), permuted back; stride-0 dims expanded | slice, unfold (CPU islands: as_strided has none), permute, expand |
@@ -52,7 +54,7 @@ What is not rewritten (runs as stock, so the stack still reports it): out=, a no
 stock refuses (overflow), an index key with a bool mask, None, a step or partial slice, or an Ellipsis before an
 index tensor, an `all` over an empty reduction (amin of nothing is an error, `all` of nothing is True), a
 logsumexp of an empty tensor, a scatter of a src tensor, with reduce=, of an index narrower than x off its dim, or
-an empty index, an index_select with a multi-dim or empty index, a gather with sparse_grad, an index that is not int64
+an empty index, a flip of a float tensor or with out=, a randint with out=, an index_select with a multi-dim or empty index, a gather with sparse_grad, an index that is not int64
 or is empty, a prod of another dtype than int64, with dtype=, of no or of more than 16 factors, a bucketize with
 out=, of boundaries that are not 1-D or number over 1024 (or none), of bool or complex tensors, an as_strided of a
 tensor with gaps or overlaps in its span, with an explicit storage offset, a negative stride or a read past x. The scatter form
@@ -67,10 +69,13 @@ How it recognises its target: by what the code calls. The methods of every modul
 transformers' or a user's, not torch.nn's) and the same-package helpers they call (`structure.reachable`) are
 scanned for the names these ops are called by (`masked_fill`, `masked_fill_`, `stack`, `new_full`, `glu`, `masked_scatter`, `all`,
 `logsumexp`, `isnan`, `nan_to_num`, `scatter`, `scatter_`, `index_select`, `gather`, `prod`, `floor_divide`, `div`, `bucketize`, `as_strided`,
-`max_pool1d/2d`,
+`flip`, `randint`, `max_pool1d/2d`,
 `avg_pool1d/2d`, and the pooling classes by name: an `nn.MaxPool1d` built inside CANINE's forward calls
 `F.max_pool1d`), for subscripts (`x[...]`: an aten.index when the key holds an integer tensor or a list;
-`x[...] = y`: a scatter into a view) and for the `//` and `%` operators. The model's top-level forward then runs under a `torch.overrides.TorchFunctionMode` that re-expresses each
+`x[...] = y`: a scatter into a view) and for the `//` and `%` operators. A torch.distributions class the code names
+through `distributions` (BLT's `torch.distributions.Categorical(logits=logits).entropy()`) is read too, its methods
+and those of its torch.distributions bases (`_distribution_code`): library code the forward runs, whose
+`logits.logsumexp(...)` in Categorical's __init__ the mode answers only if the scan switched its form on. The model's top-level forward then runs under a `torch.overrides.TorchFunctionMode` that re-expresses each
 call of those ops whose capability the stack lacks and passes every other call through unchanged. Dynamo traces
 through the mode (fullgraph too) and records the re-expressed ops. The patch is one per-instance forward, undone
 exactly; it goes after every adapter that replaces forwards (`order`), so it wraps the final one.
@@ -455,6 +460,52 @@ def _int_division_on_host(stock, rounding_mode: str | None = None):
         if not tensors or any(t.layout != torch.strided for t in tensors) or not (_integer(x) and _integer(d)):
             return _PASS
         return run(x, d)
+
+    return handler
+
+
+def _index_flip_on_host(stock):
+    """A Reexpress handler: `stock` (torch.flip: `(x, dims)`; Tensor.flip's dims, also varargs, taken as a tuple) run by
+    `_stack.on_host` when x is an integer or bool tensor (index and mask work: a vision model's `position_ids.flip(-1)`),
+    the result back on x's device; a float x and out= stay stock. Bit-identical: the stock op on the same values."""
+    run = _stack.on_host(stock)
+
+    def handler(args, kwargs):
+        x = _arg(args, kwargs, 0, "input", "self", default=None)
+        if "out" in kwargs or not isinstance(x, torch.Tensor) or x.layout != torch.strided:
+            return _PASS
+        if not (_stack.integer_tensor(x) or x.dtype == torch.bool) or kwargs.keys() - {"input", "self", "dims"}:
+            return _PASS
+        dims = kwargs["dims"] if "dims" in kwargs else args[1] if len(args) == 2 else tuple(args[1:])
+        return run(x, tuple(dims) if isinstance(dims, list | tuple) else (dims,))
+
+    return handler
+
+
+@_stack.host
+def _draw_on_host(stock, args, kwargs):
+    """`stock(*args, **kwargs)` (a random factory: torch.randint) outside the compiled graph. For the CPU it is the
+    stock call (the global generator or the one named). For another device the numbers are drawn on the host from
+    the generator the stock call on that device draws from (the one named, if a CPU generator, else the device's:
+    `_stack.device_generator`, torch.spyre's; eager randint on spyre is such a host draw, random_.from's CPU
+    island) and the result goes to the device; where there is no such generator the stock call runs as it is."""
+    device = torch.device(kwargs.get("device") or torch.get_default_device())
+    if device.type == "cpu":
+        return stock(*args, **kwargs)
+    generator = kwargs.get("generator") or _stack.device_generator(device)
+    if generator is None or generator.device.type != "cpu":
+        return stock(*args, **kwargs)
+    return stock(*args, **{**kwargs, "device": "cpu", "generator": generator}).to(device)
+
+
+def _random_on_host(stock):
+    """A Reexpress handler: a random factory (torch.randint) drawn by `_draw_on_host`: the same numbers as the stock
+    call, from the same generator state, the generator advanced as stock advances it. out= stays stock."""
+
+    def handler(args, kwargs):
+        if "out" in kwargs or kwargs.get("layout", torch.strided) != torch.strided:
+            return _PASS
+        return _draw_on_host(stock, args, kwargs)
 
     return handler
 
@@ -1189,6 +1240,24 @@ REWRITES: tuple[Rewrite, ...] = (
         "integer `%` and remainder on the host, as `//`",
     ),
     Rewrite(
+        "prims.rev",  # Inductor's decomposition of flip
+        (torch.flip, torch.Tensor.flip),
+        frozenset({"flip"}),
+        _index_flip_on_host(torch.flip),
+        (),
+        "flip of an integer or bool tensor on the host (index work), the result back on the device",
+        also=("aten.flip",),
+    ),
+    Rewrite(
+        "aten.randint",
+        (torch.randint,),
+        frozenset({"randint"}),
+        _random_on_host(torch.randint),
+        (),
+        "randint drawn on the host from the generator stock draws from (a host draw, as rand / randn), the result on"
+        " the device",
+    ),
+    Rewrite(
         "aten.prod",
         (torch.Tensor.prod, torch.prod),
         frozenset({"prod"}),
@@ -1423,6 +1492,33 @@ def _helpers(fn) -> list[types.FunctionType]:
     return out
 
 
+@functools.cache
+def _distribution_code(code: types.CodeType) -> tuple[types.FunctionType, ...]:
+    """The methods (and lazy properties) of the torch.distributions classes `code` names through `distributions`
+    (BLT's patcher: `torch.distributions.Categorical(logits=logits).entropy()`, whose __init__ normalises the logits
+    with a logsumexp): library code the model's forward runs, so the scan reads it as the model's own (the mode sees
+    its calls anyway; the scan decides which forms are switched on). Their base classes in torch.distributions too."""
+    names = structure._global_names(code)
+    if "distributions" not in names:
+        return ()
+    import torch.distributions as distributions
+
+    out: dict[int, types.FunctionType] = {}
+    for name in sorted(names):
+        cls = getattr(distributions, name, None)
+        if not (isinstance(cls, type) and issubclass(cls, distributions.Distribution)):
+            continue
+        for klass in cls.__mro__:
+            if not klass.__module__.startswith("torch.distributions"):
+                continue
+            for value in vars(klass).values():
+                # lazy_property (Categorical.probs) keeps its function as `wrapped`, a property as `fget`
+                value = getattr(value, "wrapped", getattr(value, "fget", getattr(value, "__func__", value)))
+                if isinstance(value, types.FunctionType):
+                    out[id(value)] = value
+    return tuple(out.values())
+
+
 # transformers' framework modules, whose classes every model inherits (PreTrainedModel, GenerationMixin, hub and
 # PEFT mixins): weight init, resizing, saving and generation code that calls std, sort, all, ... by name
 _FRAMEWORK = ("transformers.modeling_utils", "transformers.generation.", "transformers.integrations.", "transformers.utils.")
@@ -1452,6 +1548,8 @@ def uses(model: nn.Module, rewrites=REWRITES, framework: bool = True) -> dict[st
                     continue
                 for f in _helpers(value):
                     found |= _code_uses(f.__code__, names)
+                    for g in _distribution_code(f.__code__):
+                        found |= _code_uses(g.__code__, names)
         gaps = {gap for n in found for gap in by_name.get(n, ())}
         gaps |= {r.gap for r in rewrites if r.modules and isinstance(m, r.modules)}
         for gap in sorted(gaps):
@@ -1514,7 +1612,8 @@ class ExactRewrite(ModeAdapter):
     applies_to = frozenset(
         {
             "any module whose code calls masked_fill, stack, new_full, all, logsumexp, isnan, nan_to_num, scatter, index_select, gather,"
-            " prod, floor_divide / div / // / % / remainder, bucketize, as_strided, F.max_pool / F.avg_pool or indexes a tensor"
+            " prod, floor_divide / div / // / % / remainder, bucketize, as_strided, flip, randint, F.max_pool / F.avg_pool"
+            " or indexes a tensor"
         }
     )
     order = (
@@ -1524,7 +1623,7 @@ class ExactRewrite(ModeAdapter):
         "exact re-expressions: masked_fill -> where, stack -> cat, new_full -> full, all -> amin, index -> embedding,"
         " logsumexp -> amax/exp/sum/log, isnan -> x != x, nan_to_num -> wheres, scatter of a number -> where of index == position, index_select and gather"
         " -> embedding, int64 prod -> multiplies, floor division by 2^k -> floor(floor(x) * 2^-k), integer // and %"
-        " -> the host, bucketize ->"
+        " -> the host, integer flip and randint -> the host, bucketize ->"
         " a count of compares, as_strided of a dense tensor -> unfolds,"
         " F.max_pool / F.avg_pool -> im2col + amax / mean"
     )

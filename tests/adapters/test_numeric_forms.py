@@ -20,6 +20,7 @@ from adapters import numeric_forms
 from adapters.numeric_forms import (
     _REWRITES,
     acos,
+    asinh,
     batch_norm_batch_stats,
     elu,
     expm1,
@@ -54,6 +55,7 @@ FAMILIES = {
     "xlstm": "aten.var",
     "yoso": "aten.acos",
     "tapas": "aten.scatter_reduce",
+    "moonshine_streaming": "aten.asinh",
 }
 
 
@@ -416,6 +418,52 @@ def test_acos_specials_and_signatures():
         torch.testing.assert_close(out, torch.acos(y), rtol=0, atol=4 * EPS32)
 
 
+# -- asinh -----------------------------------------------------------------------------------------------------------
+def _ulp_distance(out, ref):
+    """How many representable values of the dtype lie between out and ref (0 where both are nan)."""
+    bits = {torch.float32: torch.int32, torch.float16: torch.int16, torch.bfloat16: torch.int16}[ref.dtype]
+    sign = torch.iinfo(bits).min
+
+    def ordered(t):
+        v = t.view(bits).to(torch.int64)
+        return torch.where(v < 0, sign - v, v)  # -0.0 next to +0.0, negatives below, in value order
+
+    both_nan = torch.isnan(out) & torch.isnan(ref)
+    return torch.where(both_nan, 0, (ordered(out) - ordered(ref)).abs())
+
+
+@pytest.mark.parametrize("dtype,ulps", [(torch.float32, 3), (torch.float16, 2), (torch.bfloat16, 1)])
+def test_asinh_matches_stock_within_ulps(dtype, ulps):
+    """Every fp16/bf16 value (nan, +-inf, +-0, subnormals and the largest included), and in fp32 a sweep over 1e-40 ..
+    1e38 of both signs: within `ulps` representable values of stock's result (relative accuracy near 0 and for
+    large |x| too: no cancellation, no overflow of x^2 or 2|x| + 1)."""
+    if dtype == torch.float32:
+        mags = torch.logspace(-40, 38, 400_001, dtype=torch.float64).float()
+        x = torch.cat([mags, -mags, torch.tensor([0.0, -0.0, INF, -INF, NAN, 3.4e38, -3.4e38, 1e-45, 4096.0, 4097.0])])
+    else:
+        x = torch.arange(-(2**15), 2**15, dtype=torch.int32).to(torch.int16).view(dtype)
+    ref = torch.asinh(x)
+    out = asinh((x,), {})
+    assert out.dtype == dtype
+    dist = _ulp_distance(out, ref)
+    assert int(dist.max()) <= ulps, (x[dist.argmax()], out[dist.argmax()], ref[dist.argmax()])
+
+
+def test_asinh_specials_and_signatures():
+    x = torch.tensor([0.0, -0.0, INF, -INF, NAN, -1e-30, 1e30, -3.0])
+    out = asinh((x,), {})
+    _same_specials(out, torch.asinh(x))
+    assert torch.equal(out[:4], torch.asinh(x[:4])) and torch.equal(torch.signbit(out), torch.signbit(torch.asinh(x)))
+    ints = torch.tensor([-3, 0, 7])
+    torch.testing.assert_close(asinh((ints,), {}), torch.asinh(ints), rtol=2 * EPS32, atol=0)
+    assert asinh((x,), {"out": torch.empty(8)}) is _PASS
+    y = _rand(64) * 5
+    with Reexpress(list(_REWRITES)):
+        outs = [torch.asinh(y), y.asinh(), torch.arcsinh(y), y.arcsinh()]
+    for o in outs:
+        torch.testing.assert_close(o, torch.asinh(y), rtol=4 * EPS32, atol=0)
+
+
 # -- scatter_reduce --------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("reduce", ["sum", "mean", "amax", "amin"])
 @pytest.mark.parametrize("include_self", [True, False])
@@ -529,9 +577,19 @@ class _SegmentMeans(torch.nn.Module):  # TAPAS: a mean per table cell over its t
         return out.scatter_reduce(0, cells, values, reduce="mean", include_self=False)
 
 
+class _AsinhCompression(torch.nn.Module):  # Moonshine Streaming's embedder: asinh(k * x) of the audio frames
+    def __init__(self):
+        super().__init__()
+        self.log_k = torch.nn.Parameter(torch.log(torch.tensor(0.75)))
+
+    def forward(self, x):
+        return torch.asinh(torch.exp(self.log_k) * x)
+
+
 @pytest.mark.parametrize(
     "module,inputs,gap",
     [
+        (_AsinhCompression, lambda: ((_rand(2, 50, 80) * 30).half(),), "asinh"),
         (_SegmentMeans, lambda: (_rand(32).half(),), "scatter_reduce"),
         (_LogScale, lambda: ((_rand(2, 8, 64) * 8).half(),), "log2"),
         (_Expectation, lambda: (_unit(2, 32, 64), _unit(2, 32, 64, seed=1)), "acos"),
@@ -586,7 +644,7 @@ class _OneUlp(TorchFunctionMode):
         return out
 
 
-_OPS = {"log2", "acos", "scatter_reduce", "expm1", "special_expm1", "log1p", "special_log1p", "linalg_solve_triangular", "elu", "var", "std", "log_sigmoid"}
+_OPS = {"asinh", "log2", "acos", "scatter_reduce", "expm1", "special_expm1", "log1p", "special_log1p", "linalg_solve_triangular", "elu", "var", "std", "log_sigmoid"}
 
 
 @functools.cache
