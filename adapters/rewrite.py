@@ -19,7 +19,8 @@ retires by itself on the default table.)
 | `x[i, 1]`, `x[1, i]` (ints beside the integer tensors of the leading dims: GLM-4V's `image_shapes[seq_ids, 1]`) | the ints selected first (`x.select(d, 1)`, views), then the lookup above | select (a view), embedding |
 | `x[:, i]`, `x[..., i, :]` (one integer tensor on an inner dim, the others whole: LayoutLMv3's `bias.weight[:, buckets]`) | the lookup above on `x.movedim(d, 0)`, i's dims moved back to d | permute, embedding |
 | `x[..., [p, q], :]` (a constant list of positions of one dim) | `torch.cat([x.select(d, p).unsqueeze(d), ...], d)` | select (a view), cat |
-| `x[:, i] = y`, `x[..., a:b] = y`, `x[..., i, :i] = y` on a base of rank >= 3 (select_scatter / slice_scatter, #4441) | `x.copy_(where(window, y in the window, x))`, one where per written dim | where, copy, constant_pad_nd |
+| `x[:, i] = y`, `x[..., a:b] = y`, `x[..., i, :i] = y`, `x[..., a::k] = y` on a base of rank >= 3 (select_scatter / slice_scatter, #4441) | `x.copy_(where(window, y in the window, x))`, one where per written dim; a strided slice's y spread by unsqueeze + zero pad + reshape | where, copy, constant_pad_nd, view, slice |
+| a store or an in-place op (`v *= m`, `v[mask] = c`) into a view v of a base of rank >= 3 (`freq[0]`, `mask[:, 0, 0, :]`, a reshape of a slice: Cohere-Compass's M-RoPE, Longformer, Funnel) | the mode tags the views it sees made (subscripts of ints and slices, reshapes that are views); a write into a tagged view is the window write of its parent (a reshape's: the parent reshaped), up to an untagged tensor, written whole | the window write's, mul / add / sub / div |
 | `x[mask] = v` (index_put, #1880: a bool mask over leading dims, a number or one row v; the media-token blanking of multimodal models) | `x.copy_(where(mask, v, x))` (masked_fill_ by definition) | where, full, copy |
 | `x[mask] = rows` (one row per True position: Higgs-Audio's dual FFN) | `x.copy_(where(mask, F.embedding(cumsum(mask) - 1, rows), x))` | cumsum, embedding (CPU fallbacks), where, copy |
 | `torch.isnan(x)` | `x != x` (NaN is the one value unequal to itself) | ne |
@@ -41,7 +42,11 @@ implements `stack` as exactly that `cat`; an embedding lookup is the row gather 
 positive first: `where(i < 0, i + n, i)`); for several index tensors the row is the flattened position
 `((i0 * s1 + i1) * s2 + i2)...` of the leading dims; a window write selects, per element, the written value inside
 the block (inside every written dim's constant bool mask, one where per dim) and the old value outside it (y reaches the window by a zero pad or an unsqueeze,
-never by arithmetic); logsumexp is ATen's own sequence of steps (its CPU kernel and its decomposition, whose
+a strided slice's by an unsqueeze, a zero pad to the step and a reshape merging the two dims: element i at i * step,
+never by arithmetic); a write into a view is a write of the elements it views, so writing its parent whole (the
+parent with the view's window replaced) leaves every alias (the view, the parent, other views of it) with stock's
+values, and an in-place op is its out-of-place result cast to the view's dtype (the one rounding the in-place op
+makes too) written that way; logsumexp is ATen's own sequence of steps (its CPU kernel and its decomposition, whose
 `masked_fill` of an infinite max becomes a where: an all -inf row stays -inf, an inf row is inf, not nan); a scatter
 of one number marks each position that some index names (duplicates mark it once, so no write order matters; the
 bools reduced as amax in float16, since `any` is a CPU fallback the device does not implement); index_select is the
@@ -50,7 +55,9 @@ capability table). So fp32, fp16 and
 integer results are bit-identical to stock.
 What is not rewritten (runs as stock, so the stack still reports it): out=, a non-bool mask, a fill value that
 stock refuses (overflow), an index key with a bool mask, None, a step or partial slice, or an Ellipsis before an
-index tensor, an `all` over an empty reduction (amin of nothing is an error, `all` of nothing is True), a
+index tensor, a window write of a negative-step slice, a write into a view the mode did not see made (narrow,
+select, unfold, ... called as methods, or made outside the forward: stock, so the stack still reports the scatter),
+an in-place op with alpha= or rounding_mode=, an `all` over an empty reduction (amin of nothing is an error, `all` of nothing is True), a
 logsumexp of an empty tensor, a scatter of a src tensor, with reduce=, of an index narrower than x off its dim, or
 an empty index, an index_select with a multi-dim or empty index, a gather with sparse_grad, an index that is not int64
 or is empty, a prod of another dtype than int64, with dtype=, of no or of more than 16 factors, a bucketize with
@@ -70,7 +77,8 @@ scanned for the names these ops are called by (`masked_fill`, `masked_fill_`, `s
 `max_pool1d/2d`,
 `avg_pool1d/2d`, and the pooling classes by name: an `nn.MaxPool1d` built inside CANINE's forward calls
 `F.max_pool1d`), for subscripts (`x[...]`: an aten.index when the key holds an integer tensor or a list;
-`x[...] = y`: a scatter into a view) and for the `//` and `%` operators. The model's top-level forward then runs under a `torch.overrides.TorchFunctionMode` that re-expresses each
+`x[...] = y`: a scatter into a view), for the `//` and `%` operators and for in-place operators on a name (`x *= y`,
+`+=`, `-=`, `/=`: a write into x, a view perhaps). The model's top-level forward then runs under a `torch.overrides.TorchFunctionMode` that re-expresses each
 call of those ops whose capability the stack lacks and passes every other call through unchanged. Dynamo traces
 through the mode (fullgraph too) and records the re-expressed ops. The patch is one per-instance forward, undone
 exactly; it goes after every adapter that replaces forwards (`order`), so it wraps the final one.
