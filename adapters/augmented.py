@@ -13,7 +13,10 @@ except that each such BINARY_OP is the binary operator itself (`+` for `+=`): `t
 stored is the same (the operator on the same operands), so results are bit-identical; the one difference is that
 x[k] is not written twice. (For objects whose `__iadd__` is not `__add__` plus a store, a list's extend, the store
 still leaves x[k] holding the same contents.) The store is then a plain `x[k] = v`, which the rewrite adapter's
-window-write form takes on a base of rank >= 3 and the stack lowers below that.
+window-write form takes on a base of rank >= 3 and the stack lowers below that. (The rewrite mode now also takes
+the stock form where it sees the view made, `x[k]` of a base of rank >= 3: it tags the view and writes the in-place
+op's result through it, so on such bases this adapter's recompiled store and the mode's in-place form meet the same
+window write; the adapter stays for the code paths the mode does not see make the view.)
 
 How it recognises its targets: by bytecode, in the methods of the model's own classes (transformers' or a user's:
 structure.model_methods, never `__init__` / `_init_weights`) and the code objects they nest. Retirement: with the view-write probe (when

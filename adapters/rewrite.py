@@ -19,7 +19,8 @@ retires by itself on the default table.)
 | `x[i, 1]`, `x[1, i]` (ints beside the integer tensors of the leading dims: GLM-4V's `image_shapes[seq_ids, 1]`) | the ints selected first (`x.select(d, 1)`, views), then the lookup above | select (a view), embedding |
 | `x[:, i]`, `x[..., i, :]` (one integer tensor on an inner dim, the others whole: LayoutLMv3's `bias.weight[:, buckets]`) | the lookup above on `x.movedim(d, 0)`, i's dims moved back to d | permute, embedding |
 | `x[..., [p, q], :]` (a constant list of positions of one dim) | `torch.cat([x.select(d, p).unsqueeze(d), ...], d)` | select (a view), cat |
-| `x[:, i] = y`, `x[..., a:b] = y`, `x[..., i, :i] = y` on a base of rank >= 3 (select_scatter / slice_scatter, #4441) | `x.copy_(where(window, y in the window, x))`, one where per written dim | where, copy, constant_pad_nd |
+| `x[:, i] = y`, `x[..., a:b] = y`, `x[..., i, :i] = y`, `x[..., a::k] = y` on a base of rank >= 3 (select_scatter / slice_scatter, #4441) | `x.copy_(where(window, y in the window, x))`, one where per written dim; a strided slice's y spread by unsqueeze + zero pad + reshape | where, copy, constant_pad_nd, view, slice |
+| a store or an in-place op (`v *= m`, `v[mask] = c`) into a view v of a base of rank >= 3 (`freq[0]`, `mask[:, 0, 0, :]`, a reshape of a slice: Cohere-Compass's M-RoPE, Longformer, Funnel) | the mode tags the views it sees made (subscripts of ints and slices, reshapes that are views); a write into a tagged view is the window write of its parent (a reshape's: the parent reshaped), up to an untagged tensor, written whole | the window write's, mul / add / sub / div |
 | `x[mask] = v` (index_put, #1880: a bool mask over leading dims, a number or one row v; the media-token blanking of multimodal models) | `x.copy_(where(mask, v, x))` (masked_fill_ by definition) | where, full, copy |
 | `x[mask] = rows` (one row per True position: Higgs-Audio's dual FFN) | `x.copy_(where(mask, F.embedding(cumsum(mask) - 1, rows), x))` | cumsum, embedding (CPU fallbacks), where, copy |
 | `torch.isnan(x)` | `x != x` (NaN is the one value unequal to itself) | ne |
@@ -43,7 +44,11 @@ implements `stack` as exactly that `cat`; an embedding lookup is the row gather 
 positive first: `where(i < 0, i + n, i)`); for several index tensors the row is the flattened position
 `((i0 * s1 + i1) * s2 + i2)...` of the leading dims; a window write selects, per element, the written value inside
 the block (inside every written dim's constant bool mask, one where per dim) and the old value outside it (y reaches the window by a zero pad or an unsqueeze,
-never by arithmetic); logsumexp is ATen's own sequence of steps (its CPU kernel and its decomposition, whose
+a strided slice's by an unsqueeze, a zero pad to the step and a reshape merging the two dims: element i at i * step,
+never by arithmetic); a write into a view is a write of the elements it views, so writing its parent whole (the
+parent with the view's window replaced) leaves every alias (the view, the parent, other views of it) with stock's
+values, and an in-place op is its out-of-place result cast to the view's dtype (the one rounding the in-place op
+makes too) written that way; logsumexp is ATen's own sequence of steps (its CPU kernel and its decomposition, whose
 `masked_fill` of an infinite max becomes a where: an all -inf row stays -inf, an inf row is inf, not nan); a scatter
 of one number marks each position that some index names (duplicates mark it once, so no write order matters; the
 bools reduced as amax in float16, since `any` is a CPU fallback the device does not implement); index_select is the
@@ -52,7 +57,9 @@ capability table). So fp32, fp16 and
 integer results are bit-identical to stock.
 What is not rewritten (runs as stock, so the stack still reports it): out=, a non-bool mask, a fill value that
 stock refuses (overflow), an index key with a bool mask, None, a step or partial slice, or an Ellipsis before an
-index tensor, an `all` over an empty reduction (amin of nothing is an error, `all` of nothing is True), a
+index tensor, a window write of a negative-step slice, a write into a view the mode did not see made (narrow,
+select, unfold, ... called as methods, or made outside the forward: stock, so the stack still reports the scatter),
+an in-place op with alpha= or rounding_mode=, an `all` over an empty reduction (amin of nothing is an error, `all` of nothing is True), a
 logsumexp of an empty tensor, a scatter of a src tensor, with reduce=, of an index narrower than x off its dim, or
 an empty index, a flip of a float tensor or with out=, a randint with out=, an index_select with a multi-dim or empty index, a gather with sparse_grad, an index that is not int64
 or is empty, a prod of another dtype than int64, with dtype=, of no or of more than 16 factors, a bucketize with
@@ -72,7 +79,8 @@ scanned for the names these ops are called by (`masked_fill`, `masked_fill_`, `s
 `flip`, `randint`, `max_pool1d/2d`,
 `avg_pool1d/2d`, and the pooling classes by name: an `nn.MaxPool1d` built inside CANINE's forward calls
 `F.max_pool1d`), for subscripts (`x[...]`: an aten.index when the key holds an integer tensor or a list;
-`x[...] = y`: a scatter into a view) and for the `//` and `%` operators. A torch.distributions class the code names
+`x[...] = y`: a scatter into a view), for the `//` and `%` operators and for in-place operators on a name (`x *= y`,
+`+=`, `-=`, `/=`: a write into x, a view perhaps). A torch.distributions class the code names
 through `distributions` (BLT's `torch.distributions.Categorical(logits=logits).entropy()`) is read too, its methods
 and those of its torch.distributions bases (`_distribution_code`): library code the forward runs, whose
 `logits.logsumexp(...)` in Categorical's __init__ the mode answers only if the scan switched its form on. The model's top-level forward then runs under a `torch.overrides.TorchFunctionMode` that re-expresses each
@@ -839,10 +847,10 @@ def _in_mask_order(flat_mask: torch.Tensor, table: torch.Tensor, like: torch.Ten
     return F.embedding(k, table)
 
 
-def _write_window(x: torch.Tensor, key) -> list[tuple[int, int, int, bool]] | None:
-    """[(dim, start, stop, is_index), ...] of a key that writes one block: per dim an int or a slice of step 1
-    (`x[:, i] = y`, `x[..., i, :i] = y`), the other dims whole (`:` / one Ellipsis); None for any other key or an
-    empty block."""
+def _write_window(x: torch.Tensor, key) -> list[tuple[int, int, int, int, bool]] | None:
+    """[(dim, start, count, step, is_index), ...] of a key that writes one strided block: per dim an int or a slice
+    of a positive step (`x[:, i] = y`, `x[..., i, :i] = y`, `emb[..., 0::2] = y`), the other dims whole (`:` / one
+    Ellipsis); None for any other key or an empty block."""
     items = _key_items(x, key)
     if items is None:
         return None
@@ -855,32 +863,135 @@ def _write_window(x: torch.Tensor, key) -> list[tuple[int, int, int, bool]] | No
             i = it + n if it < 0 else it
             if not 0 <= i < n:
                 return None  # stock raises IndexError
-            windows.append((d, i, i + 1, True))
+            windows.append((d, i, 1, 1, True))
         elif (
             isinstance(it, slice)
-            and it.step in (None, 1)
+            and (it.step is None or (isinstance(it.step, int) and not isinstance(it.step, bool) and it.step > 0))
             and all(
                 b is None or (isinstance(b, int) and not isinstance(b, bool)) for b in (it.start, it.stop)
             )
         ):
-            a, b, _ = it.indices(n)
-            if b <= a:
+            a, b, step = it.indices(n)
+            count = len(range(a, b, step))
+            if count == 0:
                 return None  # an empty window
-            windows.append((d, a, b, False))
+            windows.append((d, a, count, step, False))
         else:
             return None
     return windows or None
 
 
+def _in_window(x: torch.Tensor, windows, v: torch.Tensor) -> torch.Tensor:
+    """x with the block `windows` (see _write_window) holding v (broadcast to the block): v placed by an unsqueeze
+    per index, an unsqueeze + zero pad + merge per strided slice (element i at i * step), one zero pad for the
+    slices' starts and ends; then `where(window_d, ..., x)` per written dim, innermost first, each window a constant
+    bool mask of one dim. Values are only moved, never computed: bit-identical."""
+    block = list(x.shape)  # the written block's shape with each index dim kept at size 1
+    for d, _, count, _, _ in windows:
+        block[d] = count
+    index_dims = [d for d, _, _, _, is_index in windows if is_index]  # ascending, as the key's dims
+    v = v.expand([s for d, s in enumerate(block) if d not in index_dims])
+    for d in index_dims:
+        v = v.unsqueeze(d)
+    for d, _, count, step, is_index in windows:
+        if is_index or step == 1 or count == 1:
+            continue
+        spread = [0] * (2 * (x.dim() + 1))  # F.pad's order: the last dim first; dim d + 1 padded to `step`
+        spread[2 * (x.dim() - 1 - d)] = 0
+        spread[2 * (x.dim() - 1 - d) + 1] = step - 1
+        v = F.pad(v.unsqueeze(d + 1), spread)
+        v = v.reshape(*v.shape[:d], count * step, *v.shape[d + 2 :])
+    pad = [0] * (2 * x.dim())
+    for d, a, count, step, is_index in windows:
+        if is_index:
+            continue
+        n = x.shape[d]
+        span = count if count == 1 else count * step  # a spread block ends in step - 1 zeros
+        if a + span > n:  # those zeros run past the end: cut (the last element is inside: a + (count-1)*step < n)
+            v = v.narrow(d, 0, n - a)
+            span = n - a
+        pad[2 * (x.dim() - 1 - d) : 2 * (x.dim() - d)] = [a, n - a - span]
+    if any(pad):
+        v = F.pad(v, pad)
+    out = v
+    for d, a, count, step, _ in reversed(windows):
+        where = [1] * x.dim()
+        where[d] = x.shape[d]
+        inside = [a <= j < a + (count - 1) * step + 1 and (j - a) % step == 0 for j in range(x.shape[d])]
+        window = torch.tensor(inside, device=x.device).reshape(where)
+        out = torch.where(window, out, x)
+    return out
+
+
+# A view the window-write forms may have to write through: a subscript view or a reshape view of a tensor of rank
+# >= 3 (or of such a view), tagged with how it was made, so that a write into it becomes a whole write of the tensor
+# it views (`_write`): writing through the view itself would be the view write the stack refuses (#4441)
+_VIEW_OF = "_adapters_view_of"
+
+
+def _view_parent(x: torch.Tensor) -> bool:
+    """Is a view of x one whose writes must go to x (x of rank >= 3, or itself such a view)?"""
+    return x.dim() >= 3 or getattr(x, _VIEW_OF, None) is not None
+
+
+def view_getitem(args, kwargs):
+    """`x[k]` with a key of ints and slices (a view of x): stock's view, tagged with (x, k) where x is of rank >= 3
+    or itself a tagged view (`freqs_thw = freq[0]`, Longformer's `mask[:, 0, 0, :]`)."""
+    if kwargs or len(args) != 2:
+        return _PASS
+    x, key = args
+    if not isinstance(x, torch.Tensor) or x.layout != torch.strided or not _view_parent(x):
+        return _PASS
+    if _write_window(x, key) is None:
+        return _PASS
+    out = torch.Tensor.__getitem__(x, key)
+    setattr(out, _VIEW_OF, ("index", x, key))
+    return out
+
+
+def view_reshape(stock):
+    """The handler of `x.reshape(shape)`, `x.view(shape)`, `torch.reshape(x, shape)`: stock's call, its result tagged
+    with x where it is a view of x (a reshape that copies is not: `_base` is None) and x is of rank >= 3 or itself a
+    tagged view. A dtype view (`x.view(torch.int32)`, a reinterpretation of bits) is left untagged."""
+
+    def handler(args, kwargs):
+        x = _arg(args, kwargs, 0, "input", "self")
+        if not isinstance(x, torch.Tensor) or x.layout != torch.strided or not _view_parent(x):
+            return _PASS
+        if any(isinstance(a, torch.dtype) for a in (*args, *kwargs.values())):
+            return _PASS
+        out = stock(*args, **kwargs)
+        if isinstance(out, torch.Tensor) and out._base is not None and out.dtype == x.dtype:
+            setattr(out, _VIEW_OF, ("reshape", x))
+        return out
+
+    return handler
+
+
+def _write(x: torch.Tensor, out: torch.Tensor) -> None:
+    """x's elements set to out's: `x.copy_(out)`, except for a tagged view (view_getitem, view_reshape), whose
+    write goes to the tensor it views, as a whole: out placed in its window (_in_window) or reshaped back."""
+    tag = getattr(x, _VIEW_OF, None)
+    if tag is None:
+        x.copy_(out)
+        return
+    parent = tag[1]
+    if tag[0] == "reshape":
+        _write(parent, out.reshape(parent.shape))
+        return
+    windows = _write_window(parent, tag[2])
+    _write(parent, _in_window(parent, windows, out.to(parent.dtype)))
+
+
 def setitem(args, kwargs):
-    """`x[..., a:b] = y`, `x[:, i] = y`, `x[..., i, :i] = y` on a base of rank >= 3 (the write the stack cannot do,
-    #4441) as one whole write: y is placed in the block (an unsqueeze per index, one zero pad for the slices), then
-    `where(window_d, ..., x)` per written dim, innermost first, each window a constant bool mask of one dim; the
-    result is copied into x. Lower ranks are left to the stack, which lowers them."""
+    """`x[..., a:b] = y`, `x[:, i] = y`, `x[..., i, :i] = y`, `x[..., a::k] = y` on a base of rank >= 3 or a
+    tagged view of one (the write the stack cannot do, #4441) as one whole write: y placed in the block and selected
+    by `where` (_in_window), the result written to x (_write: through a tagged view, to what it views). Lower
+    ranks are left to the stack, which lowers them."""
     if kwargs or len(args) != 3:
         return _PASS
     x, key, value = args
-    if not isinstance(x, torch.Tensor) or x.dim() < 3 or x.is_complex() or x.layout != torch.strided:
+    if not isinstance(x, torch.Tensor) or not _view_parent(x) or x.is_complex() or x.layout != torch.strided:
         return _PASS
     windows = _write_window(x, key)
     if windows is None:
@@ -888,27 +999,34 @@ def setitem(args, kwargs):
     v = _store_value(x, value)
     if v is _PASS:
         return _PASS
-    block = list(x.shape)  # the written block's shape with each index dim kept at size 1
-    for d, a, b, _ in windows:
-        block[d] = b - a
-    index_dims = [d for d, _, _, is_index in windows if is_index]  # ascending, as the key's dims
-    v = v.expand([s for d, s in enumerate(block) if d not in index_dims])
-    for d in index_dims:
-        v = v.unsqueeze(d)
-    pad = [0] * (2 * x.dim())  # F.pad's order: the last dim first
-    for d, a, b, is_index in windows:
-        if not is_index:
-            pad[2 * (x.dim() - 1 - d) : 2 * (x.dim() - d)] = [a, x.shape[d] - b]
-    if any(pad):
-        v = F.pad(v, pad)
-    out = v
-    for d, a, b, _ in reversed(windows):
-        where = [1] * x.dim()
-        where[d] = x.shape[d]
-        window = torch.tensor([a <= j < b for j in range(x.shape[d])], device=x.device).reshape(where)
-        out = torch.where(window, out, x)
-    x.copy_(out)
+    _write(x, _in_window(x, windows, v))
     return None
+
+
+def _inplace(op):
+    """The handler of an in-place arithmetic op (`x *= y`, `x.mul_(y)`) on a tagged view: `op(x, y)` out of place,
+    cast to x's dtype (the one rounding the in-place op makes too: both compute in the common dtype), written
+    through the view (_write); x returned, as the in-place op returns it. Any other call runs as stock."""
+
+    def handler(args, kwargs):
+        if kwargs or len(args) != 2:
+            return _PASS
+        x, y = args
+        if not isinstance(x, torch.Tensor) or getattr(x, _VIEW_OF, None) is None:
+            return _PASS
+        if x.is_complex() or (isinstance(y, torch.Tensor) and y.is_complex()):
+            return _PASS
+        if not isinstance(y, torch.Tensor | int | float | bool):
+            return _PASS
+        out = op(x, y)
+        if out.shape != x.shape or not (out.dtype == x.dtype or x.dtype.is_floating_point):
+            # stock's errors: y does not broadcast to x; "result type Float can't be cast to Long" (the result
+            # is dropped: the stock call raises)
+            return _PASS
+        _write(x, out.to(x.dtype))
+        return x
+
+    return handler
 
 
 def _store_value(x: torch.Tensor, value):
@@ -942,7 +1060,7 @@ def mask_setitem(args, kwargs):
     v = _store_value(x, value)
     if v is _PASS:
         return _PASS
-    x.copy_(torch.where(keep, v, x))
+    _write(x, torch.where(keep, v, x))
     return None
 
 
@@ -954,7 +1072,7 @@ def _selected_rows(x: torch.Tensor, mask: torch.Tensor, keep: torch.Tensor, valu
         return _PASS  # stock's error: as many rows as True positions (eager only, as masked_scatter's check)
     table = value.to(x.device).reshape(value.shape[0], math.prod(row))
     picked = _in_mask_order(mask.to(x.device).reshape(-1), table, x).reshape(x.shape)
-    x.copy_(torch.where(keep, picked, x))
+    _write(x, torch.where(keep, picked, x))
     return None
 
 
@@ -975,6 +1093,9 @@ class Rewrite:
     # torch.nn module classes whose forward calls it (nn.ELU calls F.elu): the scan skips torch.nn's code, so an
     # instance of one of these in the model is what says the model calls the op
     modules: tuple[type, ...] = ()
+    # further (torch callable, handler) pairs the same rewrite answers: the calls it must see besides its own (the
+    # window write tags the views it writes through: subscripts, reshapes, in-place ops)
+    extra: tuple[tuple[object, Callable], ...] = ()
 
     def needed(self, caps) -> bool:
         """Does the stack `caps` lack what this rewrite bridges?"""
@@ -1042,6 +1163,15 @@ _FLOOR_DIVIDES = (
     frozenset({"//", "floor_divide"}),
 )
 _DIVS = ((torch.Tensor.div, torch.div), frozenset({"div"}))
+
+# in-place arithmetic on a view (Funnel's `positional_attn *= cls_mask`): the ops, and the operators the scan finds
+_INPLACE_OPS = (
+    ((torch.Tensor.__imul__, torch.Tensor.mul_), torch.mul),
+    ((torch.Tensor.__iadd__, torch.Tensor.add_), torch.add),
+    ((torch.Tensor.__isub__, torch.Tensor.sub_), torch.sub),
+    ((torch.Tensor.__itruediv__, torch.Tensor.div_), torch.div),
+)
+_INPLACE_OPERATORS = ("*=", "+=", "-=", "/=")
 
 REWRITES: tuple[Rewrite, ...] = (
     Rewrite(
@@ -1308,12 +1438,19 @@ REWRITES: tuple[Rewrite, ...] = (
     Rewrite(
         "aten.select_scatter",
         (torch.Tensor.__setitem__,),
-        frozenset(),  # a subscript store, found by opcode (_STORE_SUBSCRIPT)
+        # a subscript store (found by opcode, _STORE_SUBSCRIPT) or an in-place operator on a name (`x *= y`)
+        frozenset({"[]=", *_INPLACE_OPERATORS}),
         setitem,
-        ("aten.where", "aten.copy", "aten.constant_pad_nd", "aten.lift_fresh_copy"),
-        "x.copy_(where(window mask, value in the window, x)) for a window write on a base of rank >= 3",
+        ("aten.where", "aten.copy", "aten.constant_pad_nd", "aten.lift_fresh_copy", "aten.view", "aten.slice"),
+        "x.copy_(where(window mask, value in the window, x)) for a window write on a base of rank >= 3 (strided"
+        " slices spread by unsqueeze + zero pad + reshape); a write into a view of one goes to what it views",
         also=("aten.slice_scatter",),
         lacking=_probe_view_write,
+        extra=(
+            (torch.Tensor.__getitem__, view_getitem),
+            *((f, view_reshape(f)) for f in (torch.Tensor.reshape, torch.Tensor.view, torch.reshape)),
+            *((f, _inplace(op)) for fs, op in _INPLACE_OPS for f in fs),
+        ),
     ),
     Rewrite(
         "aten.index_put",
@@ -1341,8 +1478,8 @@ class Reexpress(TorchFunctionMode):
         super().__init__()
         table: dict[object, tuple[Callable, ...]] = {}  # a func two rewrites share (x[k] = v) tries each
         for r in rewrites:
-            for f in r.funcs:
-                table[f] = (*table.get(f, ()), r.handler)
+            for f, h in (*((f, r.handler) for f in r.funcs), *r.extra):
+                table[f] = (*table.get(f, ()), h)
         # Tensor's methods written in Python (Tensor.__floordiv__, __rsub__, ...) are compared by identity: as a dict
         # key dynamo (torch 2.13) finds such a function absent while it is there, and the frame's own guard then fails
         # ("Guard failed on the same frame it was created": `x // 2` in compiled code)
@@ -1444,6 +1581,10 @@ def _binary_op(*nb_names: str) -> frozenset[tuple[int, int]]:
 _OPERATORS = {
     "//": _binary_op("NB_FLOOR_DIVIDE", "NB_INPLACE_FLOOR_DIVIDE"),
     "%": _binary_op("NB_REMAINDER", "NB_INPLACE_REMAINDER"),
+    "*=": _binary_op("NB_INPLACE_MULTIPLY"),
+    "+=": _binary_op("NB_INPLACE_ADD"),
+    "-=": _binary_op("NB_INPLACE_SUBTRACT"),
+    "/=": _binary_op("NB_INPLACE_TRUE_DIVIDE"),
 }
 
 

@@ -417,6 +417,12 @@ def test_window_writes_are_bit_identical(dtype):
         ((2, 3, 6, 6), (Ellipsis, 4, slice(None, 4)), _rand(2, 3, 4, seed=11)),  # the delta rule's attn[..., i, :i]
         ((2, 3, 6, 6), (Ellipsis, slice(1, 3), slice(2, 5)), _rand(3, 1, 3, seed=12)),  # two slices, broadcast
         ((2, 3, 6, 6), (1, slice(None), -1, slice(2, None)), 7),
+        ((1, 2, 3, 8), (Ellipsis, slice(0, None, 2)), _rand(2, 3, 1, seed=14)),  # EfficientLoFTR's emb[..., 0::2]
+        ((1, 2, 3, 8), (Ellipsis, slice(1, None, 2)), _rand(2, 3, 4, seed=15)),  # its emb[..., 1::2]
+        ((2, 5, 16), (Ellipsis, slice(1, 12, 3)), _rand(2, 5, 4, seed=16)),  # Cohere-Compass's M-RoPE interleave
+        ((2, 5, 16), (Ellipsis, slice(2, 12, 3)), 5),
+        ((2, 7, 4), (0, slice(1, 7, 4), slice(None, None, 3)), _rand(2, 2, seed=17)),  # two strided dims, a block
+        ((2, 7, 4), (slice(None), slice(5, None, 4)), _rand(2, 1, 4, seed=18)),  # a step slice of one element
     ]
     for shape, key, value in cases:
         if isinstance(value, torch.Tensor):
@@ -435,8 +441,8 @@ def test_window_writes_are_bit_identical(dtype):
 def test_window_writes_left_to_stock():
     x = _rand(2, 5, 4)
     keys = [
-        (slice(None), slice(0, 4, 2)),  # a step slice
-        (0, slice(0, 4, 2)),  # a block with a step slice
+        (slice(None), slice(None, None, -1)),  # a negative step (stock refuses it)
+        (slice(None), slice(0, 4, 0)),  # a zero step
         (slice(None), torch.tensor([1, 2])),  # an index_put
         (None, 0),
         (Ellipsis, 1, Ellipsis),
