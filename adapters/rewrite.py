@@ -907,7 +907,98 @@ def _selected_rows(x: torch.Tensor, mask: torch.Tensor, keep: torch.Tensor, valu
     return None
 
 
-_STORES = (setitem, mask_setitem)  # the handlers of a subscript store (found by opcode, _STORE_SUBSCRIPT)
+def _store_sources(sizes: tuple[int, ...], *idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Host index work of `x[i0, i1, ...] = v` over x's leading dims `sizes`: per position p of those dims (flattened),
+    the element k of the broadcast index tensors that writes it (`src`, 0 where none does) and whether one does
+    (`hit`). A position written twice takes the last k, stock's order on the CPU (which it leaves unspecified). Stock's
+    IndexError for an index out of range, in compiled runs too (this runs eagerly)."""
+    idx = torch.broadcast_tensors(*idx) if len(idx) > 1 else idx
+    flat = None
+    for d, (i, s) in enumerate(zip(idx, sizes, strict=True)):
+        i = i.to(torch.int64)
+        if i.numel() and (int(i.max()) >= s or int(i.min()) < -s):
+            bad = int(i.max()) if int(i.max()) >= s else int(i.min())
+            raise IndexError(f"index {bad} is out of bounds for dimension {d} with size {s}")
+        i = torch.where(i < 0, i + s, i)
+        flat = i if flat is None else flat * s + i
+    flat = flat.reshape(-1)
+    order = torch.arange(flat.numel(), dtype=torch.int64)
+    src = torch.full((math.prod(sizes),), -1, dtype=torch.int64).scatter_reduce(0, flat, order, "amax")
+    hit = src >= 0
+    return torch.where(hit, src, 0).reshape(sizes), hit.reshape(sizes)
+
+
+_host_store_sources = _stack.on_host(_store_sources)
+
+
+def _stored(x: torch.Tensor, idx: list[torch.Tensor], value) -> torch.Tensor | object:
+    """x with `x[idx] = value` applied (idx: integer tensors on x's leading dims), out of place, or _PASS."""
+    k = len(idx)
+    sizes, rest = tuple(x.shape[:k]), tuple(x.shape[k:])
+    if any(s == 0 for s in sizes):
+        return _PASS
+    try:
+        written = (*torch.broadcast_shapes(*(i.shape for i in idx)), *rest)
+    except RuntimeError:
+        return _PASS  # stock's shape error
+    v = _store_value(x, value)
+    if v is _PASS or math.prod(written) == 0:
+        return _PASS
+    try:
+        if torch.broadcast_shapes(v.shape, written) != torch.Size(written):
+            return _PASS  # stock's shape error
+    except RuntimeError:
+        return _PASS
+    src, hit = _host_store_sources(sizes, *idx)
+    src, hit = src.to(x.device), hit.to(x.device)
+    keep = hit.reshape(*sizes, *[1] * len(rest))
+    lead = v.dim() - len(rest)  # v's dims over the index block: all of size 1 -> one value for every position
+    if lead <= 0 or all(n == 1 for n in v.shape[:lead]):
+        return torch.where(keep, v.reshape(v.shape[max(lead, 0) :]), x)
+    rows = v.expand(written).reshape(-1, math.prod(rest) if rest else 1)
+    return torch.where(keep, F.embedding(src, rows).reshape(x.shape), x)
+
+
+def index_setitem(args, kwargs):
+    """`x[i] = v`, `x[i, j] = v`, `x[:, i] = v` with integer index tensors (index_put, #1880: Inkling 2's
+    `embeddings[patch_index] = patch_embeddings`, Informer's `context[batch, top_u, :] = attn`, OneFormer's
+    `attention_mask[torch.where(full_rows)] = False`). Which element writes each position of the indexed dims is index
+    work on the index tensors alone, done on the host (`_store_sources`: the last write wins, as stock's CPU kernel
+    orders them); on the device `x.copy_(where(hit, v, x))` for a value that is the same at every written position, else
+    `x.copy_(where(hit, F.embedding(src, v's rows), x))`. Values are copied: bit-identical."""
+    if kwargs or len(args) != 3:
+        return _PASS
+    x, key, value = args
+    if not isinstance(x, torch.Tensor) or x.dim() == 0 or x.is_complex() or x.layout != torch.strided:
+        return _PASS
+    inner = _inner_index(x, key)
+    if inner is not None:  # x[:, i] = v: the store on x with dim d first, i's dims of v moved to the front with it
+        d, i = inner
+        v = _store_value(x, value)
+        if v is _PASS:
+            return _PASS
+        shape = (*x.shape[:d], *i.shape, *x.shape[d + 1 :])
+        try:
+            v = v.expand(shape)
+        except RuntimeError:
+            return _PASS  # stock's shape error
+        v = v.movedim(tuple(range(d, d + i.dim())), tuple(range(i.dim())))
+        out = _stored(x.movedim(d, 0), [i], v)
+        if out is _PASS:
+            return _PASS
+        x.copy_(out.movedim(0, d))
+        return None
+    idx = _index_key(x, key)
+    if idx is None:
+        return _PASS
+    out = _stored(x, idx, value)
+    if out is _PASS:
+        return _PASS
+    x.copy_(out)
+    return None
+
+
+_STORES = (setitem, mask_setitem, index_setitem)  # the handlers of a subscript store (found by opcode, _STORE_SUBSCRIPT)
 
 
 @dataclass(frozen=True)
@@ -1253,6 +1344,15 @@ REWRITES: tuple[Rewrite, ...] = (
         mask_setitem,
         ("aten.where", "aten.full", "aten.copy", "aten.cumsum", "aten.embedding"),
         "x.copy_(where(mask, value, x)) for x[bool mask] = a number or a row; the rows' gather for one row each",
+    ),
+    Rewrite(
+        "aten.index_put",
+        (torch.Tensor.__setitem__,),
+        frozenset(),  # a subscript store, found by opcode (_STORE_SUBSCRIPT)
+        index_setitem,
+        ("aten.where", "aten.full", "aten.copy", "aten.embedding"),
+        "x.copy_(where(hit, value or F.embedding(src, value's rows), x)) for x[integer index tensors] = value,"
+        " src / hit (which element writes each position) built on the host from the indices",
     ),
 )
 GAPS: tuple[str, ...] = tuple(dict.fromkeys(g for r in REWRITES for g in (r.gap, *r.also)))
