@@ -425,6 +425,76 @@ def solve_unit_lower(args, kwargs):
     return x
 
 
+def index_add(args, kwargs, inplace: bool = False):
+    """`x.index_add(d, index, source)`, `index_add_`, `torch.index_add` (alpha 1; Inductor decomposes it to an
+    index_put with accumulate, #1880: Kimi-K2.5's temporal merge of video frames into `new_zeros(...)`): scatter_add of
+    source along d with the index broadcast over source's other dims, which is index_add's definition, then
+    scatter_add's form above (compares, a sum over the writes). Integers exact; floats add in another order."""
+    names = ("input", "self"), ("dim",), ("index",), ("source",)
+    if kwargs.keys() - {"input", "self", "dim", "index", "source", "alpha"} or len(args) > 5:
+        return _PASS
+    x, dim, index, source = (_arg(args, kwargs, i, *n) for i, n in enumerate(names))
+    alpha = _arg(args, kwargs, 4, "alpha", default=1)
+    if not all(isinstance(t, torch.Tensor) for t in (x, index, source)) or not isinstance(dim, int):
+        return _PASS
+    if isinstance(alpha, torch.Tensor) or alpha != 1 or index.dim() != 1 or x.dim() == 0:
+        return _PASS
+    if source.dim() != x.dim() or not -x.dim() <= dim < x.dim():
+        return _PASS
+    d = dim % x.dim()
+    if source.shape[d] != index.numel() or any(source.shape[i] != x.shape[i] for i in range(x.dim()) if i != d):
+        return _PASS  # stock's shape errors
+    if not torch.compiler.is_compiling() and index.numel() and (int(index.max()) >= x.shape[d] or int(index.min()) < 0):
+        return _PASS  # stock's out-of-range error, in eager runs
+    where = [1] * x.dim()
+    where[d] = index.numel()
+    out = scatter_reduce((x, d, index.reshape(where).expand(source.shape), source, "sum"), {})
+    if out is _PASS or not inplace:
+        return out
+    return x.copy_(out)
+
+
+_BAG_ARGS = (
+    "input", "weight", "offsets", "max_norm", "norm_type", "scale_grad_by_freq", "mode", "sparse",
+    "per_sample_weights", "include_last_offset", "padding_idx",
+)  # fmt: skip
+
+
+def embedding_bag(args, kwargs):
+    """`F.embedding_bag(input, weight, per_sample_weights=w, mode=...)` of a 2-D input (fixed-size bags, no offsets:
+    Kimi-K2.5's bicubic position-embedding resample, 16 weighted taps per patch) as the lookup and reduction it is:
+    `e = F.embedding(input, weight)`; sum: `(e * w[..., None]).sum(1)`, mean: `e.sum(1) / N`, in fp32 for fp16/bf16
+    (ATen's op math), cast back; max: `e.amax(1)` (exact). The sum's order (and stock's fused multiply-adds) differ:
+    rounding only. Offsets (1-D bags), padding_idx, max_norm (it renormalises the table in place) stay stock."""
+    if kwargs.keys() - set(_BAG_ARGS) or len(args) > len(_BAG_ARGS):
+        return _PASS
+    a = dict(zip(_BAG_ARGS[: len(args)], args, strict=True))
+    a.update(kwargs)
+    x, weight, w = a.get("input"), a.get("weight"), a.get("per_sample_weights")
+    mode = a.get("mode", "mean")
+    if not (isinstance(x, torch.Tensor) and isinstance(weight, torch.Tensor)) or x.dim() != 2 or x.shape[1] == 0:
+        return _PASS
+    if any(a.get(n) is not None for n in ("offsets", "max_norm", "padding_idx")) or a.get("include_last_offset"):
+        return _PASS
+    if x.dtype not in (torch.int64, torch.int32) or weight.dim() != 2 or not weight.is_floating_point():
+        return _PASS
+    if mode not in ("sum", "mean", "max") or (w is not None and (mode != "sum" or w.shape != x.shape)):
+        return _PASS  # stock's errors: per_sample_weights only with sum, shaped as input
+    if w is not None and (not isinstance(w, torch.Tensor) or w.dtype != weight.dtype):
+        return _PASS
+    e = F.embedding(x, weight)
+    if mode == "max":
+        return e.amax(1)
+    acc = get_computation_dtype(weight.dtype)
+    e = e.to(acc)
+    if w is not None:
+        e = e * w.to(acc).unsqueeze(-1)
+    out = e.sum(1)
+    if mode == "mean":
+        out = out / x.shape[1]
+    return out.to(weight.dtype)
+
+
 _MOMENTS_NEEDS = ("aten._to_copy", "aten.mean", "aten.sub", "aten.mul", "aten.sum", "aten.div")
 _REWRITES: tuple[Rewrite, ...] = (
     Rewrite(
@@ -548,6 +618,31 @@ _REWRITES: tuple[Rewrite, ...] = (
         std,
         (*_MOMENTS_NEEDS, "aten.sqrt"),
         "sqrt of that variance",
+    ),
+    Rewrite(
+        "aten.index_put",  # the table names no index_add: Inductor decomposes it into an index_put (accumulate)
+        (torch.index_add, torch.Tensor.index_add),
+        frozenset({"index_add"}),
+        index_add,
+        _SCATTER_REDUCE_NEEDS,
+        "index_add: scatter_add of the source with the index broadcast (its definition)",
+    ),
+    Rewrite(
+        "aten.index_put",
+        (torch.Tensor.index_add_,),
+        frozenset({"index_add_"}),
+        functools.partial(index_add, inplace=True),
+        (*_SCATTER_REDUCE_NEEDS, "aten.copy"),
+        "index_add_: the same, copied into x",
+    ),
+    Rewrite(
+        "aten._embedding_bag_forward_only",
+        (F.embedding_bag,),
+        frozenset({"embedding_bag", "EmbeddingBag"}),
+        embedding_bag,
+        ("aten.embedding", "aten._to_copy", "aten.mul", "aten.sum", "aten.div", "aten.amax"),
+        "embedding_bag of fixed-size bags: embedding, then the weighted sum (mean, max) over each bag, fp32",
+        modules=(nn.EmbeddingBag,),
     ),
 )
 GAPS: tuple[str, ...] = tuple(dict.fromkeys(r.gap for r in _REWRITES))

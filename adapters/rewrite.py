@@ -907,28 +907,17 @@ def _selected_rows(x: torch.Tensor, mask: torch.Tensor, keep: torch.Tensor, valu
     return None
 
 
-def _store_sources(sizes: tuple[int, ...], *idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Host index work of `x[i0, i1, ...] = v` over x's leading dims `sizes`: per position p of those dims (flattened),
-    the element k of the broadcast index tensors that writes it (`src`, 0 where none does) and whether one does
-    (`hit`). A position written twice takes the last k, stock's order on the CPU (which it leaves unspecified). Stock's
-    IndexError for an index out of range, in compiled runs too (this runs eagerly)."""
-    idx = torch.broadcast_tensors(*idx) if len(idx) > 1 else idx
+INDEX_STORE_MAX = 1 << 24  # elements of the (write, position) comparison a number store builds (as scatter's)
+
+
+def _flat_positions(idx: list[torch.Tensor], sizes: tuple[int, ...]) -> torch.Tensor:
+    """The flattened position over the leading dims `sizes` that each element of the broadcast index tensors names
+    (negative indices made positive), as getitem computes it: `(i0 * s1 + i1) * s2 + ...`, one element per write."""
     flat = None
-    for d, (i, s) in enumerate(zip(idx, sizes, strict=True)):
-        i = i.to(torch.int64)
-        if i.numel() and (int(i.max()) >= s or int(i.min()) < -s):
-            bad = int(i.max()) if int(i.max()) >= s else int(i.min())
-            raise IndexError(f"index {bad} is out of bounds for dimension {d} with size {s}")
+    for i, s in zip(idx, sizes, strict=True):
         i = torch.where(i < 0, i + s, i)
         flat = i if flat is None else flat * s + i
-    flat = flat.reshape(-1)
-    order = torch.arange(flat.numel(), dtype=torch.int64)
-    src = torch.full((math.prod(sizes),), -1, dtype=torch.int64).scatter_reduce(0, flat, order, "amax")
-    hit = src >= 0
-    return torch.where(hit, src, 0).reshape(sizes), hit.reshape(sizes)
-
-
-_host_store_sources = _stack.on_host(_store_sources)
+    return flat.reshape(-1)
 
 
 def _stored(x: torch.Tensor, idx: list[torch.Tensor], value) -> torch.Tensor | object:
@@ -949,23 +938,34 @@ def _stored(x: torch.Tensor, idx: list[torch.Tensor], value) -> torch.Tensor | o
             return _PASS  # stock's shape error
     except RuntimeError:
         return _PASS
-    src, hit = _host_store_sources(sizes, *idx)
-    src, hit = src.to(x.device), hit.to(x.device)
-    keep = hit.reshape(*sizes, *[1] * len(rest))
+    idx = [(i if i.dtype == torch.int64 else i.to(torch.int64)).to(x.device) for i in idx]
+    idx = list(torch.broadcast_tensors(*idx)) if k > 1 else idx
+    if not torch.compiler.is_compiling():
+        for i, s in zip(idx, sizes, strict=True):  # stock's IndexError, in eager runs (as getitem's check)
+            if i.numel() and (int(i.max()) >= s or int(i.min()) < -s):
+                return _PASS
+    flat = _flat_positions(idx, sizes)
+    positions, width = math.prod(sizes), math.prod(rest) if rest else 1
     lead = v.dim() - len(rest)  # v's dims over the index block: all of size 1 -> one value for every position
-    if lead <= 0 or all(n == 1 for n in v.shape[:lead]):
+    if (lead <= 0 or all(n == 1 for n in v.shape[:lead])) and flat.numel() * positions <= INDEX_STORE_MAX:
+        where = torch.tensor(list(range(positions)), dtype=torch.int64, device=x.device)  # a host constant
+        hit = (flat.unsqueeze(1) == where).to(torch.float16).amax(0) != 0  # some write names the position
+        keep = hit.reshape(*sizes, *[1] * len(rest))
         return torch.where(keep, v.reshape(v.shape[max(lead, 0) :]), x)
-    rows = v.expand(written).reshape(-1, math.prod(rest) if rest else 1)
-    return torch.where(keep, F.embedding(src, rows).reshape(x.shape), x)
+    rows = v.expand(written).reshape(-1, width)
+    return x.reshape(positions, width).index_copy(0, flat, rows).reshape(x.shape)
 
 
 def index_setitem(args, kwargs):
     """`x[i] = v`, `x[i, j] = v`, `x[:, i] = v` with integer index tensors (index_put, #1880: Inkling 2's
     `embeddings[patch_index] = patch_embeddings`, Informer's `context[batch, top_u, :] = attn`, OneFormer's
-    `attention_mask[torch.where(full_rows)] = False`). Which element writes each position of the indexed dims is index
-    work on the index tensors alone, done on the host (`_store_sources`: the last write wins, as stock's CPU kernel
-    orders them); on the device `x.copy_(where(hit, v, x))` for a value that is the same at every written position, else
-    `x.copy_(where(hit, F.embedding(src, v's rows), x))`. Values are copied: bit-identical."""
+    `attention_mask[torch.where(full_rows)] = False`). Each write's flat position over the indexed dims is computed as
+    getitem's lookup computes it; then a value that is the same at every written position (a number, one row) is
+    `x.copy_(where(hit, v, x))`, hit a position that some write names (`flat == position` as float16 ones, amax over
+    the writes: scatter's form, so duplicates mark it once); a value with rows of its own is `index_copy` of those rows
+    into x's flattened rows (the row store itself: a CPU fallback of the stack, #4239, where index_put has none).
+    Values are copied: bit-identical, a duplicate position taking index_copy's write as stock's takes index_put's (the
+    last on the CPU; both leave it unspecified)."""
     if kwargs or len(args) != 3:
         return _PASS
     x, key, value = args
@@ -1350,9 +1350,9 @@ REWRITES: tuple[Rewrite, ...] = (
         (torch.Tensor.__setitem__,),
         frozenset(),  # a subscript store, found by opcode (_STORE_SUBSCRIPT)
         index_setitem,
-        ("aten.where", "aten.full", "aten.copy", "aten.embedding"),
-        "x.copy_(where(hit, value or F.embedding(src, value's rows), x)) for x[integer index tensors] = value,"
-        " src / hit (which element writes each position) built on the host from the indices",
+        (*_SCATTER_NEEDS, "aten.copy", "aten.mul", "aten.add", "aten.index_copy"),
+        "x[integer index tensors] = v: x.copy_(where(some write names the position, v, x)) for one value, an"
+        " index_copy of v's rows into x's flattened rows for rows of its own",
     ),
 )
 GAPS: tuple[str, ...] = tuple(dict.fromkeys(g for r in REWRITES for g in (r.gap, *r.also)))
