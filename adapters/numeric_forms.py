@@ -1,5 +1,6 @@
 """Re-expressions that differ from stock by rounding only: expm1, log1p, elu, logsigmoid, var, std, group norm and batch
-norm with batch statistics, grid_sample, acos, log2, scatter_reduce and the unit lower-triangular solve.
+norm with batch statistics, grid_sample, acos, log2, scatter_reduce, scatter_add, index_add, embedding_bag and the unit
+lower-triangular solve.
 
 Gap: `aten.linalg_solve_triangular`, `aten.expm1`, `aten.log1p`, `aten.var` and `aten.std` have no Spyre lowering
 and no CPU island in the real stack (capability table: "unsupported"; var and std are Welford reductions, STACK
@@ -22,6 +23,8 @@ Inductor's decompositions take them to expm1, log1p and an index with four index
 | `torch.acos(x)` (`arccos`, the methods) | `sqrt(1 - |x|) * p(|x|)`, p of degree 7 (Abramowitz & Stegun 4.4.46), `pi - that` for x < 0, fp32 for fp16/bf16 | <= 2 ulps fp32, 1 ulp fp16/bf16 (tested over every fp16/bf16 value) |
 | `x.scatter_reduce(d, index, src, reduce)` (sum, mean, amax, amin; index shaped as src, and as x off d) | `where(index == position, src, identity)` reduced over the index (positions a host constant), x kept where no index names a position | amax/amin exact; sum/mean the order of additions |
 | `x.scatter_add(d, index, src)`, `scatter_add_` (GLM-5-Next's count of selected keys: int32) | scatter_reduce's sum with include_self (its definition) | integers exact; floats the order of additions |
+| `x.index_add(d, index, src)`, `index_add_` (alpha 1; Kimi-K2.5's temporal merge of video frames: Inductor decomposes it to index_put, #1880) | scatter_add with the index broadcast over src's other dims (its definition) | as scatter_add |
+| `F.embedding_bag(input, table, per_sample_weights=w, mode=...)` of a 2-D input (fixed-size bags: Kimi-K2.5's bicubic position-embedding resample) | `F.embedding(input, table)`, weighted, summed (mean: / N) over each bag in fp32, cast back; max: amax | the sum's order (stock fuses multiply-adds); max exact |
 | `F.grid_sample(x, grid, ...)` (4-D, any mode, padding, align_corners) | `x.reshape(N, C, Hi*Wi) @ M_n^T`, M_n the weights stock's own kernel gives the Hi*Wi one-hot images at grid n, built on the host | the matmul's fp32 sum; bilinear and nearest exact |
 
 expm1 and log1p exist for their relative accuracy near 0: `exp(x) - 1` and `log(1 + x)` lose it (for |x| below about
@@ -56,7 +59,8 @@ the form costs K * N compares where stock writes K elements (capped at SCATTER_R
 
 How it recognises its targets: by what the code calls. The model's module classes' methods and the same-package
 helpers they reach are scanned for the names `expm1`, `log1p`, `solve_triangular`, `elu`, `logsigmoid`, `var` and
-`std`, `group_norm`, `batch_norm`, `grid_sample`, `acos`, `log2`, `scatter_reduce`, `scatter_add` (rewrite.uses, the rewrite adapter's structural scan), an `nn.ELU` or `nn.LogSigmoid` in the model counts as
+`std`, `group_norm`, `batch_norm`, `grid_sample`, `acos`, `log2`, `scatter_reduce`, `scatter_add`, `index_add`, `embedding_bag`
+(rewrite.uses, the rewrite adapter's structural scan), an `nn.ELU`, `nn.LogSigmoid` or `nn.EmbeddingBag` in the model counts as
 a call of its function, and the model's forward runs under the rewrite adapter's TorchFunctionMode
 (rewrite.Reexpress, entered outside dynamo by rewrite._wrapped) with only these handlers; any other call, and any
 call in a form not listed above, runs unchanged.
@@ -661,15 +665,16 @@ class NumericForms(ModeAdapter):
     applies_to = frozenset(
         {
             "any module whose code calls expm1, log1p, solve_triangular, elu, logsigmoid, var, std, group_norm,"
-            " batch_norm (batch statistics), grid_sample, acos, log2, scatter_reduce or scatter_add;"
-            " nn.ELU, nn.LogSigmoid"
+            " batch_norm (batch statistics), grid_sample, acos, log2, scatter_reduce, scatter_add, index_add or"
+            " embedding_bag; nn.ELU, nn.LogSigmoid, nn.EmbeddingBag"
         }
     )
     order = 92  # after the forward-replacing adapters and sdpa_fused (90); rewrite (95) wraps it
     summary = (
         "expm1 -> exp - 1, log1p -> log(1 + x), unit lower-triangular solve -> product of (I + P^(2^j)),"
         " elu -> where/exp, logsigmoid -> -softplus(-x), var/std/group norm/batch statistics -> two passes,"
-        " grid_sample -> matmul with host-built weights, acos -> a polynomial, log2 -> log * (1 / ln 2), scatter_reduce and scatter_add -> compares + reductions:"
+        " grid_sample -> matmul with host-built weights, acos -> a polynomial, log2 -> log * (1 / ln 2), scatter_reduce, scatter_add and index_add -> compares + reductions,"
+        " embedding_bag -> embedding + weighted sum:"
         " the same math, rounding differs"
         " from stock"
     )

@@ -22,6 +22,8 @@ retires by itself on the default table.)
 | `x[:, i] = y`, `x[..., a:b] = y`, `x[..., i, :i] = y` on a base of rank >= 3 (select_scatter / slice_scatter, #4441) | `x.copy_(where(window, y in the window, x))`, one where per written dim | where, copy, constant_pad_nd |
 | `x[mask] = v` (index_put, #1880: a bool mask over leading dims, a number or one row v; the media-token blanking of multimodal models) | `x.copy_(where(mask, v, x))` (masked_fill_ by definition) | where, full, copy |
 | `x[mask] = rows` (one row per True position: Higgs-Audio's dual FFN) | `x.copy_(where(mask, F.embedding(cumsum(mask) - 1, rows), x))` | cumsum, embedding (CPU fallbacks), where, copy |
+| `x[i] = v`, `x[i, j] = v`, `x[:, i] = v` (integer index tensors, index_put #1880: OneFormer's `mask[torch.where(full)] = False`, Informer's top-u rows) of a number or one row | `x.copy_(where(hit, v, x))`, hit = `(flat == positions)` as float16 ones, amax over the writes (flat: the written positions, as the lookup's) | eq, amax, ne, where, mul, add, copy |
+| the same with rows of their own (Inkling 2's `embeddings[patch_index] = patch_embeddings`) | `x.reshape(P, R).index_copy(0, flat, rows)`: the row store itself | index_copy (a CPU fallback, #4239) |
 | `torch.isnan(x)` | `x != x` (NaN is the one value unequal to itself) | ne |
 | `torch.nan_to_num(x, nan, posinf, neginf)` (a float x; GLM-5-Next's indexer) | `where(x != x, nan, where(x == inf, posinf, where(x == -inf, neginf, x)))`, None as the dtype's max / lowest | ne, eq, where, full |
 | `torch.logsumexp(x, dim)` | `log(sum(exp(x - m), dim)) + m`, `m = where(abs(amax) == inf, 0, amax)` | amax, abs, eq, where, sub, exp, sum, log, add |
@@ -44,7 +46,10 @@ the block (inside every written dim's constant bool mask, one where per dim) and
 never by arithmetic); logsumexp is ATen's own sequence of steps (its CPU kernel and its decomposition, whose
 `masked_fill` of an infinite max becomes a where: an all -inf row stays -inf, an inf row is inf, not nan); a scatter
 of one number marks each position that some index names (duplicates mark it once, so no write order matters; the
-bools reduced as amax in float16, since `any` is a CPU fallback the device does not implement); index_select is the
+bools reduced as amax in float16, since `any` is a CPU fallback the device does not implement; an integer-index
+store of one value is that scatter, by position over the indexed dims, and of rows the index_copy that index_put
+with one flat index is, a duplicate position taking index_copy's write, the last on the CPU as index_put's, both
+unspecified by stock); index_select is the
 same row gather along its dim (index_select, like the other ops here, has no Spyre lowering and no CPU island in the
 capability table). So fp32, fp16 and
 integer results are bit-identical to stock.
@@ -52,7 +57,8 @@ What is not rewritten (runs as stock, so the stack still reports it): out=, a no
 stock refuses (overflow), an index key with a bool mask, None, a step or partial slice, or an Ellipsis before an
 index tensor, an `all` over an empty reduction (amin of nothing is an error, `all` of nothing is True), a
 logsumexp of an empty tensor, a scatter of a src tensor, with reduce=, of an index narrower than x off its dim, or
-an empty index, an index_select with a multi-dim or empty index, a gather with sparse_grad, an index that is not int64
+an empty index, an integer-index store with a step or partial slice, None or a bool beside its index tensors, or
+of nothing, an index_select with a multi-dim or empty index, a gather with sparse_grad, an index that is not int64
 or is empty, a prod of another dtype than int64, with dtype=, of no or of more than 16 factors, a bucketize with
 out=, of boundaries that are not 1-D or number over 1024 (or none), of bool or complex tensors, an as_strided of a
 tensor with gaps or overlaps in its span, with an explicit storage offset, a negative stride or a read past x. The scatter form
