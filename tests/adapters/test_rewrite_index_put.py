@@ -239,3 +239,40 @@ def test_the_compiled_graph_no_longer_stops_on_the_op(module, inputs, gap, rewri
                 torch.compile(module(), backend="spyre", dynamic=False)(*args)
             assert {u.capability for u in e.value.ops} == {f"aten.{fallback}"}, str(e.value)
     torch._dynamo.reset()
+
+
+# -- the zoo types ---------------------------------------------------------------------------------------------------
+def test_inkling2_vision_is_bit_identical_with_the_rewrite_and_undone_exactly():
+    """Inkling 2's vision embeddings scatter the patch rows among the class tokens (`embeddings[patch_index] =
+    patch_embeddings`): the store becomes the index_copy, the output stays stock's bit for bit (CPU fp32)."""
+    from conftest import assert_restored, snapshot, stock_and_patched
+
+    from models.zoo import build
+
+    zm = build("inkling2_vision", "default", seed=0)
+    model = zm.model.float().eval()
+    assert "aten.index_put" in rewrite.uses(model), "the structural scan must find the store"
+    snap = snapshot(model)
+    ref, out, stock_names, patched_names = stock_and_patched(model, zm.inputs, "rewrite")
+    assert "__setitem__" in stock_names and "index_copy" in patched_names
+    _same(out, ref)
+    assert_restored(model, snap)
+
+
+def test_kimi_k25_vision_is_stocks_within_rounding_with_numeric_forms():
+    """Kimi-K2.5's vision tower: the embedding_bag of its position-embedding resample and the index_add_ of its
+    temporal merge become embedding + weighted sum and scatter_add's form; the output is stock's within rounding."""
+    from conftest import assert_restored, snapshot, stock_and_patched
+
+    from models.zoo import build
+
+    zm = build("kimi_k25_vision", "default", seed=0)
+    model = zm.model.float().eval()
+    found = rewrite.uses(model, numeric_forms._REWRITES, framework=False)
+    assert {"aten.index_put", "aten._embedding_bag_forward_only"} <= set(found), found
+    snap = snapshot(model)
+    ref, out, stock_names, patched_names = stock_and_patched(model, zm.inputs, "numeric_forms")
+    assert {"embedding_bag", "index_add_"} <= stock_names
+    assert not {"embedding_bag", "index_add_"} & patched_names
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+    assert_restored(model, snap)
