@@ -971,7 +971,8 @@ def index_setitem(args, kwargs):
     the writes: scatter's form, so duplicates mark it once); a value with rows of its own is `index_copy` of those rows
     into x's flattened rows (the row store itself: a CPU fallback of the stack, #4239, where index_put has none).
     Values are copied: bit-identical, a duplicate position taking index_copy's write as stock's takes index_put's (the
-    last on the CPU; both leave it unspecified)."""
+    last on the CPU; both leave it unspecified). An index out of range is stock's IndexError in eager runs; compiled,
+    the number form ignores it and index_copy raises its own error."""
     if kwargs or len(args) != 3:
         return _PASS
     x, key, value = args
