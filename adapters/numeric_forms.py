@@ -1,5 +1,6 @@
 """Re-expressions that differ from stock by rounding only: expm1, log1p, elu, logsigmoid, var, std, group norm and batch
-norm with batch statistics, grid_sample, acos, asinh, log2, scatter_reduce and the unit lower-triangular solve.
+norm with batch statistics, grid_sample, acos, asinh, log2, scatter_reduce, scatter_add, index_add, embedding_bag and the unit
+lower-triangular solve.
 
 Gap: `aten.linalg_solve_triangular`, `aten.expm1`, `aten.log1p`, `aten.var` and `aten.std` have no Spyre lowering
 and no CPU island in the real stack (capability table: "unsupported"; var and std are Welford reductions, STACK
@@ -23,6 +24,8 @@ Inductor's decompositions take them to expm1, log1p and an index with four index
 | `torch.asinh(x)` (`arcsinh`, the methods) | `log1p(u)`, u = `|x| + x^2 / (1 + sqrt(1 + x^2))`, log1p as `log(w) * u / (w - 1)` (w = 1 + u in x's dtype; u where w is 1), `log(|x|) + ln 2` past 2^12, the sign by wheres; fp32 for fp16/bf16 but the log and the compares | <= 3 ulps fp32, 2 fp16, 1 bf16 (tested over every fp16/bf16 value) |
 | `x.scatter_reduce(d, index, src, reduce)` (sum, mean, amax, amin; index shaped as src, and as x off d) | `where(index == position, src, identity)` reduced over the index (positions a host constant), x kept where no index names a position | amax/amin exact; sum/mean the order of additions |
 | `x.scatter_add(d, index, src)`, `scatter_add_` (GLM-5-Next's count of selected keys: int32) | scatter_reduce's sum with include_self (its definition) | integers exact; floats the order of additions |
+| `x.index_add(d, index, src)`, `index_add_` (alpha 1; Kimi-K2.5's temporal merge of video frames: Inductor decomposes it to index_put, #1880) | scatter_add with the index broadcast over src's other dims (its definition) | as scatter_add |
+| `F.embedding_bag(input, table, per_sample_weights=w, mode=...)` of a 2-D input (fixed-size bags: Kimi-K2.5's bicubic position-embedding resample) | `F.embedding(input, table)`, weighted, summed (mean: / N) over each bag in fp32, cast back; max: amax | the sum's order (stock fuses multiply-adds); max exact |
 | `F.grid_sample(x, grid, ...)` (4-D, any mode, padding, align_corners) | `x.reshape(N, C, Hi*Wi) @ M_n^T`, M_n the weights stock's own kernel gives the Hi*Wi one-hot images at grid n, built on the host | the matmul's fp32 sum; bilinear and nearest exact |
 
 expm1 and log1p exist for their relative accuracy near 0: `exp(x) - 1` and `log(1 + x)` lose it (for |x| below about
@@ -64,7 +67,8 @@ the form costs K * N compares where stock writes K elements (capped at SCATTER_R
 
 How it recognises its targets: by what the code calls. The model's module classes' methods and the same-package
 helpers they reach are scanned for the names `expm1`, `log1p`, `solve_triangular`, `elu`, `logsigmoid`, `var` and
-`std`, `group_norm`, `batch_norm`, `grid_sample`, `acos`, `asinh`, `arcsinh`, `log2`, `scatter_reduce`, `scatter_add` (rewrite.uses, the rewrite adapter's structural scan), an `nn.ELU` or `nn.LogSigmoid` in the model counts as
+`std`, `group_norm`, `batch_norm`, `grid_sample`, `acos`, `asinh`, `arcsinh`, `log2`, `scatter_reduce`, `scatter_add`, `index_add`, `embedding_bag`
+(rewrite.uses, the rewrite adapter's structural scan), an `nn.ELU`, `nn.LogSigmoid` or `nn.EmbeddingBag` in the model counts as
 a call of its function, and the model's forward runs under the rewrite adapter's TorchFunctionMode
 (rewrite.Reexpress, entered outside dynamo by rewrite._wrapped) with only these handlers; any other call, and any
 call in a form not listed above, runs unchanged.
@@ -461,6 +465,76 @@ def solve_unit_lower(args, kwargs):
     return x
 
 
+def index_add(args, kwargs, inplace: bool = False):
+    """`x.index_add(d, index, source)`, `index_add_`, `torch.index_add` (alpha 1; Inductor decomposes it to an
+    index_put with accumulate, #1880: Kimi-K2.5's temporal merge of video frames into `new_zeros(...)`): scatter_add of
+    source along d with the index broadcast over source's other dims, which is index_add's definition, then
+    scatter_add's form above (compares, a sum over the writes). Integers exact; floats add in another order."""
+    names = ("input", "self"), ("dim",), ("index",), ("source",)
+    if kwargs.keys() - {"input", "self", "dim", "index", "source", "alpha"} or len(args) > 5:
+        return _PASS
+    x, dim, index, source = (_arg(args, kwargs, i, *n) for i, n in enumerate(names))
+    alpha = _arg(args, kwargs, 4, "alpha", default=1)
+    if not all(isinstance(t, torch.Tensor) for t in (x, index, source)) or not isinstance(dim, int):
+        return _PASS
+    if isinstance(alpha, torch.Tensor) or alpha != 1 or index.dim() != 1 or x.dim() == 0:
+        return _PASS
+    if source.dim() != x.dim() or not -x.dim() <= dim < x.dim():
+        return _PASS
+    d = dim % x.dim()
+    if source.shape[d] != index.numel() or any(source.shape[i] != x.shape[i] for i in range(x.dim()) if i != d):
+        return _PASS  # stock's shape errors
+    if not torch.compiler.is_compiling() and index.numel() and (int(index.max()) >= x.shape[d] or int(index.min()) < 0):
+        return _PASS  # stock's out-of-range error, in eager runs
+    where = [1] * x.dim()
+    where[d] = index.numel()
+    out = scatter_reduce((x, d, index.reshape(where).expand(source.shape), source, "sum"), {})
+    if out is _PASS or not inplace:
+        return out
+    return x.copy_(out)
+
+
+_BAG_ARGS = (
+    "input", "weight", "offsets", "max_norm", "norm_type", "scale_grad_by_freq", "mode", "sparse",
+    "per_sample_weights", "include_last_offset", "padding_idx",
+)  # fmt: skip
+
+
+def embedding_bag(args, kwargs):
+    """`F.embedding_bag(input, weight, per_sample_weights=w, mode=...)` of a 2-D input (fixed-size bags, no offsets:
+    Kimi-K2.5's bicubic position-embedding resample, 16 weighted taps per patch) as the lookup and reduction it is:
+    `e = F.embedding(input, weight)`; sum: `(e * w[..., None]).sum(1)`, mean: `e.sum(1) / N`, in fp32 for fp16/bf16
+    (ATen's op math), cast back; max: `e.amax(1)` (exact). The sum's order (and stock's fused multiply-adds) differ:
+    rounding only. Offsets (1-D bags), padding_idx, max_norm (it renormalises the table in place) stay stock."""
+    if kwargs.keys() - set(_BAG_ARGS) or len(args) > len(_BAG_ARGS):
+        return _PASS
+    a = dict(zip(_BAG_ARGS[: len(args)], args, strict=True))
+    a.update(kwargs)
+    x, weight, w = a.get("input"), a.get("weight"), a.get("per_sample_weights")
+    mode = a.get("mode", "mean")
+    if not (isinstance(x, torch.Tensor) and isinstance(weight, torch.Tensor)) or x.dim() != 2 or x.shape[1] == 0:
+        return _PASS
+    if any(a.get(n) is not None for n in ("offsets", "max_norm", "padding_idx")) or a.get("include_last_offset"):
+        return _PASS
+    if x.dtype not in (torch.int64, torch.int32) or weight.dim() != 2 or not weight.is_floating_point():
+        return _PASS
+    if mode not in ("sum", "mean", "max") or (w is not None and (mode != "sum" or w.shape != x.shape)):
+        return _PASS  # stock's errors: per_sample_weights only with sum, shaped as input
+    if w is not None and (not isinstance(w, torch.Tensor) or w.dtype != weight.dtype):
+        return _PASS
+    e = F.embedding(x, weight)
+    if mode == "max":
+        return e.amax(1)
+    acc = get_computation_dtype(weight.dtype)
+    e = e.to(acc)
+    if w is not None:
+        e = e * w.to(acc).unsqueeze(-1)
+    out = e.sum(1)
+    if mode == "mean":
+        out = out / x.shape[1]
+    return out.to(weight.dtype)
+
+
 _MOMENTS_NEEDS = ("aten._to_copy", "aten.mean", "aten.sub", "aten.mul", "aten.sum", "aten.div")
 _REWRITES: tuple[Rewrite, ...] = (
     Rewrite(
@@ -596,6 +670,31 @@ _REWRITES: tuple[Rewrite, ...] = (
         (*_MOMENTS_NEEDS, "aten.sqrt"),
         "sqrt of that variance",
     ),
+    Rewrite(
+        "aten.index_put",  # the table names no index_add: Inductor decomposes it into an index_put (accumulate)
+        (torch.index_add, torch.Tensor.index_add),
+        frozenset({"index_add"}),
+        index_add,
+        _SCATTER_REDUCE_NEEDS,
+        "index_add: scatter_add of the source with the index broadcast (its definition)",
+    ),
+    Rewrite(
+        "aten.index_put",
+        (torch.Tensor.index_add_,),
+        frozenset({"index_add_"}),
+        functools.partial(index_add, inplace=True),
+        (*_SCATTER_REDUCE_NEEDS, "aten.copy"),
+        "index_add_: the same, copied into x",
+    ),
+    Rewrite(
+        "aten._embedding_bag_forward_only",
+        (F.embedding_bag,),
+        frozenset({"embedding_bag", "EmbeddingBag"}),
+        embedding_bag,
+        ("aten.embedding", "aten._to_copy", "aten.mul", "aten.sum", "aten.div", "aten.amax"),
+        "embedding_bag of fixed-size bags: embedding, then the weighted sum (mean, max) over each bag, fp32",
+        modules=(nn.EmbeddingBag,),
+    ),
 )
 GAPS: tuple[str, ...] = tuple(dict.fromkeys(r.gap for r in _REWRITES))
 
@@ -613,15 +712,16 @@ class NumericForms(ModeAdapter):
     applies_to = frozenset(
         {
             "any module whose code calls expm1, log1p, solve_triangular, elu, logsigmoid, var, std, group_norm,"
-            " batch_norm (batch statistics), grid_sample, acos, asinh, log2, scatter_reduce or scatter_add;"
-            " nn.ELU, nn.LogSigmoid"
+            " batch_norm (batch statistics), grid_sample, acos, asinh, log2, scatter_reduce, scatter_add, index_add or"
+            " embedding_bag; nn.ELU, nn.LogSigmoid, nn.EmbeddingBag"
         }
     )
     order = 92  # after the forward-replacing adapters and sdpa_fused (90); rewrite (95) wraps it
     summary = (
         "expm1 -> exp - 1, log1p -> log(1 + x), unit lower-triangular solve -> product of (I + P^(2^j)),"
         " elu -> where/exp, logsigmoid -> -softplus(-x), var/std/group norm/batch statistics -> two passes,"
-        " grid_sample -> matmul with host-built weights, acos -> a polynomial, asinh -> log1p of a cancellation-free argument (Goldberg's log1p), log2 -> log * (1 / ln 2), scatter_reduce and scatter_add -> compares + reductions:"
+        " grid_sample -> matmul with host-built weights, acos -> a polynomial, asinh -> log1p of a cancellation-free argument (Goldberg's log1p), log2 -> log * (1 / ln 2), scatter_reduce, scatter_add and index_add -> compares + reductions,"
+        " embedding_bag -> embedding + weighted sum:"
         " the same math, rounding differs"
         " from stock"
     )

@@ -23,6 +23,8 @@ retires by itself on the default table.)
 | a store or an in-place op (`v *= m`, `v[mask] = c`) into a view v of a base of rank >= 3 (`freq[0]`, `mask[:, 0, 0, :]`, a reshape of a slice: Cohere-Compass's M-RoPE, Longformer, Funnel) | the mode tags the views it sees made (subscripts of ints and slices, reshapes that are views); a write into a tagged view is the window write of its parent (a reshape's: the parent reshaped), up to an untagged tensor, written whole | the window write's, mul / add / sub / div |
 | `x[mask] = v` (index_put, #1880: a bool mask over leading dims, a number or one row v; the media-token blanking of multimodal models) | `x.copy_(where(mask, v, x))` (masked_fill_ by definition) | where, full, copy |
 | `x[mask] = rows` (one row per True position: Higgs-Audio's dual FFN) | `x.copy_(where(mask, F.embedding(cumsum(mask) - 1, rows), x))` | cumsum, embedding (CPU fallbacks), where, copy |
+| `x[i] = v`, `x[i, j] = v`, `x[:, i] = v` (integer index tensors, index_put #1880: OneFormer's `mask[torch.where(full)] = False`, Informer's top-u rows) of a number or one row | `x.copy_(where(hit, v, x))`, hit = `(flat == positions)` as float16 ones, amax over the writes (flat: the written positions, as the lookup's) | eq, amax, ne, where, mul, add, copy |
+| the same with rows of their own (Inkling 2's `embeddings[patch_index] = patch_embeddings`) | `x.reshape(P, R).index_copy(0, flat, rows)`: the row store itself | index_copy (a CPU fallback, #4239) |
 | `torch.isnan(x)` | `x != x` (NaN is the one value unequal to itself) | ne |
 | `torch.nan_to_num(x, nan, posinf, neginf)` (a float x; GLM-5-Next's indexer) | `where(x != x, nan, where(x == inf, posinf, where(x == -inf, neginf, x)))`, None as the dtype's max / lowest | ne, eq, where, full |
 | `torch.logsumexp(x, dim)` | `log(sum(exp(x - m), dim)) + m`, `m = where(abs(amax) == inf, 0, amax)` | amax, abs, eq, where, sub, exp, sum, log, add |
@@ -51,7 +53,10 @@ values, and an in-place op is its out-of-place result cast to the view's dtype (
 makes too) written that way; logsumexp is ATen's own sequence of steps (its CPU kernel and its decomposition, whose
 `masked_fill` of an infinite max becomes a where: an all -inf row stays -inf, an inf row is inf, not nan); a scatter
 of one number marks each position that some index names (duplicates mark it once, so no write order matters; the
-bools reduced as amax in float16, since `any` is a CPU fallback the device does not implement); index_select is the
+bools reduced as amax in float16, since `any` is a CPU fallback the device does not implement; an integer-index
+store of one value is that scatter, by position over the indexed dims, and of rows the index_copy that index_put
+with one flat index is, a duplicate position taking index_copy's write, the last on the CPU as index_put's, both
+unspecified by stock); index_select is the
 same row gather along its dim (index_select, like the other ops here, has no Spyre lowering and no CPU island in the
 capability table). So fp32, fp16 and
 integer results are bit-identical to stock.
@@ -61,7 +66,8 @@ index tensor, a window write of a negative-step slice, a write into a view the m
 select, unfold, ... called as methods, or made outside the forward: stock, so the stack still reports the scatter),
 an in-place op with alpha= or rounding_mode=, an `all` over an empty reduction (amin of nothing is an error, `all` of nothing is True), a
 logsumexp of an empty tensor, a scatter of a src tensor, with reduce=, of an index narrower than x off its dim, or
-an empty index, a flip of a float tensor or with out=, a randint with out=, an index_select with a multi-dim or empty index, a gather with sparse_grad, an index that is not int64
+an empty index, a flip of a float tensor or with out=, a randint with out=, an integer-index store with a step or partial slice, None or a bool beside its index tensors, or
+of nothing, an index_select with a multi-dim or empty index, a gather with sparse_grad, an index that is not int64
 or is empty, a prod of another dtype than int64, with dtype=, of no or of more than 16 factors, a bucketize with
 out=, of boundaries that are not 1-D or number over 1024 (or none), of bool or complex tensors, an as_strided of a
 tensor with gaps or overlaps in its span, with an explicit storage offset, a negative stride or a read past x. The scatter form
@@ -1076,7 +1082,99 @@ def _selected_rows(x: torch.Tensor, mask: torch.Tensor, keep: torch.Tensor, valu
     return None
 
 
-_STORES = (setitem, mask_setitem)  # the handlers of a subscript store (found by opcode, _STORE_SUBSCRIPT)
+INDEX_STORE_MAX = 1 << 24  # elements of the (write, position) comparison a number store builds (as scatter's)
+
+
+def _flat_positions(idx: list[torch.Tensor], sizes: tuple[int, ...]) -> torch.Tensor:
+    """The flattened position over the leading dims `sizes` that each element of the broadcast index tensors names
+    (negative indices made positive), as getitem computes it: `(i0 * s1 + i1) * s2 + ...`, one element per write."""
+    flat = None
+    for i, s in zip(idx, sizes, strict=True):
+        i = torch.where(i < 0, i + s, i)
+        flat = i if flat is None else flat * s + i
+    return flat.reshape(-1)
+
+
+def _stored(x: torch.Tensor, idx: list[torch.Tensor], value) -> torch.Tensor | object:
+    """x with `x[idx] = value` applied (idx: integer tensors on x's leading dims), out of place, or _PASS."""
+    k = len(idx)
+    sizes, rest = tuple(x.shape[:k]), tuple(x.shape[k:])
+    if any(s == 0 for s in sizes):
+        return _PASS
+    try:
+        written = (*torch.broadcast_shapes(*(i.shape for i in idx)), *rest)
+    except RuntimeError:
+        return _PASS  # stock's shape error
+    v = _store_value(x, value)
+    if v is _PASS or math.prod(written) == 0:
+        return _PASS
+    try:
+        if torch.broadcast_shapes(v.shape, written) != torch.Size(written):
+            return _PASS  # stock's shape error
+    except RuntimeError:
+        return _PASS
+    idx = [(i if i.dtype == torch.int64 else i.to(torch.int64)).to(x.device) for i in idx]
+    idx = list(torch.broadcast_tensors(*idx)) if k > 1 else idx
+    if not torch.compiler.is_compiling():
+        for i, s in zip(idx, sizes, strict=True):  # stock's IndexError, in eager runs (as getitem's check)
+            if i.numel() and (int(i.max()) >= s or int(i.min()) < -s):
+                return _PASS
+    flat = _flat_positions(idx, sizes)
+    positions, width = math.prod(sizes), math.prod(rest) if rest else 1
+    lead = v.dim() - len(rest)  # v's dims over the index block: all of size 1 -> one value for every position
+    if (lead <= 0 or all(n == 1 for n in v.shape[:lead])) and flat.numel() * positions <= INDEX_STORE_MAX:
+        where = torch.tensor(list(range(positions)), dtype=torch.int64, device=x.device)  # a host constant
+        hit = (flat.unsqueeze(1) == where).to(torch.float16).amax(0) != 0  # some write names the position
+        keep = hit.reshape(*sizes, *[1] * len(rest))
+        return torch.where(keep, v.reshape(v.shape[max(lead, 0) :]), x)
+    rows = v.expand(written).reshape(-1, width)
+    return x.reshape(positions, width).index_copy(0, flat, rows).reshape(x.shape)
+
+
+def index_setitem(args, kwargs):
+    """`x[i] = v`, `x[i, j] = v`, `x[:, i] = v` with integer index tensors (index_put, #1880: Inkling 2's
+    `embeddings[patch_index] = patch_embeddings`, Informer's `context[batch, top_u, :] = attn`, OneFormer's
+    `attention_mask[torch.where(full_rows)] = False`). Each write's flat position over the indexed dims is computed as
+    getitem's lookup computes it; then a value that is the same at every written position (a number, one row) is
+    `x.copy_(where(hit, v, x))`, hit a position that some write names (`flat == position` as float16 ones, amax over
+    the writes: scatter's form, so duplicates mark it once); a value with rows of its own is `index_copy` of those rows
+    into x's flattened rows (the row store itself: a CPU fallback of the stack, #4239, where index_put has none).
+    Values are copied: bit-identical, a duplicate position taking index_copy's write as stock's takes index_put's (the
+    last on the CPU; both leave it unspecified). An index out of range is stock's IndexError in eager runs; compiled,
+    the number form ignores it and index_copy raises its own error."""
+    if kwargs or len(args) != 3:
+        return _PASS
+    x, key, value = args
+    if not isinstance(x, torch.Tensor) or x.dim() == 0 or x.is_complex() or x.layout != torch.strided:
+        return _PASS
+    inner = _inner_index(x, key)
+    if inner is not None:  # x[:, i] = v: the store on x with dim d first, i's dims of v moved to the front with it
+        d, i = inner
+        v = _store_value(x, value)
+        if v is _PASS:
+            return _PASS
+        shape = (*x.shape[:d], *i.shape, *x.shape[d + 1 :])
+        try:
+            v = v.expand(shape)
+        except RuntimeError:
+            return _PASS  # stock's shape error
+        v = v.movedim(tuple(range(d, d + i.dim())), tuple(range(i.dim())))
+        out = _stored(x.movedim(d, 0), [i], v)
+        if out is _PASS:
+            return _PASS
+        x.copy_(out.movedim(0, d))
+        return None
+    idx = _index_key(x, key)
+    if idx is None:
+        return _PASS
+    out = _stored(x, idx, value)
+    if out is _PASS:
+        return _PASS
+    x.copy_(out)
+    return None
+
+
+_STORES = (setitem, mask_setitem, index_setitem)  # the handlers of a subscript store (found by opcode, _STORE_SUBSCRIPT)
 
 
 @dataclass(frozen=True)
@@ -1459,6 +1557,15 @@ REWRITES: tuple[Rewrite, ...] = (
         mask_setitem,
         ("aten.where", "aten.full", "aten.copy", "aten.cumsum", "aten.embedding"),
         "x.copy_(where(mask, value, x)) for x[bool mask] = a number or a row; the rows' gather for one row each",
+    ),
+    Rewrite(
+        "aten.index_put",
+        (torch.Tensor.__setitem__,),
+        frozenset(),  # a subscript store, found by opcode (_STORE_SUBSCRIPT)
+        index_setitem,
+        (*_SCATTER_NEEDS, "aten.copy", "aten.mul", "aten.add", "aten.index_copy"),
+        "x[integer index tensors] = v: x.copy_(where(some write names the position, v, x)) for one value, an"
+        " index_copy of v's rows into x's flattened rows for rows of its own",
     ),
 )
 GAPS: tuple[str, ...] = tuple(dict.fromkeys(g for r in REWRITES for g in (r.gap, *r.also)))

@@ -480,6 +480,19 @@ _OPS: list[OpEntry] = [
     ),
     _e("log2", "unsupported", (), "in no June op table, as a lowering or a CPU island: emulation assumption, a gap"),
     _e("acos", "unsupported", (), "in no June op table, as a lowering or a CPU island: emulation assumption, a gap"),
+    _e("asinh", "unsupported", (), "in no June op table, as a lowering or a CPU island: emulation assumption, a gap"),
+    _e("flip", "unsupported", (), "in no June op table (a reversed read): emulation assumption, a gap"),
+    OpEntry("prims.rev", "unsupported", (), "what aten.flip decomposes into: as flip", S17),
+    *(
+        _e(name, "unsupported", (), "in no June op table (bags of embedding rows): emulation assumption, a gap")
+        for name in ("embedding_bag", "_embedding_bag", "_embedding_bag_forward_only")
+    ),
+    _e(
+        "randint",
+        "unsupported",
+        (),
+        "in no June op table (unlike rand/randn, which compiled code draws on the host): emulation assumption, a gap",
+    ),
     # what Inductor decomposes reflection / replication pads into (an indexed read, no bounds check): as index
     _e("_unsafe_index", "unsupported", (), "an indexed read (reflect / replicate pads decompose into it): as index"),
     _e("floor_divide", "unsupported", (), "#4643", S4),
