@@ -294,12 +294,17 @@ def _rotate_calls(module: nn.Module) -> dict[int, tuple[object, object]]:
     return out
 
 
-def rotate_by_matmul(build, max_dim: int, device, dtype):
-    """rotate_half(x) as x @ R, R precomputed for every even width up to max_dim (partial-rotary slices included)."""
+def rotate_by_matmul(build, max_dim: int, device, dtype, stock):
+    """rotate_half(x) as x @ R, R precomputed for every even width up to max_dim (partial-rotary slices included).
+    A wider x (EfficientLoFTR rotates its whole hidden state before splitting it into heads) takes the `stock`
+    rotate_half: no matrix of every width up to the hidden size is built, and the stack still reports its slices."""
     tables = {d: build(d).to(device=device, dtype=dtype) for d in range(2, max_dim + 1, 2)}
 
     def rotate_half(x):
-        return torch.matmul(x, tables[x.shape[-1]].to(device=x.device, dtype=x.dtype))
+        table = tables.get(x.shape[-1])
+        if table is None:
+            return stock(x)
+        return torch.matmul(x, table.to(device=x.device, dtype=x.dtype))
 
     return rotate_half
 
@@ -335,8 +340,8 @@ class RotateHalfByMatmul(Adapter):
         for path, attn, calls in self._targets(model):
             weight = next(attn.parameters())
             replace = {
-                i: rotate_by_matmul(build, int(attn.head_dim), weight.device, weight.dtype)
-                for i, (_, build) in calls.items()
+                i: rotate_by_matmul(build, int(attn.head_dim), weight.device, weight.dtype, stock)
+                for i, (stock, build) in calls.items()
             }
             forward = structure.current_function(attn, "forward")
             patch.override_forward(

@@ -298,3 +298,31 @@ def test_a_rotary_called_inside_a_comprehension_is_left_stock():
 # one xdist worker runs this module (make test: --dist loadgroup), so its module-scoped fixtures and cached zoo
 # builds are made once, not once per worker
 pytestmark = pytest.mark.xdist_group("test_rope_partial")
+
+
+def test_rotate_half_of_a_width_past_head_dim_runs_stock():
+    """EfficientLoFTR rotates its whole hidden state (256 wide) before splitting it into heads (64): the rotate_half
+    adapter's matrices go up to head_dim, so that call raised KeyError (adapter_error). It now takes the stock
+    rotate_half: the model's output is stock's bit for bit, and the narrower calls still use the matmul."""
+    from adapters.rope import rotate_by_matmul, rotate_half_matrix
+
+    zm = build("efficientloftr")
+    model = zm.model.eval()
+    with torch.no_grad():
+        ref = primary_output(model(**zm.inputs))
+        with adapters.apply(model, only=["rotate_half"]) as handle:
+            assert handle.report.applied == ["rotate_half"]
+            out = primary_output(model(**zm.inputs))
+    leaves = torch.utils._pytree.tree_leaves((out, ref))
+    assert all(torch.equal(o, r) for o, r in zip(leaves[: len(leaves) // 2], leaves[len(leaves) // 2 :], strict=True))
+
+    calls = []
+
+    def stock(x):
+        calls.append(x.shape[-1])
+        return torch.cat((-x[..., x.shape[-1] // 2 :], x[..., : x.shape[-1] // 2]), dim=-1)
+
+    rotate = rotate_by_matmul(rotate_half_matrix, 8, "cpu", torch.float32, stock)
+    x = torch.randn(3, 16)
+    assert torch.equal(rotate(x), stock(x)) and calls == [16, 16]
+    assert torch.equal(rotate(x[:, :8]), stock(x[:, :8])) and calls == [16, 16, 8]  # the matmul: stock not called
