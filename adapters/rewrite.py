@@ -1474,7 +1474,6 @@ REWRITES: tuple[Rewrite, ...] = (
         _index_flip_on_host(torch.flip),
         (),
         "flip of an integer or bool tensor on the host (index work), the result back on the device",
-        also=("aten.flip",),
     ),
     Rewrite(
         "aten.randint",

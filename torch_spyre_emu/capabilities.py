@@ -481,8 +481,8 @@ _OPS: list[OpEntry] = [
     _e("log2", "unsupported", (), "in no June op table, as a lowering or a CPU island: emulation assumption, a gap"),
     _e("acos", "unsupported", (), "in no June op table, as a lowering or a CPU island: emulation assumption, a gap"),
     _e("asinh", "unsupported", (), "in no June op table, as a lowering or a CPU island: emulation assumption, a gap"),
-    _e("flip", "unsupported", (), "in no June op table (a reversed read): emulation assumption, a gap"),
-    OpEntry("prims.rev", "unsupported", (), "what aten.flip decomposes into: as flip", S17),
+    # aten.flip is left out of the table on purpose: Inductor decomposes it, so the stack meets prims.rev
+    OpEntry("prims.rev", "unsupported", (), "what aten.flip decomposes into; in no June op table: a gap", S17),
     *(
         _e(name, "unsupported", (), "in no June op table (bags of embedding rows): emulation assumption, a gap")
         for name in ("embedding_bag", "_embedding_bag", "_embedding_bag_forward_only")
