@@ -111,10 +111,14 @@ _MASK_NAMES = ("attention_mask",)  # the name a model's code gives the built mas
 
 
 def _negates_a_mask(code: types.CodeType) -> bool:
-    """Does `code` negate the built mask as a boolean (`attention_mask.logical_not()`, `~attention_mask`) without
-    reading its dtype (`attention_mask.dtype == torch.bool`: code that handles both kinds)?"""
+    """Does `code` negate the built mask as a boolean (`attention_mask.logical_not()`, `~attention_mask`) to fill
+    scores with it (masked_fill), without reading its dtype (`attention_mask.dtype == torch.bool`: code that handles
+    both kinds)? A negation handed elsewhere (Phi-4-multimodal's pooling head passes `~attention_mask`, its 2-D patch
+    mask, as nn.MultiheadAttention's key_padding_mask) is not a read of the built mask."""
     ins = [i for i in dis.get_instructions(code) if i.opname != "CACHE"]
-    if "dtype" in code.co_names and "bool" in code.co_names:
+    if ("dtype" in code.co_names and "bool" in code.co_names) or not {"masked_fill", "masked_fill_"} & set(
+        code.co_names
+    ):
         return False
     return any(
         a.opname == "LOAD_FAST"

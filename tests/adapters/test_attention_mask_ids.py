@@ -3,6 +3,8 @@ tables, and boolean masks kept where a model negates its built mask."""
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 
 import adapters
@@ -46,6 +48,16 @@ def test_a_model_that_negates_its_mask_keeps_boolean_masks():
             patch.undo()
     assert any("boolean masks on the host" in c for c in patch.changes)
     assert torch.equal(out, ref)
+
+    # a negation handed elsewhere is no read of the built mask: Phi-4-multimodal's pooling head passes its 2-D patch
+    # mask as nn.MultiheadAttention's key_padding_mask (keeping its tower's masks boolean made its output NaN)
+    from transformers.models.phi4_multimodal import modeling_phi4_multimodal as phi4
+
+    from adapters.attention_mask import _negates_a_mask
+    from adapters.structure import chain
+
+    head = phi4.Phi4MultimodalVisionMultiheadAttentionPoolingHead.forward
+    assert "~attention_mask" in inspect.getsource(head) and not _negates_a_mask(chain(head)[-1].__code__)
 
     llama = build("llama").model
     assert not any(reads_boolean_masks(m) for _, m, _ in mask_callers(llama))
