@@ -115,11 +115,11 @@ def _negates_a_mask(code: types.CodeType) -> bool:
     scores with it (masked_fill), without reading its dtype (`attention_mask.dtype == torch.bool`: code that handles
     both kinds)? A negation handed elsewhere (Phi-4-multimodal's pooling head passes `~attention_mask`, its 2-D patch
     mask, as nn.MultiheadAttention's key_padding_mask) is not a read of the built mask."""
-    ins = [i for i in dis.get_instructions(code) if i.opname != "CACHE"]
     if ("dtype" in code.co_names and "bool" in code.co_names) or not {"masked_fill", "masked_fill_"} & set(
         code.co_names
     ):
         return False
+    ins = [i for i in dis.get_instructions(code) if i.opname != "CACHE"]
     return any(
         a.opname == "LOAD_FAST"
         and a.argval in _MASK_NAMES
