@@ -942,16 +942,17 @@ def _view_parent(x: torch.Tensor) -> bool:
 
 def view_getitem(args, kwargs):
     """`x[k]` with a key of ints and slices (a view of x): stock's view, tagged with (x, k) where x is of rank >= 3
-    or itself a tagged view (`freqs_thw = freq[0]`, Longformer's `mask[:, 0, 0, :]`)."""
+    or itself a tagged view (`freqs_thw = freq[0]`, Longformer's `mask[:, 0, 0, :]`); the tag holds the key's windows."""
     if kwargs or len(args) != 2:
         return _PASS
     x, key = args
     if not isinstance(x, torch.Tensor) or x.layout != torch.strided or not _view_parent(x):
         return _PASS
-    if _write_window(x, key) is None:
+    windows = _write_window(x, key)
+    if windows is None:
         return _PASS
     out = torch.Tensor.__getitem__(x, key)
-    setattr(out, _VIEW_OF, ("index", x, key))
+    setattr(out, _VIEW_OF, ("index", x, windows))  # the windows _write places a write in, found once
     return out
 
 
@@ -985,8 +986,7 @@ def _write(x: torch.Tensor, out: torch.Tensor) -> None:
     if tag[0] == "reshape":
         _write(parent, out.reshape(parent.shape))
         return
-    windows = _write_window(parent, tag[2])
-    _write(parent, _in_window(parent, windows, out.to(parent.dtype)))
+    _write(parent, _in_window(parent, tag[2], out.to(parent.dtype)))
 
 
 def setitem(args, kwargs):
