@@ -149,12 +149,19 @@ def sweep(
         None, help="Where --report writes the report and plots (default: the folder of --results)."
     ),
     list_types: bool = typer.Option(False, "--list", help="Print the model types the zoo knows and exit."),
+    audit: bool = typer.Option(
+        False,
+        "--audit",
+        help="Only the adapter audit per model: every adapter applied on the CPU in fp32 against the stock output,"
+        " nothing compiled (default --results: spyre_emu_out/zoo/audit.jsonl; with --report: adapter_audit.md).",
+    ),
 ) -> None:
     """Run every HuggingFace model type (tiny, random weights) on emulated Spyre and classify it; --report writes
     the coverage matrix, class counts and plots."""
     from models.zoo import sweep as sw
 
-    results = sw.DEFAULT_RESULTS if results is None else results
+    if results is None:
+        results = sw.DEFAULT_AUDIT_RESULTS if audit else sw.DEFAULT_RESULTS
     try:
         if list_types:
             from models.zoo.catalog import model_types
@@ -162,7 +169,7 @@ def sweep(
             console.print("\n".join(model_types()))
             return
         if report:
-            _sweep_report(results, results.parent if out is None else out, rerun or [])
+            _sweep_report(results, results.parent if out is None else out, rerun or [], audit)
             return
         timeout = sw.DEFAULT_TIMEOUT_S if timeout is None else timeout
         mem_gb = sw.DEFAULT_MEM_GB if mem_gb is None else mem_gb
@@ -179,6 +186,7 @@ def sweep(
             ray=ray,
             ray_address=ray_address,
             console=console,
+            audit=audit,
         )
     except sw.SweepError as e:
         console.print(f"[red]error:[/red] {escape(str(e))}")
@@ -190,7 +198,9 @@ def sweep(
     filtered = f", {result.filtered} filtered out by --family/--modality/--task" if result.filtered else ""
     console.print(
         f"{result.ran} models in {result.wall_s:.0f} s ({result.skipped} already done{filtered}): {counts}\n"
-        + escape(f"results: {results}; the report: spyre-emu sweep --report --results {results}")
+        + escape(
+            f"results: {results}; the report: spyre-emu sweep{' --audit' if audit else ''} --report --results {results}"
+        )
     )
     if result.lost:
         console.print(
@@ -325,8 +335,8 @@ def precision(
     console.print(escape(f"table: {files.table}; json: {files.json}; plots: {plots}"))
 
 
-def _sweep_report(results: Path, out: Path, reruns: list[Path] = ()) -> None:
-    from models.zoo.report import latest, measured, targets, write_report
+def _sweep_report(results: Path, out: Path, reruns: list[Path] = (), audit: bool = False) -> None:
+    from models.zoo.report import latest, measured, targets, write_audit_report, write_report
     from models.zoo.sweep import SweepError, read_results
 
     for path in (results, *reruns):
@@ -340,6 +350,9 @@ def _sweep_report(results: Path, out: Path, reruns: list[Path] = ()) -> None:
         again = read_results(path)
         records += again
         source += f", {len(again)} records re-run in {path}"
+    if audit:
+        console.print(escape(f"report: {write_audit_report(records, out, source=source)}"))
+        return
     files = write_report(records, out, source=source)
     default = [r for r in latest(records) if r.get("variant", "default") == "default"]
     for label, n, of, share, met in targets(default) if default else []:

@@ -2,6 +2,8 @@
 
 Flow (issue 10 §2): build the tiny model (recipes.build; failure: not_buildable) -> CPU fp32 reference -> CPU fp16
 forward (failing or non-finite there is not the stack's fault: not_buildable, reason "not fp16-clean on CPU") ->
+the adapter audit (audit.py: every adapter applied on the CPU in fp32 vs the stock output; `adapter_audit`, beside
+the class) ->
 adapters.plan for the gaps (its second walk, with the adapters applied, is the first call of the compiled model the
 runs use: one dynamo trace) -> with the adapters applied (fallback mode) compile with backend "spyre" on the fp16
 weights, run, compare with the fp32 reference under the tolerance (tolerance.py) -> the same in strict mode ->
@@ -29,7 +31,7 @@ from dataclasses import dataclass
 import torch
 import torch.utils._pytree as pytree
 
-from models.zoo.tolerance import judged
+from models.zoo.tolerance import judged, real
 
 CLASSES = (
     "pass_device",
@@ -49,14 +51,6 @@ _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__
 _OURS = {pkg: os.path.join(_ROOT, pkg) + os.sep for pkg in ("aiu_sim", "torch_spyre_emu", "adapters")}
 # frames of ours that only pass a call through (the model under test runs below them)
 _PASS_THROUGH = (os.path.join(_ROOT, "torch_spyre_emu", "profiling.py"),)
-
-
-def _real(t: torch.Tensor, pad_mask) -> torch.Tensor:
-    """The values at real (not padding) positions: padded query rows are free to differ (nothing reads them)."""
-    t = t.detach().float()
-    if pad_mask is not None and t.dim() >= 2 and tuple(t.shape[:2]) == tuple(pad_mask.shape):
-        return t[pad_mask]
-    return t
 
 
 def _half_inputs(inputs: dict) -> dict:
@@ -234,6 +228,7 @@ def _record(model_type: str, variant: str) -> dict:
         "tolerance": None,
         "sim": None,
         "device_resident": None,
+        "adapter_audit": None,
         "error": None,
         "wall_s": None,
         "stages_s": {},
@@ -307,7 +302,7 @@ def _flow(rec: dict, model_type: str, variant: str, seed: int) -> Passed | None:
     with _Stage(rec, "cpu"), torch.no_grad():
         try:
             torch.manual_seed(seed)  # same draws in every judged forward (ViLT samples patches in its forward)
-            ref = _real(judged(zm.model(**zm.inputs)), zm.pad_mask)
+            ref = real(judged(zm.model(**zm.inputs)), zm.pad_mask)
         except Exception as e:  # noqa: BLE001 - build ran this forward; a second one failing is the model's
             rec.update(
                 {"class": "not_buildable", "reason": f"CPU fp32 reference: {e}"[:2000], "error": _error(e)}
@@ -317,7 +312,7 @@ def _flow(rec: dict, model_type: str, variant: str, seed: int) -> Passed | None:
         inputs16 = _half_inputs(zm.inputs)
         try:
             torch.manual_seed(seed)
-            out16 = _real(judged(model16(**inputs16)), zm.pad_mask)
+            out16 = real(judged(model16(**inputs16)), zm.pad_mask)
         except Exception as e:  # noqa: BLE001
             rec.update(
                 {
@@ -342,6 +337,11 @@ def _flow(rec: dict, model_type: str, variant: str, seed: int) -> Passed | None:
                 }
             )
             return
+
+    from models.zoo.audit import compare
+
+    with _Stage(rec, "audit"):  # beside the class: whether the adapters change what the model computes
+        rec["adapter_audit"] = compare(zm.model, zm.inputs, zm.pad_mask, ref, seed)
 
     # adapters.plan's two walks (stock, then with the adapters applied), where the second walk is the first call of
     # the compiled model the runs use (WalkThenRun): dynamo traces the patched model once for the walk, the
@@ -394,7 +394,7 @@ def _flow(rec: dict, model_type: str, variant: str, seed: int) -> Passed | None:
                     warnings.simplefilter("ignore", FallbackWarning)
                     torch.manual_seed(seed)
                     report = torch_spyre_emu.profile(compiled, mode="both", **inputs16)  # no trace written
-                out = _real(judged(report.outputs), zm.pad_mask)
+                out = real(judged(report.outputs), zm.pad_mask)
             except Exception as e:  # noqa: BLE001
                 cls, blocking = classify_error(e)
                 if cls == "unsupported":  # the run stops at the first graph with a gap; the plan saw them all
@@ -425,7 +425,7 @@ def _flow(rec: dict, model_type: str, variant: str, seed: int) -> Passed | None:
             try:
                 with torch_spyre_emu.strict():
                     torch.manual_seed(seed)
-                    out_strict = _real(judged(compiled(**inputs16)), zm.pad_mask)
+                    out_strict = real(judged(compiled(**inputs16)), zm.pad_mask)
             except SpyreUnsupportedOpError as e:
                 cls, blocking = classify_error(e)
                 rec.update(
@@ -495,7 +495,7 @@ def _device_resident(rec: dict, passed: Passed) -> None:
                 model.to("spyre")
                 inputs = pytree.tree_map_only(torch.Tensor, lambda t: t.to("spyre"), passed.inputs16)
                 torch.manual_seed(passed.seed)
-                out = _real(judged(model(**inputs)).cpu(), zm.pad_mask)
+                out = real(judged(model(**inputs)).cpu(), zm.pad_mask)
         except Exception as e:  # noqa: BLE001 - the model's record, as in the flow
             cls, blocking = classify_error(e)
             rec["device_resident"] = {"class": cls, "blocking": blocking, "error": _error(e)}

@@ -402,7 +402,9 @@ def _trajectories(config, g: torch.Generator) -> tuple[dict, torch.Tensor]:
         "timesteps": start + torch.arange(SEQ),
         "attention_mask": mask,
     }
-    return inputs, mask.bool()
+    # The judged output (last_hidden_state) holds three tokens per step, (return, state, action), laid out as the
+    # model stacks its attention mask: so its padding rows are the mask's, each repeated three times in place.
+    return inputs, mask.bool().repeat_interleave(3, dim=1)
 
 
 def _vla_prefix(inputs: dict, pad_mask, config, g: torch.Generator):

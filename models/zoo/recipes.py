@@ -75,9 +75,9 @@ class ZooModel:
     recipe_level: str
     dims: dict = field(default_factory=dict)
     is_decoder_lm: bool = False
-    pad_mask: torch.Tensor | None = (
-        None  # [batch, seq] bool, True at real (not padding) positions of the inputs
-    )
+    # [batch, seq] bool, True at real (not padding) rows of the judged output (the inputs' positions, but for a
+    # model that lays its tokens out otherwise: Decision Transformer's three per step)
+    pad_mask: torch.Tensor | None = None
 
     def metadata(self) -> dict:
         return {

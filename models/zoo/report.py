@@ -8,6 +8,8 @@
   coverage_by_modality.png          records per class, per modality
   gaps.png                          the gaps that block the most model types
   latency.png                       simulated latency per model that ran
+
+`write_audit_report(records, out)` writes adapter_audit.md from `spyre-emu sweep --audit` records (audit.py).
 """
 
 from __future__ import annotations
@@ -560,6 +562,7 @@ def _sections(records: list[dict], source: str) -> list[tuple[str, str, object]]
             ),
         )
     )
+    parts += audit_parts([{"model_type": r["model_type"], **r["adapter_audit"]} for r in records if r.get("adapter_audit")])
     parts.append(("img", "Simulated latency per model", PLOTS["latency"]))
     parts.append(("table", "Coverage matrix", (list(MATRIX_COLUMNS), matrix_rows(records), 3)))
     return parts
@@ -611,6 +614,67 @@ def _html(parts, title: str) -> str:
 
 
 TITLE = "HuggingFace zoo on emulated Spyre: coverage"
+AUDIT_TITLE = "HuggingFace zoo: adapter audit"
+AUDIT_FINDINGS = ("changed", "adapter_error")  # target: none of either
+
+
+def audit_parts(records: list[dict], full: bool = False) -> list[tuple[str, str, object]]:
+    """The adapter audit's section: verdict counts and the findings (an adapter that changes a model's CPU fp32
+    output or raises), from records whose `class` is an audit verdict (audit.py); `full` adds every record."""
+    from models.zoo.audit import AUDIT_CLASSES, ROUNDING_MAX
+
+    counts = Counter(r["class"] for r in records)
+    text = (
+        f"Every adapter applied to the tiny model on the CPU in fp32, its judged output compared with the stock "
+        f"model's at real positions (models/zoo/audit.py; rounding: within {ROUNDING_MAX:g} norm-wise). "
+        f"{len(records)} model types audited: "
+        + ", ".join(f"{c} {counts[c]}" for c in AUDIT_CLASSES if counts[c])
+        + f". Target: no {' and no '.join(AUDIT_FINDINGS)}."
+        if records
+        else "No record here carries the adapter audit (sweeps before it was added): run `spyre-emu sweep --audit`."
+    )
+    rows = sorted((r for r in records if r["class"] not in ("exact", "rounding", "no_adapters")), key=_audit_key)
+    parts: list[tuple[str, str, object]] = [
+        ("p", "Adapter audit: do the adapters leave what each model computes unchanged?", text),
+        ("table", "", (list(AUDIT_COLUMNS), [_audit_row(r) for r in rows], 1)),
+    ]
+    if full:
+        parts.append(("table", "Every model type", (list(AUDIT_COLUMNS), [_audit_row(r) for r in records], 1)))
+    return parts
+
+
+AUDIT_COLUMNS = ("model type", "verdict", "rel. difference", "max abs. difference", "adapters applied", "why")
+
+
+def _audit_key(r: dict):
+    order = {c: i for i, c in enumerate(("changed", "adapter_error", "emulator_error", "timeout", "out_of_memory"))}
+    return order.get(r["class"], len(order)), r["model_type"]
+
+
+def _audit_row(r: dict) -> list[str]:
+    why = r.get("reason") or ""
+    if r.get("error") and r["class"] != "not_buildable":
+        why = _error_line(r)
+    return [
+        r["model_type"],
+        r["class"],
+        _fmt(r.get("rel_err"), ".2e"),
+        _fmt(r.get("max_abs_err"), ".2e"),
+        ", ".join(r.get("adapters_applied") or []),
+        why[:300],
+    ]
+
+
+def write_audit_report(records: list[dict], out: str | Path, source: str = "the audit") -> Path:
+    """Write adapter_audit.md (the audit's counts, findings and every record) into `out`."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    records = sorted(latest(records), key=lambda r: r["model_type"])
+    stamp = time.strftime("%Y-%m-%d %H:%M")
+    parts = [("p", "", f"{len(records)} records from {source}, written {stamp}."), *audit_parts(records, full=True)]
+    md = out / "adapter_audit.md"
+    md.write_text(_markdown(parts, AUDIT_TITLE))
+    return md
 
 
 def latest(records: list[dict]) -> list[dict]:

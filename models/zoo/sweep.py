@@ -57,6 +57,7 @@ META_TIMEOUT_S = 60.0
 # After a child sent its record it gets this long to exit by itself before it is killed (atexit work, threads).
 EXIT_GRACE_S = 5.0
 DEFAULT_RESULTS = Path("spyre_emu_out/zoo/results.jsonl")
+DEFAULT_AUDIT_RESULTS = Path("spyre_emu_out/zoo/audit.jsonl")  # `spyre-emu sweep --audit`
 # Imported once by the fork server, so every model's process starts with them loaded.
 PRELOAD = (
     "torch",
@@ -66,6 +67,7 @@ PRELOAD = (
     "torch_spyre_emu",
     "adapters",
     "models.zoo.classify",
+    "models.zoo.audit",
 )
 # Test hook: SPYRE_EMU_SWEEP_CRASH=TYPE[,TYPE] makes those model types' processes die of SIGSEGV before they start,
 # so the tests can check that a process crash is classified and the sweep goes on (no model here crashes on demand);
@@ -105,9 +107,11 @@ class SweepResult:
 
 
 def _classes() -> tuple[str, ...]:
+    """Every class a record may carry, the sweep's (classify.CLASSES) first, then the audit's verdicts."""
+    from models.zoo.audit import AUDIT_CLASSES
     from models.zoo.classify import CLASSES
 
-    return CLASSES
+    return tuple(dict.fromkeys((*CLASSES, *AUDIT_CLASSES)))
 
 
 def _variants(variant: str) -> list[str]:
@@ -294,8 +298,8 @@ def _metadata(task: Task) -> dict | None:
 def _child(
     conn, task: Task, mode: str, threads: int, mem_bytes: int, crash: str | None, where: dict, log: str
 ) -> None:
-    """Runs in the model's own process: caps, then (mode 'run') the filter and run_one, or (mode 'meta') only the
-    model's metadata; each message goes down the pipe."""
+    """Runs in the model's own process: caps, then (mode 'run') the filter and run_one, (mode 'audit') the filter and
+    audit_one, or (mode 'meta') only the model's metadata; each message goes down the pipe."""
     os.setpgrp()  # its own process group: the parent kills the whole group, Ctrl-C reaches only the sweep
     _die_with_the_sweep(conn)
     # The model's prints and warnings go to its log, not over the sweep's progress bar; the parent keeps the tail
@@ -328,14 +332,19 @@ def _child(
                 _send(conn, {"filtered": True})
                 return
             _send(conn, {"meta": meta})  # a model killed by the wall limit or the cap keeps its metadata
-        from models.zoo.classify import run_one
+        if mode == "audit":
+            from models.zoo.audit import audit_one
 
-        def classified(r):
-            _send(conn, {"classified": r})
-            if crash == "device":
-                os.kill(os.getpid(), signal.SIGSEGV)
+            record = audit_one(task.model_type, task.variant)
+        else:
+            from models.zoo.classify import run_one
 
-        record = run_one(task.model_type, task.variant, on_classified=classified)
+            def classified(r):
+                _send(conn, {"classified": r})
+                if crash == "device":
+                    os.kill(os.getpid(), signal.SIGSEGV)
+
+            record = run_one(task.model_type, task.variant, on_classified=classified)
     except MemoryError as e:
         record = failure_record(task, "out_of_memory", "MemoryError", str(e), traceback.format_exc())
     except BaseException as e:  # run_one classifies a model's failures itself; this is a bug of the zoo
@@ -399,7 +408,8 @@ class _Outcome:
 
 
 def _supervise(task: Task, mode: str, timeout_s: float, mem_gb: float, threads: int, where: dict) -> _Outcome:
-    """Start the model's process (`mode` 'run': run_one; 'meta': only its metadata) and watch it until it sends what
+    """Start the model's process (`mode` 'run': run_one; 'audit': audit_one; 'meta': only its metadata) and watch it
+    until it sends what
     it was started for, dies, or passes the wall limit or the memory cap."""
     ctx = _context()
     recv, send = ctx.Pipe(duplex=False)
@@ -506,6 +516,7 @@ def run_isolated(
     mem_gb: float = DEFAULT_MEM_GB,
     threads: int = 1,
     where: dict[str, str] | None = None,
+    mode: str = "run",
 ) -> dict | None:
     """Run one model in a fresh process with a wall limit and a resident-memory cap, and return its record; None
     if the model's metadata does not match `where` ({field: value} on family / modality / task).
@@ -513,8 +524,9 @@ def run_isolated(
     Never raises for the model: a process over the wall limit is `timeout`, one over the memory cap (or whose
     allocation failed under the address-space backstop) is `out_of_memory`, one that died of a signal or exited
     without a record is `emulator_error` naming how it died; such a record gets the model's metadata from a second,
-    build-only process. Adds `process` (wall_s, peak_rss_mb, exitcode) of the run."""
-    run = _supervise(task, "run", timeout_s, mem_gb, threads, where or {})
+    build-only process. Adds `process` (wall_s, peak_rss_mb, exitcode) of the run. `mode` "audit" runs
+    audit.audit_one (the adapter audit alone) instead of classify.run_one."""
+    run = _supervise(task, mode, timeout_s, mem_gb, threads, where or {})
     if run.filtered:
         return None
     record = run.record
@@ -579,11 +591,11 @@ def _threads_per_model(workers: int) -> int:
 
 
 def _run_local(
-    tasks, workers, timeout_s, mem_gb, where, on_result: Callable[[Task, dict | None], None]
+    tasks, workers, timeout_s, mem_gb, where, mode, on_result: Callable[[Task, dict | None], None]
 ) -> None:
     threads = _threads_per_model(workers)
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="zoo") as pool:
-        futures = {pool.submit(run_isolated, t, timeout_s, mem_gb, threads, where): t for t in tasks}
+        futures = {pool.submit(run_isolated, t, timeout_s, mem_gb, threads, where, mode): t for t in tasks}
         try:
             for fut in as_completed(futures):
                 on_result(futures[fut], fut.result())
@@ -594,7 +606,7 @@ def _run_local(
             raise
 
 
-def _run_ray(tasks, workers, timeout_s, mem_gb, where, address, on_result, lost) -> None:
+def _run_ray(tasks, workers, timeout_s, mem_gb, where, mode, address, on_result, lost) -> None:
     try:
         import ray
     except ImportError:
@@ -614,7 +626,7 @@ def _run_ray(tasks, workers, timeout_s, mem_gb, where, address, on_result, lost)
     try:
         # The Ray task is the same isolated run: the model still gets a process of its own on the Ray worker.
         remote = ray.remote(num_cpus=1, max_retries=0)(run_isolated)
-        pending = {remote.remote(t, timeout_s, mem_gb, 1, where): t for t in tasks}
+        pending = {remote.remote(t, timeout_s, mem_gb, 1, where, mode): t for t in tasks}
         while pending:
             done, _ = ray.wait(list(pending), num_returns=1)
             for ref in done:
@@ -646,17 +658,20 @@ def sweep(
     ray: bool = False,
     ray_address: str | None = None,
     console=None,
+    audit: bool = False,
 ) -> SweepResult:
     """Run the tasks, appending each record to `results` as it finishes. With resume, tasks already recorded there
     are skipped; without it an existing non-empty file is an error (nothing is overwritten). family / modality /
     task keep only the models whose metadata has that value (the others are not recorded). `console` (a rich
-    Console) shows a progress bar with counts per class."""
+    Console) shows a progress bar with counts per class. With `audit`, each model gets the adapter audit alone
+    (audit.audit_one: build and CPU forwards, nothing compiled) instead of the whole flow."""
     tasks = list(dict.fromkeys(tasks))
     if workers < 1:
         raise SweepError(f"--workers must be at least 1, got {workers}")
     if timeout_s <= 0 or mem_gb <= 0:
         raise SweepError(f"--timeout and --mem-gb must be positive, got {timeout_s:g} s and {mem_gb:g} GiB")
     where = {k: v for k, v in (("family", family), ("modality", modality), ("task", task)) if v is not None}
+    mode = "audit" if audit else "run"
     for key, value in where.items():
         if value not in (known := _FILTER_VALUES[key]):
             raise SweepError(f"unknown --{key} {value!r}; choose one of: {', '.join(known)}")
@@ -680,7 +695,7 @@ def sweep(
             f"{' on Ray' if ray or ray_address else ''}, each in a process of its own with at most {timeout_s:g} s "
             f"and {mem_gb:g} GiB resident; results: {escape(str(results))}"
         )
-        progress = _Progress(console, len(tasks), out.skipped)
+        progress = _Progress(console, len(tasks), out.skipped, "adapter audit" if audit else "zoo sweep")
 
     def on_result(task: Task, record: dict | None) -> None:
         if record is None:
@@ -696,9 +711,9 @@ def sweep(
         if progress:
             progress.start()
         if todo and (ray or ray_address):
-            _run_ray(todo, workers, timeout_s, mem_gb, where, ray_address, on_result, out.lost)
+            _run_ray(todo, workers, timeout_s, mem_gb, where, mode, ray_address, on_result, out.lost)
         elif todo:
-            _run_local(todo, workers, timeout_s, mem_gb, where, on_result)
+            _run_local(todo, workers, timeout_s, mem_gb, where, mode, on_result)
     finally:
         if progress:
             progress.stop()
@@ -710,13 +725,13 @@ def sweep(
 class _Progress:
     """A rich progress bar followed by the records per class so far."""
 
-    def __init__(self, console, total: int, skipped: int) -> None:
+    def __init__(self, console, total: int, skipped: int, title: str = "zoo sweep") -> None:
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
         self.counts: Counter = Counter()
         self.filtered = 0
         self.progress = Progress(
-            TextColumn("[bold]zoo sweep"),
+            TextColumn(f"[bold]{title}"),
             BarColumn(),
             MofNCompleteColumn(),
             TimeElapsedColumn(),
@@ -758,6 +773,11 @@ CLASS_STYLE = {
     "not_buildable": "bright_black",
     "timeout": "blue",
     "out_of_memory": "blue",
+    # the adapter audit's verdicts (audit.py)
+    "exact": "green",
+    "rounding": "cyan",
+    "changed": "yellow",
+    "no_adapters": "bright_black",
 }
 
 

@@ -73,6 +73,14 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
     return float(d / ref.double().norm().clamp_min(1e-30))
 
 
+def real(t: torch.Tensor, pad_mask) -> torch.Tensor:
+    """The values at real (not padding) positions: padded query rows are free to differ (nothing reads them)."""
+    t = t.detach().float()
+    if pad_mask is not None and t.dim() >= 2 and tuple(t.shape[:2]) == tuple(pad_mask.shape):
+        return t[pad_mask]
+    return t
+
+
 def judged(out) -> torch.Tensor:
     """The tensor judged: logits, else last_hidden_state, else the largest floating tensor anywhere in the output."""
     if isinstance(out, torch.Tensor):
