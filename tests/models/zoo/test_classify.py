@@ -207,6 +207,7 @@ def test_a_size_read_from_a_tensor_is_named_as_the_gap():
     assert "pad" in blocking[0]["module_path"]
 
 
+@pytest.mark.slow  # ~55 s: every CI-subset row checks a device-resident run; this one adds the LSTM's graph break
 def test_a_model_that_runs_compiled_is_also_run_moved_to_the_device():
     """Parakeet's RNN-T runs compiled (pass_fallback: its conv front end's im2col islands) and moved to the device
     with device inputs, as on a card; its prediction network's nn.LSTM, which dynamo leaves to eager code, runs
