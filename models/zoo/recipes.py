@@ -776,6 +776,22 @@ def _step3p7_sliding_layers(d: dict, variant: str) -> None:
     t["layer_types"] = ["full_attention", "sliding_attention"][: t["num_hidden_layers"]]
 
 
+def _qwen4_exp_indexer(d: dict, variant: str) -> None:
+    # Qwen4-Exp's config renames every full_attention layer to indexed_attention, whose QSA token indexer divides its
+    # indexer_budget by indexer_compress_ratio, but the default config leaves the indexer's five sizes None (its
+    # validation accepts all five unset), so even the stock default model fails to build. The sizes are an assumption
+    # (no checkpoint config is public here), within the config's own rules: one key head, a head as wide as the
+    # attention head (the rotary dims must fit), and a budget of two 4-token blocks, which the 16-token inputs fill.
+    t = d.get("text_config", d)
+    t.update(
+        indexer_n_heads=t["num_attention_heads"],
+        indexer_kv_heads=1,
+        indexer_head_dim=t["head_dim"],
+        indexer_budget=8,
+        indexer_compress_ratio=4,
+    )
+
+
 def _t5gemma2_encoder_dropout(d: dict, variant: str) -> None:
     # T5Gemma2's layers read text_config.dropout_rate, which only the T5Gemma2Config around an encoder sets (it
     # copies its own dropout_rate, 0.0, into encoder.text_config): the standalone encoder config needs it given, as
@@ -943,6 +959,7 @@ OVERRIDES: dict[str, tuple] = {
     "qwen3_omni_moe_thinker": (_qwen_omni_vision_start, _mrope_section((24, 20, 20))),
     "lw_detr": (_lw_detr_one_scale,),
     "uvdoc": (_uvdoc_every_bridge,),
+    **{t: (_qwen4_exp_indexer,) for t in ("qwen4_exp", "qwen4_exp_text")},
 }
 
 

@@ -236,6 +236,17 @@ def test_granite_4_hybrid_builds_as_a_causal_lm():
     assert z.model_class == "GraniteMoeHybridForCausalLM" and z.is_decoder_lm and z.family == "hybrid"
 
 
+def test_qwen4_exp_builds_with_its_token_indexer_sized():
+    """Its default config leaves the QSA indexer's sizes None while its layers build the indexer: the override sizes
+    it within the config's own rules (one key head, budget a multiple of the block), and the model runs its
+    indexed-attention layer."""
+    z = build("qwen4_exp_text")
+    c = z.model.config
+    assert z.model_class == "Qwen4ExpForCausalLM" and z.is_decoder_lm and "indexed_attention" in c.layer_types
+    assert c.indexer_kv_heads == 1 and c.indexer_budget % c.indexer_compress_ratio == 0
+    assert build("qwen4_exp").model.config.text_config.indexer_budget == c.indexer_budget
+
+
 @pytest.mark.parametrize("model_type", ["glm4v", "glm4v_moe", "glm_image_text"])
 def test_glm_mrope_section_fits_the_rotary_dim(model_type):
     from models.zoo.inputs import text_config
