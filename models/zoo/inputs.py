@@ -347,8 +347,9 @@ def _packed_patches(config, g: torch.Generator):
     return torch.randn(1, _channels(config), patch, total * patch, generator=g), sizes
 
 
-def _time_series(config, params: dict, g: torch.Generator) -> list[dict]:
-    """The past/future API of the time-series models (census §3), in the two layouts they use."""
+def _time_series(config, params: dict, g: torch.Generator) -> list[tuple[dict, torch.Tensor | None]]:
+    """The past/future API of the time-series models (census §3), in the two layouts they use: (inputs, pad_mask),
+    the mask True at the patches holding a real value, for a front-padded TimesFM series (None otherwise)."""
     ctx = (
         _cfg_int(config, "context_length", default=None)
         or _cfg_int(config, "prediction_length", default=8)
@@ -366,22 +367,29 @@ def _time_series(config, params: dict, g: torch.Generator) -> list[dict]:
         extra["future_time_features"] = torch.randn(BATCH, pred, n_feat, generator=g)
     if "past_observed_mask" in params:
         extra["past_observed_mask"] = None
-    shaped = []
+    shaped: list[tuple[dict, torch.Tensor | None]] = []
     for shape in ((BATCH, past) if n_ch == 1 else (BATCH, past, n_ch), (BATCH, ctx, n_ch)):
         d = {"past_values": torch.randn(*shape, generator=g), **extra}
+        patch_mask = None
         if "past_observed_mask" in params:
             d["past_observed_mask"] = torch.ones_like(d["past_values"])
         if "past_values_padding" in params and len(shape) == 2:
             # TimesFM: 1.0 at padding; the second series is one patch shorter, front-padded as its processor does
+            patch = _cfg_int(config, "patch_length", default=PAD) or PAD
             pad = torch.zeros(shape)
-            pad[1, : _cfg_int(config, "patch_length", default=PAD) or PAD] = 1.0
+            pad[1, :patch] = 1.0
             d["past_values"][pad.bool()] = 0.0
             d["past_values_padding"] = pad
+            if shape[1] % patch == 0:
+                # the judged rows are patches: the padded one attends to nothing (its row is fully masked), so its
+                # value is free to differ, as a padded token's (it becomes 0 in stock SDPA, a mean of values in the
+                # additive-mask form of the attention_mask adapter)
+                patch_mask = ~pad.bool().reshape(shape[0], -1, patch).all(-1)
         if "freq" in params:  # TimesFM's frequency class per series (0 high, 1 medium, 2 low)
             d["freq"] = torch.arange(BATCH).remainder(3).unsqueeze(1)
         if "future_values" in params and "future_time_features" in d:
             d["future_values"] = torch.randn(BATCH, pred, *shape[2:], generator=g)
-        shaped.append(d)
+        shaped.append((d, patch_mask))
     return shaped
 
 
@@ -440,8 +448,7 @@ def candidates(model, config, seed: int = 0, causal: bool = False):
     inputs: dict = {}
     pad_mask = None
     if "past_values" in params:
-        for d in _time_series(config, params, g):
-            yield d, None
+        yield from _time_series(config, params, g)
         return
     if {"states", "actions", "returns_to_go", "timesteps"} <= set(params):
         yield _trajectories(config, g)

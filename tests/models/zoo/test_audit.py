@@ -52,6 +52,18 @@ def test_padding_rows_the_model_lays_out_itself_are_not_judged():
     assert r["class"] == "exact" and "attention_mask" in r["adapters_applied"]
 
 
+def test_a_padded_time_series_patch_is_not_judged():
+    """TimesFM's second series is one patch shorter, front-padded: that patch's row attends to nothing. Stock SDPA
+    gives 0 there, the attention_mask adapter's additive mask a mean of the values; no real patch reads it. Judged,
+    it made the audit report TimesFM 2.5 as changed (3.9%)."""
+    from models.zoo.recipes import build
+
+    zm = build("timesfm2_5")
+    assert zm.pad_mask is not None and (~zm.pad_mask).nonzero().tolist() == [[1, 0]]
+    r = audit_one("timesfm2_5")
+    assert r["class"] == "exact" and "attention_mask" in r["adapters_applied"]
+
+
 def test_a_type_that_does_not_build_is_not_buildable():
     r = audit_one("no_such_model_type")
     assert r["class"] == "not_buildable" and r["class"] in AUDIT_CLASSES
