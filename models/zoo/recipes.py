@@ -792,6 +792,21 @@ def _qwen4_exp_indexer(d: dict, variant: str) -> None:
     )
 
 
+def _narrow_conv_stages(d: dict, variant: str) -> None:
+    # A convolutional audio codec doubles its channels at each downsampling stage from a first width the shrink rules
+    # do not read (VibeVoice's tokenizers: num_filters 32 over six stages, 2048 channels at the deepest; DAC inside
+    # Perception Encoder Audio: encoder_hidden_size 128 over four, also 2048): 111-278 M parameters at the tiny
+    # level, over PARAM_CAP. The first width is cut so the deepest stage has 256 channels (an assumption, as every
+    # tiny width); the stage count, ratios and kernels stay the checkpoint's.
+    for v in list(d.values()):
+        if isinstance(v, dict):
+            _narrow_conv_stages(v, variant)
+    stages = len(d.get("downsampling_ratios") or ())
+    for key in ("num_filters", "encoder_hidden_size"):
+        if stages and isinstance(d.get(key), int) and d[key] << stages > 256:
+            d[key] = max(1, 256 >> stages)
+
+
 def _t5gemma2_encoder_dropout(d: dict, variant: str) -> None:
     # T5Gemma2's layers read text_config.dropout_rate, which only the T5Gemma2Config around an encoder sets (it
     # copies its own dropout_rate, 0.0, into encoder.text_config): the standalone encoder config needs it given, as
@@ -960,6 +975,10 @@ OVERRIDES: dict[str, tuple] = {
     "lw_detr": (_lw_detr_one_scale,),
     "uvdoc": (_uvdoc_every_bridge,),
     **{t: (_qwen4_exp_indexer,) for t in ("qwen4_exp", "qwen4_exp_text")},
+    **{
+        t: (_narrow_conv_stages,)
+        for t in ("vibevoice", "vibevoice_acoustic_tokenizer", "vibevoice_asr", "pe_audio", "pe_audio_encoder")
+    },
 }
 
 

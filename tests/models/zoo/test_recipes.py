@@ -247,6 +247,20 @@ def test_qwen4_exp_builds_with_its_token_indexer_sized():
     assert build("qwen4_exp").model.config.text_config.indexer_budget == c.indexer_budget
 
 
+def test_audio_codecs_that_double_their_channels_per_stage_fit_the_cap():
+    """VibeVoice's tokenizer and Perception Encoder Audio's DAC double their channels at each downsampling stage
+    (2048 at the deepest, over 100 M parameters at the tiny level): their first width is cut so the deepest stage has
+    256 channels, with the checkpoint's stages and ratios."""
+    from models.zoo.recipes import PARAM_CAP
+
+    z = build("vibevoice_acoustic_tokenizer")
+    c = z.model.config
+    assert c.num_filters << len(c.downsampling_ratios) == 256 and list(c.downsampling_ratios) == [2, 2, 4, 5, 5, 8]
+    assert z.n_params < PARAM_CAP and z.modality == "audio"
+    dac = tiny_config("pe_audio_encoder").dac_config
+    assert dac.encoder_hidden_size << len(dac.downsampling_ratios) == 256
+
+
 @pytest.mark.parametrize("model_type", ["glm4v", "glm4v_moe", "glm_image_text"])
 def test_glm_mrope_section_fits_the_rotary_dim(model_type):
     from models.zoo.inputs import text_config
