@@ -11,11 +11,17 @@ computed in fp32 (on-device casts, dl16tofp32 / fp32todl16; mean, sub, mul, rsqr
 as stock computes fp16/bf16 group norm in fp32, and cast back. This is the textbook two-pass biased variance: the
 same value as var_mean's, rounded in another order (within fp32 rounding; tests).
 
-How it recognises its target: by module type, any `nn.GroupNorm` (or a subclass keeping its forward). Retirement:
-when the stack supports aten.native_group_norm.
+How it recognises its target: by module type, any `nn.GroupNorm` (or a subclass keeping its forward), whose forward
+is replaced per instance. A subclass with a forward of its own that calls `super().forward(...)` (Perception
+Encoder Audio's masked group norm, when no padding mask is passed) reaches nn.GroupNorm's forward through its
+class, which no per-instance attribute replaces: that module gets, per instance, a subclass of its own class with
+the two-pass forward between it and nn.GroupNorm (`_with_two_pass_super`), so its own code runs unchanged and its
+super() call is the two-pass form. Retirement: when the stack supports aten.native_group_norm.
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 from torch import nn
@@ -56,6 +62,28 @@ def _forward(self, input: torch.Tensor) -> torch.Tensor:
     return group_norm_two_pass(input, self.num_groups, self.weight, self.bias, self.eps)
 
 
+class _TwoPassBase(nn.GroupNorm):
+    """nn.GroupNorm with the two-pass forward: placed between a subclass and nn.GroupNorm (_with_two_pass_super)."""
+
+    forward = _forward
+
+
+@functools.cache
+def _with_two_pass_super(cls: type) -> type:
+    """`cls` (an nn.GroupNorm subclass) with _TwoPassBase after it in the MRO: its own methods first, then the two-pass
+    forward where its `super().forward` lands. One class per model class, same name."""
+    return type(cls.__name__, (cls, _TwoPassBase), {"__module__": cls.__module__, "__qualname__": cls.__qualname__})
+
+
+def _calls_super_forward(module: nn.Module) -> bool:
+    """An nn.GroupNorm subclass whose own forward (not a per-instance one) calls `super().forward`."""
+    fn = type(module).forward
+    if "forward" in vars(module) or fn is nn.GroupNorm.forward or not isinstance(module, nn.GroupNorm):
+        return False
+    code = getattr(fn, "__code__", None)
+    return code is not None and {"super", "forward"} <= set(code.co_names)
+
+
 @register_adapter
 class TwoPassGroupNorm(Adapter):
     name = "group_norm"
@@ -65,7 +93,10 @@ class TwoPassGroupNorm(Adapter):
     summary = "nn.GroupNorm with mean-then-variance statistics in fp32 (no var_mean)"
 
     def applicable(self, model: nn.Module) -> bool:
-        return bool(self._targets(model))
+        return bool(self._targets(model) or self._super_targets(model))
+
+    def _super_targets(self, model: nn.Module) -> list[tuple[str, nn.Module]]:
+        return [(p, m) for p, m in model.named_modules() if _calls_super_forward(m)]
 
     def _targets(self, model: nn.Module) -> list[tuple[str, nn.Module]]:
         return [
@@ -78,4 +109,8 @@ class TwoPassGroupNorm(Adapter):
         patch = Patch(self.name)
         for path, m in self._targets(model):
             patch.override_forward(m, _forward, f"{path}: group norm as mean, sub, mul, rsqrt in fp32")
+        for path, m in self._super_targets(model):
+            patch.swap_class(
+                m, _with_two_pass_super(type(m)), f"{path}: its super().forward as mean, sub, mul, rsqrt in fp32"
+            )
         return patch

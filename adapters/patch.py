@@ -54,6 +54,20 @@ class Patch:
         """Per-instance method (`fn` takes the module first): what `module.name(...)` calls from now on."""
         self.set_attr(module, name, types.MethodType(fn, module), what or f"{name} of {type(module).__name__}")
 
+    def swap_class(self, obj: object, cls: type, what: str = "") -> None:
+        """Give this one object a subclass of its own class, for a method its class reaches through `super()`, which
+        no per-instance attribute replaces. isinstance holds for every class it was an instance of."""
+        old = type(obj)
+        if not issubclass(cls, old):
+            raise TypeError(f"Patch.swap_class: {cls.__name__} is not a subclass of {old.__name__}")
+        obj.__class__ = cls
+
+        def undo(obj=obj, old=old):
+            obj.__class__ = old
+
+        self._undo.append(undo)
+        self.changes.append(what or f"class of {old.__name__}: {cls.__qualname__}")
+
     def swap_module(self, parent: nn.Module, name: str, new: nn.Module, what: str = "") -> None:
         old = parent._modules[name]
         parent._modules[name] = new

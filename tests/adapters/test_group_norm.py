@@ -63,18 +63,42 @@ def test_runs_on_device_in_strict_mode():
     assert torch.allclose(got.float(), ref, rtol=2**-7, atol=2**-5), float((got.float() - ref).abs().max())
 
 
-def test_a_subclass_with_its_own_forward_is_left_alone():
-    class Scaled(nn.GroupNorm):
-        def forward(self, x):
-            return 2 * super().forward(x)
+class Scaled(nn.GroupNorm):
+    def forward(self, x, scale=2.0):
+        return scale * super().forward(x)
 
-    assert not adapters.get_adapter("group_norm").applicable(nn.Sequential(Scaled(2, 4)))
+
+def test_a_subclass_that_calls_super_forward_gets_the_two_pass_form_under_its_own_code():
+    """Perception Encoder Audio's masked group norm calls super().forward when no padding mask is passed: its own
+    code runs (the scale here), its super() call is the two-pass form (no native_group_norm left), per instance, and
+    the class comes back on remove."""
+    m = Scaled(2, 4).eval()
+    other = Scaled(2, 4).eval()
+    x = torch.randn(3, 4, 6, generator=torch.Generator().manual_seed(0))
+    ref = m(x)
+    model = nn.Sequential(m)
+    with adapters.apply(model, only=["group_norm"]) as h:
+        assert h.report.applied == ["group_norm"]
+        assert isinstance(m, Scaled) and type(m) is not Scaled and type(other) is Scaled
+        torch.testing.assert_close(m(x), ref, rtol=1e-5, atol=1e-5)
+        assert "aten.native_group_norm" not in {op.op for op in find_unsupported(model, (x,))}
+    assert type(m) is Scaled
+    assert "aten.native_group_norm" in {op.op for op in find_unsupported(model, (x,))}
+
+
+def test_a_subclass_with_its_own_group_norm_code_is_left_alone():
+    class OwnCode(nn.GroupNorm):  # BiT's group norm + activation: its code calls F.group_norm (numeric_forms' case)
+        def forward(self, x):
+            return torch.nn.functional.group_norm(x, self.num_groups, self.weight, self.bias, self.eps).relu()
+
+    assert not adapters.get_adapter("group_norm").applicable(nn.Sequential(OwnCode(2, 4)))
 
 
 def test_undo_is_exact():
-    model = nn.Sequential(_norm(2, 4), nn.ReLU(), _norm(4, 4))
+    model = nn.Sequential(_norm(2, 4), nn.ReLU(), _norm(4, 4), Scaled(2, 4))
     snap = snapshot(model)
     handle = adapters.apply(model, only=["group_norm"])
-    assert "forward" in model[0].__dict__ and "forward" in model[2].__dict__
+    assert "forward" in model[0].__dict__ and "forward" in model[2].__dict__ and type(model[3]) is not Scaled
     handle.remove()
     assert_restored(model, snap)
+    assert type(model[3]) is Scaled
