@@ -633,7 +633,8 @@ def audit_parts(records: list[dict], full: bool = False) -> list[tuple[str, str,
         if records
         else "No record here carries the adapter audit (sweeps before it was added): run `spyre-emu sweep --audit`."
     )
-    rows = sorted((r for r in records if r["class"] not in ("exact", "rounding", "no_adapters")), key=_audit_key)
+    fine = ("exact", "rounding", "no_adapters", "not_buildable")  # a model nothing builds has nothing to audit
+    rows = sorted((r for r in records if r["class"] not in fine), key=_audit_key)
     parts: list[tuple[str, str, object]] = [
         ("p", "Adapter audit: do the adapters leave what each model computes unchanged?", text),
         ("table", "", (list(AUDIT_COLUMNS), [_audit_row(r) for r in rows], 1)),

@@ -103,12 +103,14 @@ def test_the_reports_list_the_findings_first(tmp_path, full):
         rs = [
             {"model_type": "a", **changed},
             {"model_type": "b", "class": "exact", "rel_err": 0.0, "adapters_applied": ["rope"]},
+            {"model_type": "c", "class": "not_buildable", "reason": "no level built it"},  # listed, not a finding
         ]
         md = write_audit_report(rs, tmp_path).read_text()
-        assert "2 model types audited: exact 1, changed 1." in md and "## Every model type" in md
+        assert "3 model types audited: exact 1, changed 1, not_buildable 1." in md and "## Every model type" in md
+        assert "| c | not_buildable |" in md.split("## Every model type")[1]
     else:  # the sweep's records carry it as `adapter_audit`, beside the class
         rs = [rec("a", "pass_device", adapter_audit=changed), rec("b", "unsupported", adapter_audit=None)]
         md = write_report(rs, tmp_path).markdown.read_text()
         assert "1 model types audited: changed 1." in md
     findings = md.split("## Adapter audit")[1].split("\n## ")[0]  # the verdict counts and the findings table
-    assert "| a | changed | 2.50e-03 |" in findings and "| b |" not in findings
+    assert "| a | changed | 2.50e-03 |" in findings and "| b |" not in findings and "| c |" not in findings
