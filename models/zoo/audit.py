@@ -34,16 +34,36 @@ VERDICTS = ("exact", "rounding", "changed", "adapter_error", "no_adapters")
 AUDIT_CLASSES = (*VERDICTS, "not_buildable", "timeout", "out_of_memory", "emulator_error")
 
 
+FINDINGS = ("changed", "adapter_error")
+
+
 def compare(model: torch.nn.Module, inputs: dict, pad_mask, ref: torch.Tensor, seed: int = 0) -> dict:
     """Apply every adapter to a copy of `model` (fp32, on the CPU), run it on `inputs` and compare its judged output
-    at real positions with `ref` (the stock model's). Never raises for the model: an error is the verdict."""
+    at real positions with `ref` (the stock model's). For a finding (changed, adapter_error) with several adapters
+    applied, each is run alone too: `culprits` names those that change the output or raise by themselves (none when
+    only a combination does). Never raises for the model: an error is the verdict."""
+    out = _run(model, inputs, pad_mask, ref, seed, only=None)
+    if out["class"] in FINDINGS and len(out["adapters_applied"]) > 1:
+        out["culprits"] = [
+            name
+            for name in out["adapters_applied"]
+            if _run(model, inputs, pad_mask, ref, seed, only=[name])["class"] in FINDINGS
+        ]
+        out["reason"] = (
+            f"{out.get('reason') or out['error']['type']}; alone: {', '.join(out['culprits']) or 'none'}"
+        )
+    return out
+
+
+def _run(model, inputs: dict, pad_mask, ref: torch.Tensor, seed: int, only) -> dict:
+    """The verdict of one patched run: `only` None applies every adapter, else the named ones."""
     import adapters
     from models.zoo.classify import _error
 
     m = copy.deepcopy(model).eval()
     out: dict = {"class": None, "adapters_applied": [], "rel_err": None, "max_abs_err": None}
     try:
-        with adapters.apply(m) as handle, torch.no_grad():
+        with adapters.apply(m, only=only) as handle, torch.no_grad():
             out["adapters_applied"] = list(handle.report.applied)
             if not handle.report.applied:
                 out["class"] = "no_adapters"
@@ -55,26 +75,27 @@ def compare(model: torch.nn.Module, inputs: dict, pad_mask, ref: torch.Tensor, s
         return out
     finally:
         torch._dynamo.reset()  # an adapter's forward may have compiled a helper
+    return {**out, **_verdict(got, ref)}
+
+
+def _verdict(got: torch.Tensor, ref: torch.Tensor) -> dict:
+    """exact, rounding or changed, with the differences."""
     if got.shape != ref.shape:
-        out.update(
-            {"class": "changed", "reason": f"output shape {tuple(got.shape)} != stock {tuple(ref.shape)}"}
-        )
-        return out
+        return {"class": "changed", "reason": f"output shape {tuple(got.shape)} != stock {tuple(ref.shape)}"}
     if torch.equal(got, ref):
-        out.update({"class": "exact", "rel_err": 0.0, "max_abs_err": 0.0})
-        return out
+        return {"class": "exact", "rel_err": 0.0, "max_abs_err": 0.0}
     finite = torch.isfinite(ref)
     if not torch.equal(torch.isfinite(got), finite):
-        out.update(
-            {"class": "changed", "reason": "non-finite values where the stock output has none, or not"}
-        )
-        return out
+        return {"class": "changed", "reason": "non-finite values where the stock output has none, or not"}
     e = rel_err(got[finite], ref[finite])
-    out.update({"rel_err": e, "max_abs_err": float((got[finite] - ref[finite]).abs().max())})
-    out["class"] = "rounding" if e <= ROUNDING_MAX else "changed"
-    if out["class"] == "changed":
-        out["reason"] = f"norm-wise relative difference {e:.3g} > {ROUNDING_MAX:g} (fp32 rounding)"
-    return out
+    out = {"rel_err": e, "max_abs_err": float((got[finite] - ref[finite]).abs().max())}
+    if e <= ROUNDING_MAX:
+        return {**out, "class": "rounding"}
+    return {
+        **out,
+        "class": "changed",
+        "reason": f"norm-wise relative difference {e:.3g} > {ROUNDING_MAX:g} (fp32 rounding)",
+    }
 
 
 def audit_one(model_type: str, variant: str = "default", seed: int = 0) -> dict:
