@@ -807,6 +807,18 @@ def _narrow_conv_stages(d: dict, variant: str) -> None:
             d[key] = max(1, 256 >> stages)
 
 
+def _granite4_vision_projectors(d: dict, variant: str) -> None:
+    # Granite 4 Vision builds one Window Q-Former projector per deepstack_layer_map pair and reads downsample_rate in
+    # them, but the default config leaves both None (so even the stock default model fails to build), and its
+    # spatial_target_layers default ([12, 15, 18, 21]) names LLM layers past the kept two. Assumptions (no checkpoint
+    # config is public here), within the docstring's forms: the last vision layer feeds the first LLM layer, the
+    # docstring's example rate "1/4", and the four spatial groups alternate over the kept LLM layers.
+    layers = d["text_config"]["num_hidden_layers"]
+    d["deepstack_layer_map"] = [[-1, 0]]
+    d["downsample_rate"] = "1/4"
+    d["spatial_target_layers"] = [i % layers for i in range(4)]
+
+
 def _t5gemma2_encoder_dropout(d: dict, variant: str) -> None:
     # T5Gemma2's layers read text_config.dropout_rate, which only the T5Gemma2Config around an encoder sets (it
     # copies its own dropout_rate, 0.0, into encoder.text_config): the standalone encoder config needs it given, as
@@ -975,6 +987,7 @@ OVERRIDES: dict[str, tuple] = {
     "lw_detr": (_lw_detr_one_scale,),
     "uvdoc": (_uvdoc_every_bridge,),
     **{t: (_qwen4_exp_indexer,) for t in ("qwen4_exp", "qwen4_exp_text")},
+    "granite4_vision": (_granite4_vision_projectors,),
     **{
         t: (_narrow_conv_stages,)
         for t in ("vibevoice", "vibevoice_acoustic_tokenizer", "vibevoice_asr", "pe_audio", "pe_audio_encoder")

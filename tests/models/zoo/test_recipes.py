@@ -247,6 +247,16 @@ def test_qwen4_exp_builds_with_its_token_indexer_sized():
     assert build("qwen4_exp").model.config.text_config.indexer_budget == c.indexer_budget
 
 
+def test_granite_4_vision_builds_with_its_projectors_sized():
+    """Its default config leaves the deepstack projector map and the Q-Former rate None (the stock default model
+    fails to build) and targets LLM layers 12-21: the override keeps every target within the kept layers."""
+    c = tiny_config("granite4_vision")
+    n = c.text_config.num_hidden_layers
+    assert c.deepstack_layer_map and all(0 <= llm < n for _, llm in c.deepstack_layer_map)
+    assert all(0 <= layer < n for layer in c.spatial_target_layers) and c.downsample_rate == "1/4"
+    assert build("granite4_vision").model_class == "Granite4VisionModel"
+
+
 def test_audio_codecs_that_double_their_channels_per_stage_fit_the_cap():
     """VibeVoice's tokenizer and Perception Encoder Audio's DAC double their channels at each downsampling stage
     (2048 at the deepest, over 100 M parameters at the tiny level): their first width is cut so the deepest stage has
