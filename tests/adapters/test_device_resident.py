@@ -10,6 +10,7 @@ import torch
 
 import adapters
 from models.zoo import build
+from tests.marks import slow_where
 
 # one family per rotary rewrite: Llama's template (rope), partial rotary of Phi-3 (half split), GPT-J's
 # and CodeGen's rotate_every_two, Falcon's apply_rotary_pos_emb copy (rotation_by_matmul), Cohere's interleaved
@@ -19,7 +20,13 @@ from models.zoo import build
 TYPES = ["llama", "phi3", "gptj", "falcon", "cohere", "deepseek_v3", "jetmoe", "llama4_text"]
 
 
-@pytest.mark.parametrize("model_type", TYPES)
+# the heaviest few run in the slow suite (the default suite's time, 2026-12-06); every rotary form keeps a default row
+# but GPT-J's and Cohere's (their rewrites have CPU tests in tests/adapters/test_rope_*.py)
+SLOW_GREEDY = {"gptj", "cohere", "llama4_text"}
+SLOW_EAGER = {"wavlm", "table-transformer", "internvl"}  # convnext, detr and llava keep their kinds
+
+
+@pytest.mark.parametrize("model_type", slow_where(TYPES, SLOW_GREEDY))
 def test_greedy_generation_of_a_model_moved_after_patching_matches_the_cpu(model_type):
     z = build(model_type, "default", seed=0)
     model = z.model
@@ -85,7 +92,7 @@ EAGER_TYPES = [
 ]
 
 
-@pytest.mark.parametrize("model_type", EAGER_TYPES)
+@pytest.mark.parametrize("model_type", slow_where(EAGER_TYPES, SLOW_EAGER))
 def test_an_eager_forward_of_a_model_moved_after_patching_matches_the_cpu(model_type):
     """The eager forward on the device stays within DL16 rounding of the CPU's fp32 forward."""
     from models.zoo.classify import _half_inputs
