@@ -1,16 +1,16 @@
 """`run_one(model_type, variant)`: one model type through the whole flow, classified into exactly one of CLASSES.
 
 Flow (issue 10 §2): build the tiny model (recipes.build; failure: not_buildable) -> CPU fp32 reference -> CPU fp16
-forward (failing or non-finite there is not the stack's fault: not_buildable, reason "not fp16-clean on CPU") ->
-the adapter audit (audit.py: every adapter applied on the CPU in fp32 vs the stock output; `adapter_audit`, beside
-the class) ->
-adapters.plan for the gaps (its second walk, with the adapters applied, is the first call of the compiled model the
-runs use: one dynamo trace) -> with the adapters applied (fallback mode) compile with backend "spyre" on the fp16
-weights, run, compare with the fp32 reference under the tolerance (tolerance.py) -> the same in strict mode ->
-classify -> for a model that ran (pass_device, pass_fallback), the real stack's own flow too: the patched model
-moved with `Module.to("spyre")` and called eagerly with device inputs (`device_resident`, beside the class: host code
-between the compiled graphs ran on the CPU). run_one never raises for a model's failure: it records it. `timeout` and `out_of_memory` are normally the
-sweep runner's (a killed subprocess); run_one gives out_of_memory only for a MemoryError it catches itself.
+forward (failing or non-finite there is not the stack's fault: not_buildable, reason "not fp16-clean on CPU") -> the
+adapter audit (audit.py: every adapter applied on the CPU in fp32 vs the stock output; `adapter_audit`, beside the
+class) -> adapters.plan for the gaps (its second walk, with the adapters applied, is the first call of the compiled
+model the runs use: one dynamo trace) -> with the adapters applied (fallback mode) compile with backend "spyre" on
+the fp16 weights, run, compare with the fp32 reference under the tolerance (tolerance.py) -> the same in strict mode
+-> classify -> for a model that ran (pass_device, pass_fallback), the real stack's own flow too: the patched model
+moved with `Module.to("spyre")` and called eagerly with device inputs (`device_resident`, beside the class: host
+code between the compiled graphs ran on the CPU). run_one never raises for a model's failure: it records it.
+`timeout` and `out_of_memory` are normally the sweep runner's (a killed subprocess); run_one gives out_of_memory
+only for a MemoryError it catches itself.
 
 Where an exception comes from decides its class: our typed errors (torch_spyre_emu.errors, aiu_sim's, the numerics
 errors) are `unsupported` (a gap, named), except aiu_sim's ProgramError / ExecutionError (a program our compiler built

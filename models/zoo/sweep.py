@@ -409,8 +409,7 @@ class _Outcome:
 
 def _supervise(task: Task, mode: str, timeout_s: float, mem_gb: float, threads: int, where: dict) -> _Outcome:
     """Start the model's process (`mode` 'run': run_one; 'audit': audit_one; 'meta': only its metadata) and watch it
-    until it sends what
-    it was started for, dies, or passes the wall limit or the memory cap."""
+    until it sends what it was started for, dies, or passes the wall limit or the memory cap."""
     ctx = _context()
     recv, send = ctx.Pipe(duplex=False)
     mem_bytes = int(mem_gb * 2**30)
