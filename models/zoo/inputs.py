@@ -279,6 +279,20 @@ def _fill(name: str, config, g: torch.Generator, seq: int):
     return None
 
 
+def _anyres(config, g: torch.Generator) -> dict:
+    """LLaVA-NeXT's "anyres" images, as its processor gives them: each image at the vision tower's size, tiled on the
+    grid pinpoint its size picks, plus the whole image downscaled: pixel_values [batch, 1 + tiles, C, side, side] with
+    image_sizes [[side, side]] (without image_sizes the model takes no image: the zoo ran their text path)."""
+    from transformers.models.llava_next.modeling_llava_next import image_size_to_num_patches
+
+    side = _cfg_int(getattr(config, "vision_config", None) or config, "image_size", default=224)
+    n = image_size_to_num_patches((side, side), config.image_grid_pinpoints, side)
+    return {
+        "pixel_values": torch.randn(BATCH, n, _channels(config), side, side, generator=g),
+        "image_sizes": torch.tensor([[side, side]] * BATCH),
+    }
+
+
 def _flat_patches(config, g: torch.Generator, side: int = 4, layout: str = "rows"):
     """(patches, grid_thw) for BATCH images of side x side patches, one temporal patch. Layouts: "rows" of
     channels * temporal_patch_size * patch_size^2 values, as Qwen-VL processors flatten them; "patches",
@@ -434,7 +448,7 @@ def _vla_prefix(inputs: dict, pad_mask, config, g: torch.Generator):
 
 
 # what describes the pixels, dropped with them from the text-only candidate
-_PIXEL_LAYOUT = ("pixel_attention_mask", "spatial_shapes", "pixel_position_ids", "target_sizes")
+_PIXEL_LAYOUT = ("pixel_attention_mask", "spatial_shapes", "pixel_position_ids", "target_sizes", "image_sizes")
 
 
 def candidates(model, config, seed: int = 0, causal: bool = False):
@@ -494,6 +508,8 @@ def candidates(model, config, seed: int = 0, causal: bool = False):
         # IDEFICS: (batch, images, C, H, W) and which images each text position sees (one image, before the text)
         inputs["pixel_values"] = _video(config, g, frames=1)
         inputs["image_attention_mask"] = torch.ones(BATCH, SEQ, 1, dtype=torch.long)
+    elif "pixel_values" in wants and "image_sizes" in params and getattr(config, "image_grid_pinpoints", None):
+        inputs.update(_anyres(config, g))
     elif "pixel_values" in wants:
         h, w = _image_size(config)
         frames = _cfg_int(config, "num_frames", default=None)

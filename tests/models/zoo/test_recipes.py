@@ -333,6 +333,8 @@ def test_paired_and_prompted_image_inputs():
         ("timesfm", {"past_values": (BATCH, 512), "freq": (BATCH, 1)}),  # its padding and frequency inputs
         ("rt_detr", {"pixel_values": (BATCH, 3, 128, 128)}),  # enough positions for its 300 queries
         ("idefics", {"pixel_values": (BATCH, 1, 3, 224, 224)}),  # images per row
+        # LLaVA-NeXT's anyres: the whole image and its pinpoint's tiles, with their sizes (not only the text path)
+        ("llava_next", {"pixel_values": (BATCH, 3, 3, 336, 336), "image_sizes": (BATCH, 2)}),
     ],
 )
 def test_inputs_the_processors_would_give(model_type, shapes):
