@@ -615,13 +615,12 @@ def _html(parts, title: str) -> str:
 
 TITLE = "HuggingFace zoo on emulated Spyre: coverage"
 AUDIT_TITLE = "HuggingFace zoo: adapter audit"
-AUDIT_FINDINGS = ("changed", "adapter_error")  # target: none of either
 
 
 def audit_parts(records: list[dict], full: bool = False) -> list[tuple[str, str, object]]:
     """The adapter audit's section: verdict counts and the findings (an adapter that changes a model's CPU fp32
     output or raises), from records whose `class` is an audit verdict (audit.py); `full` adds every record."""
-    from models.zoo.audit import AUDIT_CLASSES, ROUNDING_MAX
+    from models.zoo.audit import AUDIT_CLASSES, FINDINGS, ROUNDING_MAX
 
     counts = Counter(r["class"] for r in records)
     text = (
@@ -629,7 +628,7 @@ def audit_parts(records: list[dict], full: bool = False) -> list[tuple[str, str,
         f"model's at real positions (models/zoo/audit.py; rounding: within {ROUNDING_MAX:g} norm-wise). "
         f"{len(records)} model types audited: "
         + ", ".join(f"{c} {counts[c]}" for c in AUDIT_CLASSES if counts[c])
-        + f". Target: no {' and no '.join(AUDIT_FINDINGS)}."
+        + f". Target: no {' and no '.join(FINDINGS)}."
         if records
         else "No record here carries the adapter audit (sweeps before it was added): run `spyre-emu sweep --audit`."
     )
