@@ -654,7 +654,8 @@ def _audit_key(r: dict):
 def _audit_row(r: dict) -> list[str]:
     why = r.get("reason") or ""
     if r.get("error") and r["class"] != "not_buildable":
-        why = _error_line(r)
+        # the error's own line; a changed row's reason already ends with the culprits, an error row's would be lost
+        why = _error_line(r) + (f"; alone: {', '.join(r['culprits']) or 'none'}" if "culprits" in r else "")
     return [
         r["model_type"],
         r["class"],

@@ -130,3 +130,12 @@ def test_the_reports_list_the_findings_first(tmp_path, full):
         assert "1 model types audited: changed 1." in md
     findings = md.split("## Adapter audit")[1].split("\n## ")[0]  # the verdict counts and the findings table
     assert "| a | changed | 2.50e-03 |" in findings and "| b |" not in findings and "| c |" not in findings
+
+
+def test_an_error_row_keeps_its_error_and_its_culprits(tmp_path):
+    error = {"type": "builtins.KeyError", "message": "256\nmore", "traceback": ""}
+    r = {"model_type": "a", "class": "adapter_error", "adapters_applied": ["gelu", "rope"], "error": error}
+    md = write_audit_report([{**r, "culprits": ["gelu"]}], tmp_path).read_text()
+    assert "| builtins.KeyError: 256; alone: gelu |" in md
+    md = write_audit_report([r], tmp_path).read_text()  # one adapter applied: nothing run alone
+    assert "| builtins.KeyError: 256 |" in md
