@@ -48,7 +48,7 @@ F32 = ("float32",)
 FP = F16 + F32
 INT = ("int32", "int64")  # int64 is stored as int32 with a one-time warning, STACK §3
 BOOL = ("bool",)  # stored as SEN169_FP16, STACK §3
-ALL = FP + INT + BOOL + ("int8", "float8_e4m3fn", "float8_e5m2")
+ALL = FP + INT + BOOL + ("int8", "float8_e4m3fn", "float8_e5m2fnuz")
 
 S17 = "STACK §1.7 (docs user_guide/supported_operations.md, June 2026)"
 # Fallbacks torch-spyre registers without a FallbackWarning: "normal_ and random_.from are listed too but do not

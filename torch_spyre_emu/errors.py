@@ -6,6 +6,8 @@ what to do instead. Other parts of the stack add their own classes here.
 
 import functools
 
+from aiu_sim.numerics.errors import Int64RangeError
+
 
 class SpyreError(Exception):
     """Base class of every error torch_spyre_emu raises on purpose."""
@@ -21,6 +23,11 @@ class SpyreConfigError(SpyreError, ValueError):
 
 class SpyreDeviceError(SpyreError, RuntimeError):
     """A device request cannot be met (bad device index, dtype with no device format, bad stream priority...)."""
+
+
+class SpyreInt64RangeError(SpyreDeviceError, Int64RangeError):
+    """int64 values copied to the device that do not fit its int32 (the emulator never wraps them silently). Also
+    an aiu_sim Int64RangeError, so either class catches it."""
 
 
 class SpyreUnsupportedDtypeError(SpyreDeviceError, ValueError):

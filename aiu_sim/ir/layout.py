@@ -63,12 +63,12 @@ def default_layout(
     if not dims:  # 0-d scalar: one stick, nothing maps back to a host dimension but element 0
         return StickLayout((1, eps), (-1, -1), dtype)
     stick_size, stick_stride = dims[-1]
-    tiles = max(1, math.ceil(stick_size / eps))
+    tiles = math.ceil(stick_size / eps)  # 0 for an empty stick dim (torch_spyre_api.md §2: ceil(last/E))
     device: list[tuple[int, int]] = []
     if len(dims) == 1:
-        device = [(tiles, eps * stick_stride if tiles > 1 else -1)]
+        device = [(tiles, eps * stick_stride if tiles != 1 else -1)]
     else:
-        device = list(dims[1:-1]) + [(tiles, eps * stick_stride if tiles > 1 else -1), dims[0]]
+        device = list(dims[1:-1]) + [(tiles, eps * stick_stride if tiles != 1 else -1), dims[0]]
     device.append((eps, stick_stride))
     sizes = tuple(s for s, _ in device)
     # Size-1 host dims never contribute (canonical form, STACK §2): their device dims get stride -1, including the

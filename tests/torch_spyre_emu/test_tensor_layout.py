@@ -61,7 +61,7 @@ def test_dci_worked_example():
         (torch.int64, 32, "IEEE_INT32"),
         (torch.int8, 128, "SENINT8"),
         (torch.float8_e4m3fn, 128, "SEN143_FP8"),
-        (torch.float8_e5m2, 128, "SEN152_FP8"),
+        (torch.float8_e5m2fnuz, 128, "SEN152_FP8"),
     ],
 )
 def test_elements_per_stick_and_device_dtype(dtype, eps, fmt):

@@ -61,6 +61,12 @@ class Builder:
                 f"{self.node_name}: dtype {dtype_name(dtype)} has no Spyre device format (shape {list(shape)}); "
                 "cast it to float16/bfloat16/float32/int32 before it reaches the device"
             )
+        if len(shape) > 6:
+            raise SpyreCompileError(
+                f"{self.node_name}: a rank-{len(shape)} tensor (shape {list(shape)}) has no device layout: "
+                "torch-spyre layouts have rank 0-6; reshape it to fewer dims (merge adjacent ones) before it reaches "
+                "the device"
+            )
         name = self.fresh(prefix + "_")
         self.buffers[name] = Buffer(name, fmt, tuple(int(s) for s in shape))
         self.torch_dtypes[name] = dtype

@@ -14,16 +14,19 @@ import numpy as np
 import torch
 
 from aiu_sim.numerics import host as numerics_host
-from aiu_sim.numerics.errors import UnsupportedInputError
+from aiu_sim.numerics.errors import Int64RangeError, UnsupportedInputError
 from aiu_sim.numerics.formats import FORMATS, HOST_FORMAT, HOST_NUMPY, host_dtype_name
-from torch_spyre_emu.errors import SpyreDeviceError
+from torch_spyre_emu.errors import SpyreDeviceError, SpyreInt64RangeError
 
 # torch dtype -> the registry format its values are stored in on the device: the real stack's table
 # (../shared/reference/torch_spyre_api.md §2, csrc/types_mapping.h): f16, bf16, bool -> dl16 (SEN169_FP16); f32 -> fp32;
 # i64, i32 -> int32 (IEEE_INT32); i16 -> int16 (SENINT16); u8 -> uint32 (SENUINT32); i8 -> int8 (SENINT8); fp8 ->
-# fp8_e4m3 / fp8_e5m2. Any other torch dtype (float64, complex, ...) has no device format.
+# fp8_e4m3 (float8_e4m3fn, SEN143_FP8) / fp8_e5m2 (float8_e5m2fnuz only, SEN152_FP8). Any other torch dtype
+# (float64, complex, ...) has no device format, including two the simulator's registry names for its own programs
+# and studies but the real table maps to INVALID: float8_e5m2 (IEEE-style, not fnuz) and the placeholder int4.
+NOT_ON_DEVICE = frozenset({"float8_e5m2", "int4"})
 TORCH_TO_FORMAT: dict[torch.dtype, str] = {
-    getattr(torch, name): FORMATS[fmt].storage for name, fmt in HOST_FORMAT.items()
+    getattr(torch, name): FORMATS[fmt].storage for name, fmt in HOST_FORMAT.items() if name not in NOT_ON_DEVICE
 }
 
 # torch dtypes numpy cannot hold natively (bfloat16, fp8: their HOST_NUMPY dtype is an ml_dtypes type, and
@@ -41,7 +44,10 @@ def device_format(dtype: torch.dtype | str) -> str:
     from aiu_sim.numerics.errors import NumericsError
 
     try:
-        return numerics_host.device_format_for(host_dtype_name(dtype))
+        name = host_dtype_name(dtype)
+        if name in NOT_ON_DEVICE:
+            raise NumericsError(f"torch-spyre's dtype table maps {name} to DataFormats.INVALID")
+        return numerics_host.device_format_for(name)
     except NumericsError as e:
         raise SpyreDeviceError(
             f"Spyre backend does not support dtype {dtype}: {dtype} has no Spyre device format ({e}); convert the "
@@ -80,7 +86,10 @@ def from_numpy(a: np.ndarray) -> torch.Tensor:
 
 def to_device_values(host: torch.Tensor) -> np.ndarray:
     """CPU tensor -> device-format values in its logical shape (fp16/bf16/bool rounded to DL16 once here)."""
-    return numerics_host.to_device(to_numpy(host), host_dtype_name(host.dtype))
+    try:
+        return numerics_host.to_device(to_numpy(host), host_dtype_name(host.dtype))
+    except Int64RangeError as e:
+        raise SpyreInt64RangeError(str(e)) from None
 
 
 def to_host_tensor(values: np.ndarray, dtype: torch.dtype) -> torch.Tensor:

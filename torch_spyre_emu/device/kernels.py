@@ -42,6 +42,11 @@ def _filled(size, dtype, fill_value, device, strides=None) -> torch.Tensor:
 def empty_memory_format(size, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
     """torch-spyre's empty takes a strided, non-pinned, contiguous tensor only (torch_spyre_api.md §3)."""
     _check_layout(layout)
+    if pin_memory:
+        raise SpyreDeviceError(
+            "spyre tensors cannot be pinned: torch.empty(..., pin_memory=True) pins host memory; allocate on the "
+            "cpu with pin_memory=True, or on spyre without it"
+        )
     if memory_format not in (None, torch.contiguous_format):
         raise SpyreDeviceError(
             f"spyre tensors are allocated contiguous: torch.empty with memory_format={memory_format} is not "
@@ -53,6 +58,15 @@ def empty_memory_format(size, dtype=None, layout=None, device=None, pin_memory=N
 def empty_strided(size, stride, dtype=None, layout=None, device=None, pin_memory=None):
     _check_layout(layout)
     return _filled(size, dtype, 0, device, stride)
+
+
+def new_empty_strided(self, size, stride, dtype=None, layout=None, device=None, pin_memory=None):
+    """Tensor.new_empty_strided: autograd's AccumulateGrad allocates with it when a gradient arrives expanded
+    (`p.sum().backward()`)."""
+    target = torch.device(device) if device is not None else self.device
+    if target.type != "spyre":
+        return torch.empty_strided(size, stride, dtype=dtype or self.dtype, device=target)
+    return empty_strided(size, stride, dtype or self.dtype, layout, target, pin_memory)
 
 
 def zeros(size, dtype=None, layout=None, device=None, pin_memory=None):
@@ -153,6 +167,7 @@ def convolution_overrideable(*args, **kwargs):
 _KERNELS = {
     "empty.memory_format": empty_memory_format,
     "empty_strided": empty_strided,
+    "new_empty_strided": new_empty_strided,
     "zeros": zeros,
     "ones": ones,
     "full": full,

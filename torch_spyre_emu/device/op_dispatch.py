@@ -49,6 +49,7 @@ _RANDOM_FROM_ = getattr(torch.ops.aten.random_, "from")
 EAGER_FALLBACK_OVERLOADS = {
     torch.ops.aten.repeat.out: "call the functional form (x.repeat(...)), which runs on the device",
     torch.ops.aten.where.default: "the result's shape depends on the data; keep a bool mask and use torch.where(m, a, b)",
+    torch.ops.aten.ne.Scalar_out: "call it without out= (x != s), which runs on the device",
 }
 
 
@@ -172,7 +173,9 @@ def _structured_ops() -> list:
             continue
         packet, _, overload = name[len("aten::") :].partition(".")
         op = getattr(getattr(torch.ops.aten, packet), overload or "default", None)
-        if op is not None and not op._schema.is_mutable and not op.is_view:
+        # factories (new_empty_strided: a device= argument) allocate, they do not compute: kernels.py has them
+        factory = any(a.name == "device" for a in op._schema.arguments) if op is not None else False
+        if op is not None and not op._schema.is_mutable and not op.is_view and not factory:
             found.append(op)
     return found
 

@@ -155,8 +155,9 @@ def device_count() -> int:
             raise SpyreDeviceError(
                 f"AIU_WORLD_SIZE={raw!r} is not a device count; set it to a positive integer"
             ) from None
-        if n < 1:
-            raise SpyreDeviceError(f"AIU_WORLD_SIZE={raw!r} must be a positive integer")
+        if n < 0:
+            raise SpyreDeviceError(f"AIU_WORLD_SIZE={raw!r} must be a non-negative integer")
+        # 0: no cards, as flex reports it; is_available() is then False and allocating raises
         return _at_most_max_cards(n, f"AIU_WORLD_SIZE={raw!r}")
     return 1
 

@@ -10,9 +10,10 @@ The weakref finalizer on the storage object frees the accounted device bytes whe
 from __future__ import annotations
 
 import ctypes
+import functools
 import math
 import mmap
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -36,6 +37,11 @@ class DeviceStorage:
     device_index: int
     nbytes: int  # storage bytes (torch-spyre's size rule, stick padding included)
     token: HostToken | None = None  # backs the torch storage's opaque data_ptr
+    # the torch storages that hold this allocation: one, or more after a growing resize_ (the tensor moves to a
+    # larger torch storage, its views keep the old one, and all of them read this one buffer); kept so their
+    # host tokens outlive them, and the accounted bytes in a cell the finalizer reads when the last one dies
+    tokens: list = field(default_factory=list)
+    accounted: list = field(default_factory=lambda: [0])
 
 
 class HostToken:
@@ -115,14 +121,40 @@ def empty_on(card: int, dtype: torch.dtype) -> torch.Tensor:
 
 
 def attach(t: torch.Tensor, storage: DeviceStorage) -> None:
-    """Bind `storage` to the torch storage of `t` and account its bytes until that storage dies."""
-    holder = t.untyped_storage()
+    """Bind `storage` to the torch storage of `t` and account its bytes until the allocation dies (the last torch
+    storage holding it)."""
+    _attach(t.untyped_storage(), storage)
+
+
+def _attach(holder: torch.UntypedStorage, storage: DeviceStorage) -> None:
     if getattr(holder, _ATTR, None) is not None:
         raise SpyreDeviceError("internal: this spyre tensor already owns device memory")
     setattr(holder, _ATTR, storage)
-    allocated = device_memory.allocation_bytes(storage.nbytes)
+    allocated = storage.accounted[0] = device_memory.allocation_bytes(storage.nbytes)
     device_memory.record_alloc(storage.device_index, allocated)
-    lifetime.on_free(holder, device_memory.record_free, storage.device_index, allocated)
+    lifetime.on_free(storage, _free, storage.device_index, storage.accounted)
+
+
+def _free(device: int, accounted: list) -> None:
+    device_memory.record_free(device, accounted[0])
+
+
+def grow(storage: DeviceStorage, elements: int, nbytes: int) -> torch.UntypedStorage:
+    """Grow `storage` in place to `elements` values and `nbytes` bytes (Tensor.resize_ past its storage), as a CPU
+    StorageImpl grows: the old values stay, new ones read as zero, and every view of the old storage keeps reading
+    and writing the same values. torch cannot resize a PrivateUse1 StorageImpl from Python, so the tensor gets a new
+    torch storage (a host token of the new size) holding the same DeviceStorage; returns that torch storage."""
+    buffer = np.zeros(max(elements, storage.buffer.size), dtype=storage.buffer.dtype)
+    buffer[: storage.buffer.size] = storage.buffer
+    storage.tokens.append(storage.token)
+    storage.buffer, storage.nbytes, storage.token = buffer, int(nbytes), HostToken(nbytes)
+    holder = storage.token.storage(storage.device_index)
+    setattr(holder, _ATTR, storage)
+    allocated = device_memory.allocation_bytes(nbytes)
+    device_memory.record_free(storage.device_index, storage.accounted[0])
+    device_memory.record_alloc(storage.device_index, allocated)
+    storage.accounted[0] = allocated
+    return holder
 
 
 def has_device_data(t: torch.Tensor) -> bool:
@@ -168,3 +200,63 @@ def values_view(t: torch.Tensor) -> np.ndarray:
     return np.lib.stride_tricks.as_strided(
         buf[t.storage_offset() :], shape=tuple(t.shape), strides=tuple(s * item for s in t.stride())
     )
+
+
+# --- torch.UntypedStorage on spyre ------------------------------------------------------------------------------
+# torch makes a new storage of a device through that device's C++ allocator, which a Python backend cannot
+# register: torch.UntypedStorage(n, device="spyre"), storage.clone(), .new() and a storage deepcopy crashed the
+# process. Spyre storages are made by allocating tensors; these give the storage methods a spyre answer instead.
+
+
+def _clone_storage(original):
+    @functools.wraps(original)
+    def clone(self):
+        if self.device.type != "spyre":
+            return original(self)
+        src = getattr(self, _ATTR, None)
+        if src is None:
+            raise SpyreDeviceError(
+                "this spyre storage holds no device data (it was not made by allocating a spyre tensor); clone "
+                "the tensor instead (t.clone())"
+            )
+        copy = DeviceStorage(
+            src.buffer.copy(), src.layout, src.base_shape, src.base_strides, src.device_index, src.nbytes,
+            HostToken(src.nbytes),
+        )
+        holder = copy.token.storage(src.device_index)
+        _attach(holder, copy)
+        return holder
+
+    return clone
+
+
+def _new_storage(original):
+    @functools.wraps(original)
+    def new(self):
+        if self.device.type != "spyre":
+            return original(self)
+        return HostToken(0).storage(self.device.index or 0)  # an empty storage of the same device, as torch's
+
+    return new
+
+
+def _storage_constructor(original):
+    def __new__(cls, *args, device=None, **kwargs):
+        if device is not None and torch.device(device).type == "spyre":
+            raise SpyreDeviceError(
+                "torch.UntypedStorage(..., device='spyre'): the emulator holds device values per tensor, not raw "
+                "device bytes, so it cannot make a bare spyre storage; allocate a tensor "
+                "(torch.empty(n, dtype=..., device='spyre')) and use its untyped_storage()"
+            )
+        if device is not None:
+            kwargs["device"] = device
+        return original(cls, *args, **kwargs)
+
+    return staticmethod(__new__)
+
+
+def install_storage_api() -> None:
+    """Route torch.UntypedStorage's constructor, clone() (and so deepcopy) and new() for spyre storages."""
+    torch.UntypedStorage.clone = _clone_storage(torch.UntypedStorage.clone)
+    torch.UntypedStorage.new = _new_storage(torch.UntypedStorage.new)
+    torch.UntypedStorage.__new__ = _storage_constructor(torch.UntypedStorage.__new__)

@@ -138,9 +138,10 @@ def new_tensor(
 def resize(t: torch.Tensor, shape, strides=None) -> torch.Tensor:
     """Tensor.resize_ on a spyre tensor, in place: torch-spyre sizes a resized storage by the same rule as a new
     one (torch_spyre_api.md §3, csrc/spyre_mem.cpp). A size whose bytes fit the current storage only changes the
-    tensor's metadata; a larger one gets a new allocation in the new shape's default layout, holding the old
-    storage's values in storage order (the elements a CPU tensor's resize_ keeps; which bytes a card keeps across a
-    re-layout is not public, an emulator assumption). New elements read as zero."""
+    tensor's metadata; a larger one grows the allocation in place, to the new shape's default layout, holding the
+    old values in storage order (the elements a CPU tensor's resize_ keeps; which bytes a card keeps across a
+    re-layout is not public, an emulator assumption), so the tensor's views still share its values. New elements
+    read as zero."""
     shape = tuple(int(s) for s in shape)
     strides = contiguous_strides(shape) if strides is None else tuple(int(s) for s in strides)
     if any(n < 0 for n in shape):
@@ -156,13 +157,12 @@ def resize(t: torch.Tensor, shape, strides=None) -> torch.Tensor:
         return torch.ops.aten.set_.source_Storage_storage_offset.redispatch(
             _CPU, t, t.untyped_storage(), offset, list(shape), list(strides)
         )
-    holder, fresh = _allocate(shape, strides, t.dtype, layout, old.device_index, max(elements, old.buffer.size))
-    fresh.buffer[: old.buffer.size] = old.buffer
-    t = torch.ops.aten.set_.source_Storage_storage_offset.redispatch(
+    nbytes = storage_nbytes(shape, strides, t.dtype, layout)
+    holder = device_storage.grow(old, elements, nbytes)
+    old.layout, old.base_shape, old.base_strides = layout, shape, strides
+    return torch.ops.aten.set_.source_Storage_storage_offset.redispatch(
         _CPU, t, holder, offset, list(shape), list(strides)
     )
-    device_storage.attach(t, fresh)
-    return t
 
 
 def payload(t: torch.Tensor) -> np.ndarray:

@@ -10,7 +10,6 @@ get/set_spyre_tensor_layout, the *_with_layout allocators, copy_tensor and the d
 
 from __future__ import annotations
 
-import copy
 import functools
 import os
 
@@ -265,6 +264,12 @@ def _empty(original):
     @functools.wraps(original)
     def empty(*size, device_layout=None, **kwargs):
         if device_layout is None:
+            default = torch.get_default_device() if kwargs.get("device") is None else None
+            if default is not None and default.type != "cpu":
+                # torch's device context (`with torch.device(...)`, set_default_device) picks factories by
+                # identity, and this wrapper is not the builtin it knows: give the context's device explicitly,
+                # or nn.Linear built under `with torch.device("spyre")` (or "meta") would land on the cpu
+                kwargs["device"] = default
             return original(*size, **kwargs)
         if len(size) == 1 and isinstance(size[0], list | tuple | torch.Size):
             size = tuple(size[0])
@@ -289,29 +294,6 @@ def _str(original):
         return original(self, tensor_contents=tensor_contents)
 
     return _spyre_str
-
-
-def _deepcopy(original):
-    # torch deep-copies tensors through their storage bytes; spyre storages hold no host bytes, so clone instead,
-    # as torch itself does for storage-less PrivateUse1 tensors.
-    @functools.wraps(original)
-    def __deepcopy__(self, memo):
-        if type(self) is not torch.Tensor or not device_storage.has_device_data(self):
-            return original(self, memo)
-        if not self.is_leaf:
-            raise RuntimeError("Only Tensors created explicitly by the user (graph leaves) support deepcopy")
-        if id(self) in memo:
-            return memo[id(self)]
-        with torch.no_grad():
-            new = self.clone()
-        new.requires_grad_(self.requires_grad)
-        if self.grad is not None:
-            new.grad = copy.deepcopy(self.grad, memo)
-        new.__dict__.update(copy.deepcopy(self.__dict__, memo))
-        memo[id(self)] = new
-        return new
-
-    return __deepcopy__
 
 
 def _reduce(original):
@@ -339,7 +321,9 @@ def install() -> None:
     # on the CPU and left uninitialised (SmolLM2's rotary inv_freq came out as garbage). On a card other than 0,
     # name the index: torch.tensor(data, device=f"spyre:{rank}").
     torch._tensor_str._str = _str(torch._tensor_str._str)
-    torch.Tensor.__deepcopy__ = _deepcopy(torch.Tensor.__deepcopy__)
+    # torch deep-copies a tensor through its storage (storage.clone(), memoized, so a base and its views stay
+    # one storage): install_storage_api gives spyre storages that clone
+    device_storage.install_storage_api()
     torch.Tensor._reduce_ex_internal = _reduce(torch.Tensor._reduce_ex_internal)
     torch.Tensor.device_tensor_layout = _device_tensor_layout
     torch.Tensor.device_image = spyre_tensor.device_image

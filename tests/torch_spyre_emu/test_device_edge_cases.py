@@ -1,0 +1,166 @@
+"""Device behaviour at the edges a real-stack device test or a user reaches: torch's device context, storages
+made and copied directly, resize_ with live views, the dtype table's INVALID rows, empty stick dims, gradient
+accumulation and the typed errors at the device's limits. Each test failed (or crashed the process) before the fix
+it guards."""
+
+import copy
+import gc
+import warnings
+
+import pytest
+import torch
+
+import torch_spyre_emu  # noqa: F401  (registers the device)
+from aiu_sim.numerics.errors import Int64RangeError
+from torch_spyre_emu.errors import FallbackWarning, SpyreCompileError, SpyreDeviceError, SpyreError
+
+spyre = torch.spyre
+
+
+# --- torch's device context -------------------------------------------------------------------------------------
+
+
+def test_modules_built_under_a_device_context_land_on_that_device():
+    # torch.empty is wrapped (device_layout=); the context must still reach it, as it reaches every factory
+    with torch.device("spyre"):
+        linear = torch.nn.Linear(4, 2)
+        assert torch.empty(2).device.type == "spyre"
+    assert linear.weight.device.type == "spyre" and linear.bias.device.type == "spyre"
+    with torch.device("meta"):
+        assert torch.nn.Linear(4, 2).weight.device.type == "meta"  # not allocated on the cpu
+    assert torch.empty(2).device.type == "cpu"
+
+
+def test_set_default_device_reaches_torch_empty():
+    torch.set_default_device("spyre")
+    try:
+        assert torch.empty(3).device.type == "spyre"
+    finally:
+        torch.set_default_device(None)
+    assert torch.empty(3).device.type == "cpu"
+
+
+# --- autograd's allocations -------------------------------------------------------------------------------------
+
+
+def test_sum_backward_into_a_spyre_leaf_accumulates_its_gradient():
+    # AccumulateGrad allocates with new_empty_strided when the incoming gradient is expanded
+    p = torch.nn.Parameter(torch.randn(3, device="spyre"))
+    p.sum().backward()
+    assert torch.equal(p.grad.cpu(), torch.ones(3))
+    w = torch.nn.Parameter(torch.randn(4, 3).half().to("spyre"))
+    (w.t() * 2).sum().backward()
+    assert torch.equal(w.grad.cpu(), torch.full((4, 3), 2.0, dtype=torch.float16))
+
+
+def test_new_empty_strided_allocates_on_the_tensors_device():
+    out = torch.ones(2, 3, device="spyre").new_empty_strided((2, 2), (1, 2))
+    assert out.device.type == "spyre" and out.stride() == (1, 2) and out.dtype == torch.float32
+
+
+# --- storages -----------------------------------------------------------------------------------------------------
+
+
+def test_a_bare_spyre_storage_is_a_typed_error_not_a_crash():
+    with pytest.raises(SpyreDeviceError, match="allocate a tensor"):
+        torch.UntypedStorage(16, device="spyre")
+    assert torch.UntypedStorage(4).size() == 4 and torch.UntypedStorage(4, device="cpu").device.type == "cpu"
+
+
+def test_storage_clone_is_an_independent_copy_with_the_same_values():
+    x = torch.arange(6.0).to("spyre")
+    clone = x.untyped_storage().clone()
+    assert clone.device.type == "spyre" and clone.nbytes() == x.untyped_storage().nbytes()
+    assert clone.data_ptr() != x.untyped_storage().data_ptr()
+    y = torch.empty(0, device="spyre").set_(clone, 0, (6,), (1,))
+    x[0] = 42.0
+    assert torch.equal(y.cpu(), torch.arange(6.0))
+    assert x.untyped_storage().new().nbytes() == 0
+
+
+def test_deepcopy_keeps_a_base_and_its_view_on_one_storage():
+    x = torch.arange(6.0).to("spyre")
+    copied = copy.deepcopy({"a": x, "b": x[2:]})
+    assert copied["b"].storage_offset() == 2
+    copied["a"][3] = 50.0
+    assert copied["b"].cpu().tolist() == [2.0, 50.0, 4.0, 5.0]
+    assert x.cpu().tolist() == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]
+    storage = copy.deepcopy(x.untyped_storage())
+    assert storage.device.type == "spyre" and storage.nbytes() == 128
+
+
+def test_growing_resize_keeps_views_aliased_and_accounts_one_allocation():
+    gc.collect()
+    before = spyre.memory_allocated()
+    t = torch.arange(6.0).to("spyre")
+    view = t[2:4]
+    t.resize_(100)  # past its 128 B storage
+    assert t.untyped_storage().nbytes() == 512  # 4 sticks of 32 fp32 (storage size rule)
+    t[2] = 100.0
+    view[1] = 7.0
+    assert view.cpu().tolist() == [100.0, 7.0]
+    assert t[:5].cpu().tolist() == [0.0, 1.0, 100.0, 7.0, 4.0]
+    assert spyre.memory_allocated() - before == 512  # the grown allocation only, not the old one beside it
+    del t, view
+    gc.collect()
+    assert spyre.memory_allocated() == before
+
+
+# --- the dtype table and layouts ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [torch.float8_e5m2, torch.int4], ids=str)
+def test_dtypes_the_real_table_maps_to_invalid(dtype):
+    # the simulator's registry has formats for both (its FP8 and int4 studies); torch-spyre's table does not
+    assert spyre.get_device_dtype(dtype) == spyre.DataFormats.INVALID
+    if dtype is torch.float8_e5m2:
+        with pytest.raises(SpyreDeviceError, match="does not support dtype torch.float8_e5m2"):
+            torch.empty(3, dtype=dtype, device="spyre")
+    assert spyre.get_device_dtype(torch.float8_e5m2fnuz) == spyre.DataFormats.SEN152_FP8
+
+
+def test_an_empty_stick_dim_has_no_sticks():
+    # torch_spyre_api.md §2: the stick dim's device size is ceil(last / E), 0 for an empty one
+    layout = spyre.SpyreTensorLayout
+    assert list(layout([0], torch.float16).device_size) == [0, 64]
+    assert list(layout([3, 0], torch.float16).device_size) == [0, 3, 64]
+    assert list(layout([0, 64], torch.float16).device_size) == [1, 0, 64]
+    t = torch.empty(3, 0, dtype=torch.float16, device="spyre")
+    assert t.untyped_storage().nbytes() == 0 and (t + 1).cpu().shape == (3, 0)
+
+
+def test_pinned_spyre_tensors_are_refused():
+    with pytest.raises(SpyreDeviceError, match="cannot be pinned"):
+        torch.empty(3, device="spyre", pin_memory=True)
+
+
+def test_no_cards_means_not_available(monkeypatch):
+    monkeypatch.setenv("AIU_WORLD_SIZE", "0")
+    assert spyre.device_count() == 0 and not spyre.is_available()
+    with pytest.raises(SpyreDeviceError, match="does not exist"):
+        torch.ones(2).to("spyre")
+
+
+# --- fallbacks and typed errors ---------------------------------------------------------------------------------
+
+
+def test_ne_scalar_out_falls_back_as_the_real_list_says():
+    x = torch.ones(3, device="spyre")
+    out = torch.empty(3, dtype=torch.bool, device="spyre")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", FallbackWarning)
+        torch.ne(x, 1.0, out=out)
+    assert any(str(w.message).startswith("aten.ne.Scalar_out is falling back to cpu") for w in caught)
+    assert out.cpu().tolist() == [False, False, False]
+
+
+def test_a_rank_7_tensor_on_the_device_is_a_typed_compile_error():
+    x = torch.ones(2, 2, 2, 2, 2, 2).to("spyre").unsqueeze(0)  # the view is metadata; computing on it is not
+    with pytest.raises(SpyreCompileError, match="rank-7 tensor"):
+        x + 1
+
+
+def test_int64_out_of_range_is_a_spyre_error_and_an_int64_range_error():
+    with pytest.raises(SpyreError) as caught:
+        torch.tensor([2**40]).to("spyre")
+    assert isinstance(caught.value, Int64RangeError) and "int32 range" in str(caught.value)
