@@ -57,6 +57,7 @@ SILENT_FALLBACKS = frozenset({"aten.normal", "aten.random", "aten.uniform"})
 S3 = "STACK §3 (_inductor/constants.py SPYRE_FP32_OPS)"
 S3_CASTS = "STACK §3 on-device casts (_inductor/dtype_ops.py)"
 S4 = "STACK §4 known gaps"
+SAPI4 = "torch_spyre_api.md §4 (_inductor/customops.py)"
 S8 = "torch_spyre_api.md §8 (spyreccl: supported and rejected collectives)"
 VIEW = "view op: metadata only on the host side, lowered as a (possibly zero-cost) copy/restickify on device"
 
@@ -394,6 +395,23 @@ _OPS: list[OpEntry] = [
         "fallback",
         ALL,
         "F.unfold: spyre::unfold is CPU-backed (torch_spyre_api.md §4, FallbackWarning)",
+    ),
+    *(
+        OpEntry(
+            f"spyre.{name}",
+            "fallback",
+            ALL,
+            "a CPU-backed custom op: compiled, Inductor calls its eager kernel (an extern fallback), which runs "
+            "on the CPU with a FallbackWarning",
+            SAPI4,
+        )
+        for name in (
+            "unfold",
+            "reshape_via_cpu",
+            "to_dtype_cpu",
+            "max_dim_int64_fallback",
+            "min_dim_int64_fallback",
+        )
     ),
     *(
         _e(

@@ -346,6 +346,8 @@ class _State:
         return run(self, k, xs, plan)
 
     def _copy(self, k: Kernel, xs: list[np.ndarray], plan: _KernelPlan) -> np.ndarray:
+        if k.attrs.get("nonzero"):  # a cast to bool
+            return (xs[0] != 0).astype(np.float32)
         return xs[0]
 
     def _fill(self, k: Kernel, xs: list[np.ndarray], plan: _KernelPlan) -> np.ndarray:

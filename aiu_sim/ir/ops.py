@@ -170,7 +170,8 @@ OPS: dict[str, OpSpec] = {
             "copy",
             "sfp",
             1,
-            "out = x, with permutation / broadcast / window / format conversion by dims",
+            "out = x, with permutation / broadcast / window / format conversion by dims; attrs nonzero: out = "
+            "(x != 0), a cast to bool",
             layout_only=True,
             fusable=True,
         ),

@@ -164,3 +164,55 @@ def test_int64_out_of_range_is_a_spyre_error_and_an_int64_range_error():
     with pytest.raises(SpyreError) as caught:
         torch.tensor([2**40]).to("spyre")
     assert isinstance(caught.value, Int64RangeError) and "int32 range" in str(caught.value)
+
+
+# --- casts to bool and the CPU-backed custom ops, eager and compiled ---------------------------------------------
+
+
+def _both(fn, *args):
+    torch._dynamo.reset()
+    return fn(*args), torch.compile(fn)(*args)
+
+
+@pytest.mark.parametrize(
+    "src",
+    [
+        torch.tensor([0.5, -2.0, 0.0, 3.0], dtype=torch.float16),
+        torch.tensor([0.25, 0.0, -7.0, 1.0], dtype=torch.float32),
+        torch.tensor([5, 0, -2, 1], dtype=torch.int32),
+    ],
+    ids=["float16", "float32", "int32"],
+)
+def test_a_cast_to_bool_is_nonzero(src):
+    # bool shares DL16 storage with fp16, but holds 0 or 1: .bool() then a cast back gave the original values
+    x = src.to("spyre")
+    expected = src.bool()
+    for got in _both(lambda a: a.bool(), x):
+        assert torch.equal(got.cpu(), expected)
+    for got in _both(lambda a: a.bool().half() * 3, x):
+        assert torch.equal(got.cpu(), expected.half() * 3)
+    for got in _both(lambda a: (a.bool() == True).float().sum(), x):  # noqa: E712
+        assert got.item() == 3.0
+    into = torch.zeros(4, dtype=torch.bool).to("spyre")
+    into.copy_(x)
+    assert torch.equal(into.cpu(), expected)
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["to_dtype_cpu", "reshape_via_cpu", "unfold", "max_dim_int64_fallback"],
+)
+def test_the_cpu_backed_custom_ops_compile_as_cpu_islands(name):
+    # they had no shapes for tracing: compiled, their CPU round trip recursed under fake tensors
+    fn = {
+        "to_dtype_cpu": lambda t: torch.ops.spyre.to_dtype_cpu(t, torch.float32) * 2,
+        "reshape_via_cpu": lambda t: torch.ops.spyre.reshape_via_cpu(t, [70, 3]) + 1,
+        "unfold": lambda t: torch.ops.spyre.unfold(t.reshape(1, 1, 3, 70), [2, 2]),
+        "max_dim_int64_fallback": lambda t: torch.ops.spyre.max_dim_int64_fallback(t.long(), 1)[1],
+    }[name]
+    x = torch.randn(3, 70, generator=torch.Generator().manual_seed(0)).half().to("spyre")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        eager, compiled = _both(fn, x)
+    assert compiled.device.type == "spyre" and torch.equal(compiled.cpu(), eager.cpu())
+    assert any(str(w.message).startswith(f"spyre.{name} is falling back to cpu") for w in caught)

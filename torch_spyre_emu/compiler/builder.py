@@ -83,9 +83,12 @@ class Builder:
         attrs: dict | None = None,
     ) -> Kernel:
         name = self.fresh(f"{self.node_name or op}_")
-        k = Kernel(
-            name, op, inputs, outputs, dict(space), fn=fn, reduce_dims=tuple(reduce_dims), attrs=attrs or {}
-        )
+        attrs = dict(attrs or {})
+        if op == "copy" and self._to_bool(inputs, outputs):
+            # bool shares DL16 storage with fp16 (the cast table's "identity"), but a bool holds 0 or 1: a cast to
+            # bool is x != 0, as torch's; what a card stores for other values is not public (emulation assumption)
+            attrs["nonzero"] = True
+        k = Kernel(name, op, inputs, outputs, dict(space), fn=fn, reduce_dims=tuple(reduce_dims), attrs=attrs)
         k.attrs.setdefault("source", self.node_name)
         if any(space[d] == 0 for d in reduce_dims):
             k = self._empty_reduction(k)
@@ -135,6 +138,15 @@ class Builder:
         name = self.new_buffer(tuple(value.shape), value.dtype, prefix)
         self.constants[name] = host_array(value)
         return TRef.whole(name, tuple(value.shape))
+
+    def _to_bool(self, inputs: list[Arg], outputs: list[Arg]) -> bool:
+        dtypes = self.torch_dtypes
+        return (
+            len(inputs) == 1
+            and len(outputs) == 1
+            and dtypes.get(outputs[0].buffer) == torch.bool
+            and dtypes.get(inputs[0].buffer, torch.bool) != torch.bool
+        )
 
     def materialize(self, t: TRef, dtype: torch.dtype | None = None) -> TRef:
         """A plain (whole-buffer, row-major) copy of the value, optionally converted to `dtype`."""

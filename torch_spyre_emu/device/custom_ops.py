@@ -122,7 +122,8 @@ def _back(result, like: torch.Tensor):
 
 
 def _on_cpu(name: str, fn):
-    """A CPU-backed op: run `fn` on CPU copies of the tensor arguments and move the results back, warning."""
+    """A CPU-backed op: run `fn` on CPU copies of the tensor arguments and move the results back, warning. Its
+    shapes (`kernel.meta`, the Meta kernel tracing uses) are `fn` itself on meta tensors."""
 
     def kernel(x, *args):
         warn_fallback(f"spyre.{name}")
@@ -131,6 +132,7 @@ def _on_cpu(name: str, fn):
             return tuple(_back(o, x) for o in out)
         return _back(out, x)
 
+    kernel.meta = fn
     return kernel
 
 
@@ -241,4 +243,6 @@ def install() -> None:
     for name, schema in EAGER.items():
         lib.define(schema)
         lib.impl(name, _BODIES[name], "CompositeExplicitAutograd")
+        if hasattr(_BODIES[name], "meta"):  # CPU-backed: traced (fake tensors) by shape, not by a device round trip
+            lib.impl(name, _BODIES[name].meta, "Meta")
     _libraries.append(lib)
