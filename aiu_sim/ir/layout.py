@@ -66,9 +66,9 @@ def default_layout(
     tiles = math.ceil(stick_size / eps)  # 0 for an empty stick dim (torch_spyre_api.md §2: ceil(last/E))
     device: list[tuple[int, int]] = []
     if len(dims) == 1:
-        device = [(tiles, eps * stick_stride if tiles != 1 else -1)]
+        device = [(tiles, eps * stick_stride)]
     else:
-        device = list(dims[1:-1]) + [(tiles, eps * stick_stride if tiles != 1 else -1), dims[0]]
+        device = list(dims[1:-1]) + [(tiles, eps * stick_stride), dims[0]]
     device.append((eps, stick_stride))
     sizes = tuple(s for s, _ in device)
     # Size-1 host dims never contribute (canonical form, STACK §2): their device dims get stride -1, including the

@@ -99,23 +99,17 @@ def _verdict(got: torch.Tensor, ref: torch.Tensor) -> dict:
 def audit_one(model_type: str, variant: str = "default", seed: int = 0) -> dict:
     """Build the tiny model and audit its adapters; a record for `spyre-emu sweep --audit` (its `class` is one of
     AUDIT_CLASSES). Never raises for the model's failure."""
-    from models.zoo.classify import _error
-    from models.zoo.recipes import ZooBuildError, build
+    from models.zoo.classify import cpu_reference, not_buildable
+    from models.zoo.recipes import build
 
     t0 = time.perf_counter()
     rec: dict = {"model_type": model_type, "variant": variant, "class": None, "reason": None, "error": None}
     try:
         zm = build(model_type, variant, seed)
         rec.update(zm.metadata())
-        with torch.no_grad():
-            torch.manual_seed(seed)
-            ref = real(judged(zm.model(**zm.inputs)), zm.pad_mask)
+        ref = cpu_reference(zm, seed)
         rec.update(compare(zm.model, zm.inputs, zm.pad_mask, ref, seed))
-    except ZooBuildError as e:
-        rec.update({"class": "not_buildable", "reason": e.reason[:2000], "error": _error(e)})
-    except Exception as e:  # noqa: BLE001 - a stock forward that fails after build succeeded: the model's
-        rec.update(
-            {"class": "not_buildable", "reason": f"CPU fp32 reference: {e}"[:2000], "error": _error(e)}
-        )
+    except Exception as e:  # noqa: BLE001 - the model does not build, or its stock forward fails: the model's
+        rec.update(not_buildable(e))
     rec["wall_s"] = round(time.perf_counter() - t0, 3)
     return rec

@@ -98,6 +98,23 @@ def _error(e: BaseException) -> dict:
     }
 
 
+def cpu_reference(zm, seed: int) -> torch.Tensor:
+    """The stock model's judged fp32 output at real positions, on the CPU: what every run is compared with. Seeded
+    as every judged forward is (ViLT samples patches in its forward)."""
+    with torch.no_grad():
+        torch.manual_seed(seed)
+        return real(judged(zm.model(**zm.inputs)), zm.pad_mask)
+
+
+def not_buildable(e: BaseException) -> dict:
+    """The record of a model that does not build (ZooBuildError), or whose stock CPU forward fails after build ran
+    it: the model's failure, not the stack's."""
+    from models.zoo.recipes import ZooBuildError
+
+    reason = e.reason if isinstance(e, ZooBuildError) else f"CPU fp32 reference: {e}"
+    return {"class": "not_buildable", "reason": reason[:2000], "error": _error(e)}
+
+
 def _op_record(op) -> dict:
     return {
         "op": getattr(op, "op", str(op)),
@@ -296,17 +313,14 @@ def _flow(rec: dict, model_type: str, variant: str, seed: int) -> Passed | None:
         try:
             zm = build(model_type, variant, seed)
         except ZooBuildError as e:
-            rec.update({"class": "not_buildable", "reason": e.reason[:2000], "error": _error(e)})
+            rec.update(not_buildable(e))
             return
     rec.update(zm.metadata())
     with _Stage(rec, "cpu"), torch.no_grad():
         try:
-            torch.manual_seed(seed)  # same draws in every judged forward (ViLT samples patches in its forward)
-            ref = real(judged(zm.model(**zm.inputs)), zm.pad_mask)
+            ref = cpu_reference(zm, seed)
         except Exception as e:  # noqa: BLE001 - build ran this forward; a second one failing is the model's
-            rec.update(
-                {"class": "not_buildable", "reason": f"CPU fp32 reference: {e}"[:2000], "error": _error(e)}
-            )
+            rec.update(not_buildable(e))
             return
         model16 = copy.deepcopy(zm.model).half().eval()
         inputs16 = _half_inputs(zm.inputs)

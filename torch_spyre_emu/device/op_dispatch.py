@@ -173,9 +173,10 @@ def _structured_ops() -> list:
             continue
         packet, _, overload = name[len("aten::") :].partition(".")
         op = getattr(getattr(torch.ops.aten, packet), overload or "default", None)
+        if op is None or op._schema.is_mutable or op.is_view:
+            continue
         # factories (new_empty_strided: a device= argument) allocate, they do not compute: kernels.py has them
-        factory = any(a.name == "device" for a in op._schema.arguments) if op is not None else False
-        if op is not None and not op._schema.is_mutable and not op.is_view and not factory:
+        if not any(a.name == "device" for a in op._schema.arguments):
             found.append(op)
     return found
 

@@ -37,9 +37,9 @@ class DeviceStorage:
     device_index: int
     nbytes: int  # storage bytes (torch-spyre's size rule, stick padding included)
     token: HostToken | None = None  # backs the torch storage's opaque data_ptr
-    # the torch storages that hold this allocation: one, or more after a growing resize_ (the tensor moves to a
-    # larger torch storage, its views keep the old one, and all of them read this one buffer); kept so their
-    # host tokens outlive them, and the accounted bytes in a cell the finalizer reads when the last one dies
+    # A growing resize_ moves the tensor to a larger torch storage while its views keep the old one, all reading
+    # this one buffer: the old storages' host tokens are kept here so they outlive them, and the accounted bytes sit
+    # in a cell the finalizer reads when this allocation dies
     tokens: list = field(default_factory=list)
     accounted: list = field(default_factory=lambda: [0])
 
@@ -241,15 +241,13 @@ def _new_storage(original):
 
 
 def _storage_constructor(original):
-    def __new__(cls, *args, device=None, **kwargs):
-        if device is not None and torch.device(device).type == "spyre":
+    def __new__(cls, *args, **kwargs):
+        if kwargs.get("device") is not None and torch.device(kwargs["device"]).type == "spyre":
             raise SpyreDeviceError(
                 "torch.UntypedStorage(..., device='spyre'): the emulator holds device values per tensor, not raw "
                 "device bytes, so it cannot make a bare spyre storage; allocate a tensor "
                 "(torch.empty(n, dtype=..., device='spyre')) and use its untyped_storage()"
             )
-        if device is not None:
-            kwargs["device"] = device
         return original(cls, *args, **kwargs)
 
     return staticmethod(__new__)
