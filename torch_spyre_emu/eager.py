@@ -18,7 +18,7 @@ import torch
 
 from torch_spyre_emu import hints
 from torch_spyre_emu.compiler.capture import on_host_device
-from torch_spyre_emu.compiler.context import CompileOptions
+from torch_spyre_emu.compiler.context import CompileOptions, input_orders
 from torch_spyre_emu.compiler.pipeline import Compiled, compile_fn, compile_lock
 from torch_spyre_emu.errors import (
     FallbackWarning,
@@ -73,9 +73,11 @@ def run_op(func, args, kwargs):
     if generator is not None:
         kwargs["generator"] = None
     tensors = _flatten(args, kwargs)
+    on_device = frozenset(i for i, t in enumerate(tensors) if t.device.type == "spyre")
     options = CompileOptions(
         name=f"eager_{func.__name__.replace('.', '_')}",
-        device_inputs=frozenset(i for i, t in enumerate(tensors) if t.device.type == "spyre"),
+        device_inputs=on_device,
+        input_orders=input_orders(tensors, on_device),  # a view keeps its base's layout (x.t() * 2 restickifies)
         outputs_on_device=True,
         # input-independent pieces of a decomposition (SDPA's causal mask) fold as in compiled code; an op with
         # no tensor inputs (arange, a factory) is not folded away, so its capability still shows

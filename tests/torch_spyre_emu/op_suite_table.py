@@ -40,6 +40,11 @@ class Op:
     fallback: frozenset = frozenset()  # paths the capability table sends to the CPU
     slow_shapes: tuple = SLOW_SHAPES  # added in the slow run
     ref: Callable | None = None  # the float64 reference, when it is not fn itself
+    # dtype -> capability of a layout gap (not the op's dtype list) that makes the op a SpyreCompileError there
+    layout_gaps: tuple = ()
+
+
+FP32_RESTICKIFY = ((torch.float32, "layout.restickify_fp32"),)
 
 
 def _topk_by_position(x, k, dim):
@@ -364,8 +369,15 @@ OPS: list[Op] = [
         slow_shapes=SDPA_SLOW,
     ),
     # --- data movement and views --------------------------------------------------------------------------------
-    Op("transpose", lambda x: x.transpose(0, -1).contiguous(), "transpose", exact),
-    Op("permute", lambda x: x.permute(*reversed(range(x.dim()))).contiguous(), "permute", exact),
+    # contiguous() after a transpose restickifies, which fp32 cannot (STACK §4, #1796)
+    Op("transpose", lambda x: x.transpose(0, -1).contiguous(), "transpose", exact, layout_gaps=FP32_RESTICKIFY),
+    Op(
+        "permute",
+        lambda x: x.permute(*reversed(range(x.dim()))).contiguous(),
+        "permute",
+        exact,
+        layout_gaps=FP32_RESTICKIFY,
+    ),
     Op(
         "reshape",
         lambda x: x.reshape(-1, 5) * 2,

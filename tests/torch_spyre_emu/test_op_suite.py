@@ -21,7 +21,11 @@ PATHS = ("compiled", "eager")
 
 
 def allowed(op: Op, dtype: torch.dtype) -> bool:
-    return torch_spyre_emu.capabilities().supports(f"aten.{op.cap}", str(dtype).removeprefix("torch."))
+    """The capability table accepts the dtype, and no layout gap stops the op in it (dtype and layout gaps are
+    tested in test_op_suite_gaps.py)."""
+    return torch_spyre_emu.capabilities().supports(f"aten.{op.cap}", str(dtype).removeprefix("torch.")) and all(
+        dtype != gap_dtype for gap_dtype, _ in op.layout_gaps
+    )
 
 
 def cases():

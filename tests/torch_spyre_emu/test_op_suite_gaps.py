@@ -12,7 +12,7 @@ from op_suite_table import OPS
 from op_suite_util import device_view, run_path, seeded
 
 import torch_spyre_emu
-from torch_spyre_emu.errors import FallbackWarning, SpyreUnsupportedOpError
+from torch_spyre_emu.errors import FallbackWarning, SpyreCompileError, SpyreUnsupportedOpError
 
 PATHS = ("compiled", "eager")
 S = (3, 100)
@@ -134,6 +134,24 @@ def test_fp32_off_the_fp32_list_falls_back_or_raises_in_strict(op):
         run_path("compiled", op.fn, xs)
     with pytest.warns(FallbackWarning, match="float32"):
         run_path("compiled", op.fn, xs, expect_fallback=True)
+
+
+@pytest.mark.parametrize(
+    "op,dtype,capability,path",
+    [
+        pytest.param(op, dtype, cap, path, id=f"{op.name}-{str(dtype)[6:]}-{path}")
+        for op in OPS
+        for dtype, cap in op.layout_gaps
+        for path in ("compiled", "eager")
+    ],
+)
+def test_layout_gaps_are_compile_errors(op, dtype, capability, path):
+    """An op whose dtype the table accepts but whose layout the stack cannot produce in it (fp32 contiguous()
+    after a transpose: ReStickifyOpHBM has no fp32 variant, #1796) fails as on a card, in both paths."""
+    xs = [seeded(f"layoutgap/{op.name}/{i}", s, dtype, k) for i, (s, k) in enumerate(op.inputs(op.shapes[0]))]
+    with pytest.raises(SpyreCompileError) as e:
+        run_path(path, op.fn, xs)
+    assert e.value.capability == capability
 
 
 def test_fp32_gap_list_is_not_empty():

@@ -21,7 +21,7 @@ import torch.fx as fx
 from torch_spyre_emu.compiler.cache import compile_cached
 from torch_spyre_emu.compiler.capture import capture, makes_spyre_tensors
 from torch_spyre_emu.compiler.collectives import group_sizes, is_collective
-from torch_spyre_emu.compiler.context import CompileOptions, UnsupportedOp
+from torch_spyre_emu.compiler.context import CompileOptions, UnsupportedOp, input_orders
 from torch_spyre_emu.compiler.passes.support_check import UNSUPPORTED_META
 from torch_spyre_emu.compiler.pipeline import Compiled, compile_fn, run_graph_passes
 from torch_spyre_emu.device.model_loading import stored_transposed
@@ -84,6 +84,7 @@ class GraphRunner:
             weight_inputs=weights,
             device_inputs=spyre - weights,
             transposed_weights=transposed,
+            input_orders=input_orders(args, spyre - weights),
             # a graph of spyre weights alone (DETR's query embeddings: weight.unsqueeze(0).repeat(b, 1, 1)) makes
             # spyre tensors too, as dynamo recorded them
             outputs_on_device=bool(spyre - weights) or ((self.makes_spyre_tensors or bool(spyre)) and not host_inputs),

@@ -34,7 +34,9 @@ class InputSpec:
     shape: tuple[int, ...]
     weight: bool  # a parameter: uploaded once, then resident
     resident: bool  # bound to its buffer directly (weights, spyre tensors): no HostToDevice step
-    transposed: bool = False  # a 2-D weight stored with dim_order [1, 0]: the buffer holds its transpose
+    # the buffer holds the value's dims in this order (None: as the value): a 2-D weight stored with dim_order
+    # [1, 0] holds its transpose, a permuted spyre view its base's order (CompileOptions.input_orders)
+    order: tuple[int, ...] | None = None
 
 
 @dataclass
@@ -64,6 +66,7 @@ def lower_graph(gm: fx.GraphModule, options: CompileOptions) -> Lowered:
     b = Builder(options.name, groups=dict(options.groups))
     env: dict[fx.Node, object] = {}
     inputs: list[InputSpec] = []
+    orders = dict(options.input_orders)
     placeholder_i = 0
     for node in gm.graph.nodes:
         b.node_name = node.name
@@ -74,15 +77,21 @@ def lower_graph(gm: fx.GraphModule, options: CompileOptions) -> Lowered:
             if isinstance(val, torch.Tensor):
                 weight = placeholder_i in options.weight_inputs
                 resident = weight or placeholder_i in options.device_inputs
-                transposed = placeholder_i in options.transposed_weights
+                order = (1, 0) if placeholder_i in options.transposed_weights else orders.get(placeholder_i)
                 shape = tuple(val.shape)
-                buf = b.new_buffer(shape[::-1] if transposed else shape, val.dtype, "w_" if weight else "in_")
+                stored = shape if order is None else tuple(shape[d] for d in order)
+                buf = b.new_buffer(stored, val.dtype, "w_" if weight else "in_")
                 name = f"in{placeholder_i}"
                 if not resident:
                     b.steps.append(HostToDevice(f"h2d_{name}", name, buf, host_dtype_name(val.dtype)))
-                inputs.append(InputSpec(placeholder_i, name, buf, val.dtype, shape, weight, resident, transposed))
-                # sticks along dim 0: the buffer is the transpose, the value a free transposed view of it
-                env[node] = TRef.whole(buf, shape[::-1]).permute((1, 0)) if transposed else TRef.whole(buf, shape)
+                inputs.append(InputSpec(placeholder_i, name, buf, val.dtype, shape, weight, resident, order))
+                # a stored order: the value is a free permuted view of the buffer (value dim d is buffer dim
+                # order.index(d))
+                env[node] = (
+                    TRef.whole(buf, stored)
+                    if order is None
+                    else TRef.whole(buf, stored).permute(tuple(order.index(d) for d in range(len(order))))
+                )
             else:
                 env[node] = val
             placeholder_i += 1

@@ -68,6 +68,10 @@ class CompileOptions:
     # the weight inputs stored with dim_order [1, 0] (model_utils' nn.Linear weights, device/model_loading.py): their
     # buffers hold the transpose, so W^T of a Linear is already stuck on n and needs no restickify
     transposed_weights: frozenset[int] = frozenset()
+    # (placeholder index, dim order) of each spyre input whose stick is not its last dim (device/tensor.stick_order:
+    # a transposed view, a tensor stored with dim_order [1, 0]): its buffer holds the dims in that order, as on a
+    # card, so a kernel that needs another stick meets a restickify (passes/restickify.py)
+    input_orders: tuple[tuple[int, tuple[int, ...]], ...] = ()
     outputs_on_device: bool = False  # results stay on the device as spyre tensors (no DeviceToHost)
     # fold input-independent subgraphs (off for an eager op with no tensor inputs)
     fold_constants: bool = True
@@ -80,6 +84,13 @@ class CompileOptions:
     def key(self) -> tuple:
         """Every option by value: the capability snapshot by its content_key, the hardware config by its token."""
         return tuple(_by_value(getattr(self, f.name)) for f in fields(self))
+
+
+def input_orders(args, device_inputs) -> tuple[tuple[int, tuple[int, ...]], ...]:
+    """CompileOptions.input_orders of a call's args (`device_inputs`: the spyre, non-weight placeholder indices)."""
+    from torch_spyre_emu.device.tensor import stick_order
+
+    return tuple((i, order) for i in sorted(device_inputs) if (order := stick_order(args[i])) is not None)
 
 
 def _inductor_config():

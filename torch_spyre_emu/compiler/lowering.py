@@ -21,6 +21,7 @@ from aiu_sim.ir.program import Arg, Collective
 from torch_spyre_emu.capabilities import capabilities
 from torch_spyre_emu.compiler import collectives
 from torch_spyre_emu.compiler.builder import Builder
+from torch_spyre_emu.compiler.context import module_path
 from torch_spyre_emu.compiler.views import TRef
 from torch_spyre_emu.errors import SpyreCompileError
 
@@ -223,8 +224,32 @@ def lower_to_copy(b, node, x, **kwargs):
 
 
 # --- views (zero cost) -------------------------------------------------------------------------------------------
-@lowering(aten.alias, aten.detach, aten.lift_fresh_copy, aten.clone)
+@lowering(aten.alias, aten.detach, aten.lift_fresh_copy)
 def lower_alias(b, node, x, *rest, **kw):
+    return x
+
+
+@lowering(aten.clone)
+def lower_clone(b, node, x, memory_format=None):
+    """A view, as the other aliases (a consumer that needs the copy makes it). contiguous() of an fp32 value whose
+    stick it moves fails on a card: the stack restickifies with ReStickifyOpHBM, which has no fp32 variant (STACK
+    §4, #1796). Only that documented case is an error; other fp32 restickifies (a reshape's copy, operands on two
+    stick dims) are not modelled as failures (assumption)."""
+    if (
+        memory_format == torch.contiguous_format
+        and b.dtype_of(x) == torch.float32
+        and x.stick_moves()
+        and not capabilities().supports("layout.restickify_fp32")
+    ):
+        where = module_path(node)
+        raise SpyreCompileError(
+            f"contiguous() of a transposed fp32 tensor {list(x.shape)}{' in ' + where if where else ''}: the stack "
+            "restickifies it with ReStickifyOpHBM, which has no fp32 variant (torch-spyre #1796), so the compile "
+            "fails on a card. Transpose in fp16 or bf16 and cast to fp32 after, or keep that step on the CPU",
+            capability="layout.restickify_fp32",
+            op="aten.clone",
+            where=where,
+        )
     return x
 
 

@@ -165,7 +165,7 @@ class WeightCache:
 
 
 WEIGHTS = WeightCache()
-# A spyre weight stored with dim_order [1, 0] (codegen.InputSpec.transposed) is bound as its transpose, made C-order
+# A spyre weight stored with dim_order [1, 0] (codegen.InputSpec.order) is bound as its transpose, made C-order
 # once per version so the executor binds it without a copy per call. The emulator keeps device values in host order
 # (device/storage.py), so this copy is the emulator's, not the card's (which stores the weight so at load time).
 TRANSPOSED_WEIGHTS = WeightCache(lambda p: np.ascontiguousarray(_payload(p).T))
@@ -271,7 +271,7 @@ def run_compiled(compiled: Compiled, args: list, mode: str = "both", trace_path=
             if x.device.type == "cpu":
                 values, fresh = WEIGHTS.get(x)
             else:  # already on the card: no upload
-                values, fresh = (TRANSPOSED_WEIGHTS.get(x)[0] if spec.transposed else _payload(x)), False
+                values, fresh = (TRANSPOSED_WEIGHTS.get(x)[0] if spec.order else _payload(x)), False
             weight_values[spec.buffer] = values
             # a weight only read by its preparation program is not bound to (and rounded into) every call
             if compiled.prep is None or spec.buffer in compiled.main_reads:
@@ -284,7 +284,10 @@ def run_compiled(compiled: Compiled, args: list, mode: str = "both", trace_path=
                     uploads.count + 1, uploads.bytes + nbytes, uploads.pcie_us + nbytes / hw.pcie_gbps / 1e3
                 )
         elif spec.resident:
-            resident[spec.buffer] = _payload(x)
+            # a permuted view is bound in its base's order (the transpose undoes the view's: no copy)
+            resident[spec.buffer] = (
+                _payload(x) if spec.order is None else np.ascontiguousarray(_payload(x).transpose(spec.order))
+            )
             if _in_format(program, spec.buffer, x):
                 exact.add(spec.buffer)
         else:

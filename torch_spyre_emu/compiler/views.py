@@ -41,6 +41,14 @@ class TRef:
         view_axes = [i for i, s in enumerate(self.view) if s != 1]
         return [v for v, _ in walked] == view_axes and all(self.view[v] == s for v, s in walked)
 
+    def stick_moves(self) -> bool:
+        """Does a contiguous copy of the value move elements to other sticks? Its buffer's stick is the view's last
+        (non-1) axis; the copy's is the value's last (non-1) axis, so yes when a permute brought another axis
+        last (x.t(), q.transpose(-1, -2))."""
+        walked = [a for a, s in zip(self.axes, self.shape, strict=True) if s != 1]
+        inner = [i for i, n in enumerate(self.view) if n != 1]
+        return bool(walked and inner) and walked[-1] is not None and walked[-1] != inner[-1]
+
     # --- view algebra ------------------------------------------------------------------------------------------
     def permute(self, perm: tuple[int, ...]) -> TRef:
         perm = tuple(p % self.rank for p in perm) if self.rank else ()

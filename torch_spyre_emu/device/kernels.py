@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from torch_spyre_emu.device import custom_ops, host_dtypes, op_dispatch
-from torch_spyre_emu.device.tensor import check_device, new_tensor, payload, resize
+from torch_spyre_emu.device.tensor import check_device, new_tensor, payload, resize, stick_order
 from torch_spyre_emu.errors import SpyreDeviceError
 
 aten = torch.ops.aten
@@ -109,6 +109,10 @@ def _like(fill_value):
 def copy_from(src, dst, non_blocking=False):
     """aten::_copy_from: every copy that touches a spyre tensor (H2D, D2H, D2D)."""
     if src.device.type == "spyre" and dst.device.type == "spyre":
+        if stick_order(src) is not None and tuple(src.stride()) != tuple(dst.stride()):
+            # a permuted view (x.t()) copied into another order (contiguous(), clone, copy_): the values move to
+            # other sticks, a device kernel as on a card (restickify; in fp32 the compile error, #1796)
+            src = op_dispatch.run_on_device(aten.clone.default, (src,), {"memory_format": torch.contiguous_format})
         op_dispatch.copy_into(
             dst, src.expand(dst.shape) if src.shape != dst.shape else src, aten.copy_.default
         )

@@ -42,6 +42,8 @@ class DeviceStorage:
     # in a cell the finalizer reads when this allocation dies
     tokens: list = field(default_factory=list)
     accounted: list = field(default_factory=lambda: [0])
+    # (layout, its dim order): tensor.stick_order's memo, valid while `layout` is this one (resize_ replaces it)
+    order_memo: tuple = field(default=(None, None), repr=False, compare=False)
 
 
 class HostToken:

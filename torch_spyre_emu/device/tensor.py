@@ -211,6 +211,53 @@ def own_layout(t: torch.Tensor) -> SpyreTensorLayout:
     return default_layout(tuple(t.shape), t.dtype)
 
 
+def _allocation_order(t: torch.Tensor) -> tuple[int, ...] | None:
+    """The dim order of `t`'s allocation (its base's dims, outermost first): the identity for the default layout,
+    (1, 0) for a 2-D tensor stored with dim_order [1, 0] (model_loading's Linear weights), None for another layout."""
+    storage = device_storage.get(t)
+    layout, order = storage.order_memo
+    if layout is storage.layout:
+        return order
+    base_shape = storage.base_shape
+    order = None
+    if storage.layout == default_layout(base_shape, t.dtype):
+        order = tuple(range(len(base_shape)))
+    elif len(base_shape) == 2 and storage.layout == default_layout(base_shape, t.dtype, (1, 0), storage.base_strides):
+        order = (1, 0)
+    storage.order_memo = (storage.layout, order)
+    return order
+
+
+def stick_order(t: torch.Tensor) -> tuple[int, ...] | None:
+    """The order of `t`'s dims in device memory, outermost first, when its stick is not its own last dim: a
+    permuted view (x.t(), q.transpose(1, 2)) keeps its base's layout, so the base's stick dim comes last, and a
+    2-D tensor stored with dim_order [1, 0] (a Linear weight as Module.to("spyre") stores it) has dim 0 last. None
+    when `t`'s stick is its last dim, or when its dims are not the base's (a strided or expanded view reads as its
+    own copy) or the base's layout is another one."""
+    storage = device_storage.get(t)
+    base_shape, base_strides = storage.base_shape, storage.base_strides
+    base_order = _allocation_order(t)
+    if base_order is None:
+        return None
+    # each base dim's stride in device memory (elements), from its layout's dim order
+    memory, step = {}, 1
+    for d in reversed(base_order):
+        memory[d], step = step, step * base_shape[d]
+    base_dim = {base_strides[d]: d for d in range(len(base_shape)) if base_shape[d] > 1}
+    keys = []
+    for d in range(t.dim()):
+        if t.shape[d] == 1:
+            keys.append((0, 0))  # size-1 dims (any stride): outermost
+        elif t.stride(d) in base_dim:
+            keys.append((1, -memory[base_dim[t.stride(d)]]))
+        else:
+            return None
+    order = tuple(sorted(range(t.dim()), key=keys.__getitem__))
+    walked = [d for d in order if t.shape[d] > 1]
+    # only the stick matters to the kernels: an order that keeps it last (x.transpose(0, 1) of a 3-D x) reads as is
+    return None if not walked or walked[-1] == max(walked) else order
+
+
 def device_image(t: torch.Tensor) -> np.ndarray:
     """The stick-padded device array of `t` (shape layout.device_size; padding positions are zero)."""
     return to_device_image(payload(t), own_layout(t))
