@@ -233,8 +233,9 @@ def lower_alias(b, node, x, *rest, **kw):
 def lower_clone(b, node, x, memory_format=None):
     """A view, as the other aliases (a consumer that needs the copy makes it). contiguous() of an fp32 value whose
     stick it moves fails on a card: the stack restickifies with ReStickifyOpHBM, which has no fp32 variant (STACK
-    §4, #1796). Only that documented case is an error; other fp32 restickifies (a reshape's copy, operands on two
-    stick dims) are not modelled as failures (assumption)."""
+    §4, #1796); torch's reshape of a value it cannot view is this clone too. Only that documented case is an error;
+    other fp32 restickifies (operands on two stick dims, a matmul operand) are not modelled as failures
+    (assumption)."""
     if (
         memory_format == torch.contiguous_format
         and b.dtype_of(x) == torch.float32
