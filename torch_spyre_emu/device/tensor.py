@@ -25,6 +25,7 @@ from aiu_sim.ir.layout import contiguous_strides
 from torch_spyre_emu.device import host_dtypes
 from torch_spyre_emu.device import storage as device_storage
 from torch_spyre_emu.device.layout import SpyreTensorLayout, default_layout, host_dim_map, to_device_image
+from torch_spyre_emu.device.model_loading import LINEAR_WEIGHT_DIM_ORDER
 from torch_spyre_emu.errors import SpyreDeviceError, SpyreLayoutError
 
 _CPU = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
@@ -211,19 +212,21 @@ def own_layout(t: torch.Tensor) -> SpyreTensorLayout:
     return default_layout(tuple(t.shape), t.dtype)
 
 
-def _allocation_order(t: torch.Tensor) -> tuple[int, ...] | None:
-    """The dim order of `t`'s allocation (its base's dims, outermost first): the identity for the default layout,
-    (1, 0) for a 2-D tensor stored with dim_order [1, 0] (model_loading's Linear weights), None for another layout."""
-    storage = device_storage.get(t)
+def _allocation_order(storage: device_storage.DeviceStorage, dtype: torch.dtype) -> tuple[int, ...] | None:
+    """The dim order of an allocation (its base's dims, outermost first): the identity for the default layout,
+    LINEAR_WEIGHT_DIM_ORDER for a 2-D tensor stored as model_loading stores Linear weights, None for another
+    layout. Memoized on the storage: the layout comparisons are the cost of a per-call lookup."""
     layout, order = storage.order_memo
     if layout is storage.layout:
         return order
     base_shape = storage.base_shape
     order = None
-    if storage.layout == default_layout(base_shape, t.dtype):
+    if storage.layout == default_layout(base_shape, dtype):
         order = tuple(range(len(base_shape)))
-    elif len(base_shape) == 2 and storage.layout == default_layout(base_shape, t.dtype, (1, 0), storage.base_strides):
-        order = (1, 0)
+    elif len(base_shape) == 2 and storage.layout == default_layout(
+        base_shape, dtype, LINEAR_WEIGHT_DIM_ORDER, storage.base_strides
+    ):
+        order = LINEAR_WEIGHT_DIM_ORDER
     storage.order_memo = (storage.layout, order)
     return order
 
@@ -236,7 +239,7 @@ def stick_order(t: torch.Tensor) -> tuple[int, ...] | None:
     own copy) or the base's layout is another one."""
     storage = device_storage.get(t)
     base_shape, base_strides = storage.base_shape, storage.base_strides
-    base_order = _allocation_order(t)
+    base_order = _allocation_order(storage, t.dtype)
     if base_order is None:
         return None
     # each base dim's stride in device memory (elements), from its layout's dim order
