@@ -36,6 +36,7 @@ from adapters import (  # noqa: F401  (importing registers the adapters, in appl
     rope,
     rope_complex,
     sdpa,
+    ssm_scan,
     upcast,
 )
 from adapters.apply import AppliedAdapters, Report, apply
