@@ -66,7 +66,9 @@ def scan_targets(model: nn.Module) -> list[tuple[str, nn.Module, dict[int, objec
 class SsdScanHost(Adapter):
     name = "ssd_scan_host"
     gap = "layout.restickify_fp32"
-    applies_to = frozenset({"a forward calling a chunked SSD scan (dt, A, B, C, chunk_size): Mamba-2 and its hybrids"})
+    applies_to = frozenset(
+        {"a forward calling a chunked SSD scan (dt, A, B, C, chunk_size): Mamba-2 and its hybrids"}
+    )
     order = 14  # with the other host calls (host_position_ids 15); changes no shape
     summary = "Mamba-2's chunked fp32 state-space scan (einsums of permuted fp32 operands) on the host"
 
