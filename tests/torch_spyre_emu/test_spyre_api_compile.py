@@ -55,6 +55,44 @@ def test_plain_torch_compile_of_a_function_on_spyre_tensors():
     assert got.device.type == "spyre" and torch.equal(got.cpu(), want.cpu())
 
 
+@pytest.mark.parametrize("backend", ["aot_eager", "eager"])
+def test_torchs_debug_backends_run_each_op_eagerly_on_the_device(backend):
+    """aot_eager runs its graph's aten ops one by one under a dispatch mode of its own, as eager code: on spyre
+    tensors each reaches the device's eager kernels, as on a card. Its mode leaves the keys above the backend
+    excluded, which the eager kernels' trace used to inherit (AttributeError inside fake tensors)."""
+    model = _mlp().to("spyre")
+    x = torch.randn(4, 64, dtype=torch.float16).to("spyre")
+    with torch.no_grad():
+        want = model(x).cpu()
+        torch._dynamo.reset()
+        got = torch.compile(model, backend=backend)(x)
+        torch._dynamo.reset()
+    assert got.device.type == "spyre" and torch.equal(got.cpu(), want)
+
+
+def test_eager_device_ops_under_a_users_dispatch_mode():
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils.flop_counter import FlopCounterMode
+
+    class Seen(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops.append(func)
+            return func(*args, **(kwargs or {}))
+
+    a = torch.randn(4, 64, dtype=torch.float16).to("spyre")
+    w = torch.randn(64, 128, dtype=torch.float16).to("spyre")
+    want = (torch.relu(a @ w) * 2).cpu()
+    with Seen() as seen, FlopCounterMode(display=False) as flops:
+        got = torch.relu(a @ w) * 2
+    assert seen.ops == [torch.ops.aten.mm.default, torch.ops.aten.relu.default, torch.ops.aten.mul.Tensor]
+    assert flops.get_total_flops() == 2 * 4 * 64 * 128
+    assert torch.equal(got.cpu(), want)
+
+
 def test_plain_torch_compile_of_a_graph_with_no_spyre_input_that_builds_spyre_tensors():
     # dynamo drops the unused input, so the graph has none; it used to reach Inductor (KeyError: 'spyre')
     a = torch.ones(2, dtype=torch.float16).to("spyre")

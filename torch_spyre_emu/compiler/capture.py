@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import re
+import threading
 from collections.abc import Callable, Sequence
 
 import torch
@@ -229,6 +230,31 @@ def _cpu_strides(x: torch.Tensor) -> tuple[int, ...]:
         return torch.empty(0).new_empty(tuple(x.shape), device="meta").stride()
 
 
+def _thread_default_dispatch_keys() -> tuple[torch._C.DispatchKeySet, torch._C.DispatchKeySet]:
+    """The dispatcher's thread-local included / excluded key sets as a new thread starts with them."""
+    out: list = []
+    worker = threading.Thread(
+        target=lambda: out.append(
+            (torch._C._dispatch_tls_local_include_set(), torch._C._dispatch_tls_local_exclude_set())
+        )
+    )
+    worker.start()
+    worker.join()
+    return out[0]
+
+
+_DEFAULT_DISPATCH_KEYS = _thread_default_dispatch_keys()
+
+
+def _fresh_dispatch_state():
+    """Trace with the dispatcher's default thread state. An eager device op reaches the emulator's kernel with the
+    keys above the backend (Functionalize, ADInplaceOrView, PythonTLSSnapshot, ...) excluded when it is called from
+    a Python dispatch mode's handler: aot_eager's runtime, FlopCounterMode, a user's TorchDispatchMode. make_fx and
+    functionalize need those keys to trace, as a compile from a fresh thread has them (autocast stays excluded: the
+    op was already cast)."""
+    return torch._C._ForceDispatchKeyGuard(*_DEFAULT_DISPATCH_KEYS)
+
+
 def capture(
     fn: Callable | fx.GraphModule, inputs: Sequence[object], decompositions: dict | None = None
 ) -> fx.GraphModule:
@@ -255,7 +281,7 @@ def capture(
 
     functional = torch.func.functionalize(run, remove="mutations")
     try:
-        with mode, torch.no_grad():
+        with _fresh_dispatch_state(), mode, torch.no_grad():
             gm = make_fx(
                 functional, decomposition_table=table, tracing_mode="real", record_module_stack=True
             )(*fakes)
