@@ -39,6 +39,7 @@ retires by itself on the default table.)
 | `F.fold(x, size, k, stride=k)` of patches tiling the output exactly (MobileViTv2) | `reshape` to (N, C, kh, kw, Lh, Lw), `permute` to (N, C, Lh, kh, Lw, kw), `reshape`: one input element per output element | view, permute |
 | `torch.bucketize(x, b, right=r)` (1-D b, at most 1024 boundaries: Idefics3's patch positions) | `sum(b < x)` (`b <= x` for right=True) over b as float16 ones, `where(x != x, len(b), count)`, cast to int64 / int32 | lt / le, ne, where, sum, the casts |
 | `x.as_strided(size, stride)` of a dense x, every read inside x (Longformer's and LED's overlapping chunks) | x in storage order, flattened, `narrow` to the span read, then one `unfold(-1, inner extent, stride)` per dim (largest stride first), permuted back; stride-0 dims expanded | slice, unfold (CPU islands: as_strided has none), permute, expand |
+| `torch.matmul(a, b)` of fp32 tensors, b transposed and broadcast over a's trailing batch dims (layout.restickify_fp32: dots.llm3's DSA indexer with its fp32 rotary) | `(a.view(..., P*M, K) @ b.squeeze(P)).view(..., P, M, N)`: the broadcast dims folded into a's rows, as ATen folds a matrix b; no expanded copy of the transposed b | view, squeeze, bmm |
 | `F.max_pool1d/2d`, `F.avg_pool1d/2d` called in a model's own code (Funnel, CANINE, PP-OCR) | the pooling adapter's forms (`pooling.functional_pool`): im2col, then amax / mean / sum over the real elements | im2col (a CPU island), constant_pad_nd, amax, mean, sum, div |
 
 `torch.where(m, v, x)` is `masked_fill` by definition (elementwise select, both broadcast the mask and x); ATen
@@ -326,6 +327,39 @@ def fold(args, kwargs):
         return _PASS  # stock's own error
     out = batched.reshape(n, ck // (kh * kw), kh, kw, lh, lw).permute(0, 1, 4, 2, 5, 3).reshape(n, -1, h, w)
     return out if x.dim() == 3 else out.squeeze(0)
+
+
+def broadcast_matmul(args, kwargs):
+    """`torch.matmul(a, b)` of fp32 tensors where b's trailing batch dims are 1 against a's (b broadcasts over them)
+    and b is stored transposed (its last dim not the stick dim): the DSA indexer's `q.float() @ k.transpose(-1,
+    -2).float().unsqueeze(1)` when its rotary table is fp32 (dots.llm3's `indexed_attention` layers). torch expands b
+    over a's batch and reshapes it for bmm: a contiguous() of a transposed fp32 tensor, which the stack cannot
+    restickify (layout.restickify_fp32, #1796). Folding those batch dims into a's rows instead,
+    `(a.view(..., P*M, K) @ b.squeeze(P)).view(..., P, M, N)`, computes the same dot products without the copy (ATen's
+    own matmul folds the same way when b is a matrix). Only where a's view exists (a's folded dims adjacent)."""
+    if kwargs.keys() - {"input", "other"} or len(args) + len(kwargs) != 2:
+        return _PASS
+    a, b = _arg(args, kwargs, 0, "input"), _arg(args, kwargs, 1, "other")
+    if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
+        return _PASS
+    if a.dtype != torch.float32 or b.dtype != torch.float32 or a.dim() != b.dim() or a.dim() < 3:
+        return _PASS
+    if b.layout != torch.strided or a.layout != torch.strided or b.shape[-1] == 1 or b.stride(-1) == 1:
+        return _PASS  # a b in its stick order expands by a plain copy, which the stack runs
+    batch = a.dim() - 2
+    folded = [i for i in range(batch) if b.shape[i] == 1 and a.shape[i] != 1]
+    if not folded or folded != list(range(batch - len(folded), batch)):
+        return _PASS  # nothing broadcast, or not the dims just before a's rows
+    if any(a.shape[i] != b.shape[i] for i in range(batch - len(folded))):
+        return _PASS  # a broadcasts too
+    rows, k = a.shape[-2], a.shape[-1]
+    lead = tuple(a.shape[: batch - len(folded)])
+    try:
+        flat = a.view(*lead, math.prod(a.shape[batch - len(folded) : batch]) * rows, k)
+    except RuntimeError:
+        return _PASS  # a's folded dims are not adjacent in memory: the fold would copy a instead
+    out = torch.matmul(flat, b.squeeze(tuple(folded)))
+    return out.view(*a.shape[:-1], b.shape[-1])
 
 
 def as_strided(args, kwargs):
@@ -1515,6 +1549,14 @@ REWRITES: tuple[Rewrite, ...] = (
         fold,
         ("aten.view", "aten.permute", "aten.clone"),
         "fold of non-overlapping patches tiling the output: a reshape and a permute",
+    ),
+    Rewrite(
+        "layout.restickify_fp32",
+        (torch.matmul, torch.Tensor.matmul, torch.Tensor.__matmul__),
+        frozenset({"matmul"}),
+        broadcast_matmul,
+        ("aten.view", "aten.squeeze", "aten.bmm"),
+        "an fp32 matmul whose transposed b broadcasts over a's batch: those dims folded into a's rows",
     ),
     Rewrite(
         "aten.as_strided",

@@ -753,7 +753,8 @@ def test_retires_per_op_and_whole():
         assert "aten.index" not in {
             r.gap for r in active_rewrites(c)
         }  # never routed through an op it lacks too
-    with torch_spyre_emu.capabilities.override({g: "native" for g in rewrite.GAPS}) as c:
+    covered = {g: (True if g.startswith("layout.") else "native") for g in rewrite.GAPS}  # features take a bool
+    with torch_spyre_emu.capabilities.override(covered) as c:
         # what the table decides is retired; the window write still asks the stack (its rank >= 3 check stands)
         assert [r.handler for r in active_rewrites(c)] == [rewrite.setitem]
         assert rewrite.ExactRewrite().retired(c) is (not rewrite._probe_view_write(c))
@@ -972,3 +973,76 @@ def test_longformer_chunks_on_the_device():
     torch._dynamo.reset()
     torch.testing.assert_close(out.cpu().float(), f(x).float(), rtol=2e-3, atol=0)
     assert "aten.as_strided" in {r.gap for r in active_rewrites(torch_spyre_emu.capabilities())}
+
+
+# -- an fp32 matmul whose transposed operand broadcasts (layout.restickify_fp32) ----------------------------------
+def _indexer_operands(b=2, s=16, h=16, d=128, t=16):
+    """The DSA indexer's scores: q [B, S, H, D] against its keys k [B, T, D], transposed and broadcast over S."""
+    return _rand(b, s, h, d), _rand(b, t, d, seed=1).transpose(-1, -2).unsqueeze(1)
+
+
+def _rewritten(fn) -> bool:
+    seen = CallNames()
+    with seen, _mode():
+        fn()
+    return "squeeze" in seen.names  # the fold squeezes b's broadcast dims; stock calls matmul alone
+
+
+@pytest.mark.parametrize("shape", [(2, 16, 16, 128, 16), (1, 7, 4, 64, 9), (3, 33, 8, 256, 40)])
+def test_broadcast_fp32_matmul_is_folded_bit_identically(shape):
+    q, kt = _indexer_operands(*shape)
+    for f in (lambda: torch.matmul(q, kt), lambda: q @ kt, lambda: q.matmul(kt)):
+        ref, out = _both(f)
+        _same(out, ref)
+        assert _rewritten(f)
+
+
+def test_two_broadcast_dims_fold_together_to_rounding():
+    """A leading batch dim that matches stays a batch dim. The dot products are the same; the CPU's BLAS may sum
+    them in another order for another row count, so this one agrees to fp32 rounding."""
+    a, b = _rand(2, 3, 5, 4, 32), _rand(2, 1, 1, 7, 32, seed=2).transpose(-1, -2)
+    ref, out = _both(lambda: a @ b)
+    torch.testing.assert_close(out, ref, rtol=1e-6, atol=1e-6)
+    assert _rewritten(lambda: a @ b)
+
+
+def test_broadcast_matmul_forms_left_to_stock():
+    """fp16 (the stack restickifies it), a b in its stick order (a plain copy), a that broadcasts too, folded dims
+    not adjacent in a (the fold would copy a instead), out= and mixed ranks run as stock."""
+    q, kt = _indexer_operands(1, 4, 2, 64, 8)
+    permuted = _rand(1, 2, 4, 64).transpose(1, 2)  # [1, 4, 2, 64] whose S and H are not adjacent in memory
+    for f in (
+        lambda: q.half() @ kt.half(),
+        lambda: q @ kt.contiguous(),
+        lambda: q[:1, :1].expand(1, 4, 2, 64) @ _rand(1, 8, 64).transpose(-1, -2).unsqueeze(1).expand(1, 4, 64, 8),
+        lambda: permuted @ kt,
+        lambda: torch.matmul(q, kt, out=torch.empty(1, 4, 2, 8)),
+        lambda: q @ kt[0],
+    ):
+        ref, out = _both(f)
+        _same(out, ref)
+        assert not _rewritten(f)
+
+
+def test_broadcast_fp32_matmul_on_the_device_compiles_where_stock_fails():
+    """Compiled for the device, stock's expanded copy of the transposed fp32 keys is the card's compile error; the
+    fold runs (its fp32 bmm a CPU fallback, as any fp32 matmul) with the CPU's values."""
+    from torch_spyre_emu.errors import SpyreCompileError
+
+    q, kt = _indexer_operands()  # dots.llm3's tiny indexer; a T of a few elements fits one stick either way
+    k = kt.squeeze(1).transpose(-1, -2)  # [B, T, D]: the device tensor the indexer transposes
+
+    def scores(q, k):
+        return torch.matmul(q, k.transpose(-1, -2).unsqueeze(1)) * 0.5
+
+    ref = scores(q, k)
+    qd, kd = q.to("spyre"), k.to("spyre")
+    torch._dynamo.reset()
+    with pytest.raises(SpyreCompileError, match="transposed fp32") as info:
+        torch.compile(scores)(qd, kd)
+    assert info.value.capability == "layout.restickify_fp32"
+    torch._dynamo.reset()
+    with _mode():
+        out = torch.compile(scores)(qd, kd)
+    torch._dynamo.reset()
+    _same(out.cpu(), ref)
