@@ -1,11 +1,11 @@
 """Exact re-expressions of ops the stack does not lower, in ops it does.
 
 Gap: several ops that HuggingFace models call have no Spyre lowering and no CPU island in the real stack (the
-capability table's "unsupported": `aten.masked_fill`, RFC 1632-v3; `aten.index`, #3484; `aten.new_full` and
-`aten.all` are not in torch-spyre's supported-operations table, STACK §1.7), yet each has an exact expression in
-ops it lowers or runs. (`aten.stack` is no longer a gap: Inductor's decomposition table turns it into unsqueeze +
-cat, and the capability table says "decomposed"; its row stays for what-if tables that mark it unsupported, and
-retires by itself on the default table.)
+capability table's "unsupported": `aten.masked_fill`, RFC 1632-v3; `aten.index`, #3484; `aten.all` is not in
+torch-spyre's supported-operations table, STACK §1.7), yet each has an exact expression in ops it lowers or runs.
+(`aten.stack` and `aten.new_full` are no longer gaps: Inductor's decomposition table turns them into unsqueeze + cat
+and full, and the capability table says "decomposed"; their rows stay for what-if tables that mark them
+unsupported, and retire by themselves on the default table.)
 
 | op (capability)    | re-expressed as                                             | what that needs            |
 |--------------------|-------------------------------------------------------------|----------------------------|

@@ -347,6 +347,15 @@ _OPS: list[OpEntry] = [
         FP + INT + BOOL,
         "unsqueeze + cat (Inductor's and core-aten's decomposition; ATen's eager kernel): inferred from torch's code",
     ),
+    # new_full is in no June op table either, and never reaches the lowerings: Inductor's (and core-aten's)
+    # decomposition makes it full, a custom op the stack has; eager, its CompositeExplicitAutograd kernel is
+    # empty + fill_ on the device
+    _e(
+        "new_full",
+        "decomposed",
+        FP + INT + BOOL,
+        "full (Inductor's and core-aten's decomposition; eager: empty + fill_): inferred from torch's code",
+    ),
     _e(
         "pow",
         "decomposed",
@@ -471,12 +480,6 @@ _OPS: list[OpEntry] = [
     ),
     _e("isinf", "unsupported", (), "in no June op table: emulation assumption, a gap"),
     _e("isnan", "unsupported", (), "in no June op table: emulation assumption, a gap (as isinf); nan_to_num decomposes to it"),
-    _e(
-        "new_full",
-        "unsupported",
-        (),
-        "in no June op table (full/ones are custom ops): emulation assumption, a gap",
-    ),
     _e("isfinite", "unsupported", (), "in no June op table: emulation assumption, a gap"),
     _e("logsumexp", "unsupported", (), "in no June op table: emulation assumption, a gap"),
     _e("index_put", "unsupported", (), "indirect writes (#1880)", S4),

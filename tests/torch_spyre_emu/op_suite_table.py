@@ -506,6 +506,8 @@ OPS: list[Op] = [
     Op("full_mul", lambda x: torch.full(x.shape, 2.5, dtype=x.dtype, device=x.device) * x, "mul", pointwise),
     Op("fill", lambda x: torch.zeros_like(x).fill_(1.5) + x, "add", pointwise),
     Op("empty_like_fill", lambda x: torch.empty_like(x).fill_(1.5) + x, "empty_like", pointwise),
+    # Inductor decomposes new_full into full; eager runs its CompositeExplicit empty + fill_ on the device
+    Op("new_full", lambda x: x.new_full(x.shape, 2.5) * x, "new_full", pointwise),
     Op("zero_", lambda x: x.clone().zero_() + x, "zero", exact),
 ]
 

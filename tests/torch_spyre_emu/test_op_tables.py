@@ -289,6 +289,8 @@ SAMPLES = {
     aten.empty_like: [(lambda x: torch.empty_like(x).fill_(1.0) + x, (_t(3, 64),), ())],
     aten.new_empty: [(lambda x: x.new_empty((3, 64)).fill_(2.0) * x, (_t(3, 64),), ())],
     aten.zero: [(lambda x: x.clone().zero_() + x, (_t(3, 64),), ())],
+    # Inductor's decomposition table: full of the size, value and x's dtype
+    aten.new_full: [(lambda x: x.new_full((3, 64), 2.0) * x, (_t(3, 64),), ())],
     aten.aminmax: [(lambda x: torch.aminmax(x, dim=-1), (_t(3, 64),), ())],
     aten.repeat: [(lambda x: x.repeat(2, 1, 3), (_t(3, 64),), ())],
     # Inductor's decomposition table (and ATen's eager kernel): unsqueeze each input, then cat
