@@ -123,3 +123,19 @@ def test_the_adapter_retires_when_the_stack_restickifies_fp32():
         with adapters.apply(model) as handle:
             assert "ssd_scan_host" in [name for name, _ in handle.report.retired]
             assert "ssd_scan_host" not in handle.report.applied
+
+
+def test_the_plan_names_the_gap_and_its_bridge():
+    """adapters.plan's dry run (no lowering) reports the scan's fp32 restickify where the compile would raise it,
+    claimed by ssd_scan_host, and gone with the adapters applied."""
+    from models.zoo.classify import _half_inputs
+
+    z = _zoo("mamba2")
+    model = copy.deepcopy(z.model).half().eval()
+    with torch._dynamo.config.patch(automatic_dynamic_shapes=False):
+        plan = adapters.plan(model, _half_inputs(z.inputs))
+    torch._dynamo.reset()
+    gaps = {u.where for u in plan.unsupported if u.capability == "layout.restickify_fp32"}
+    assert gaps == {"backbone.layers.0.mixer", "backbone.layers.1.mixer"}
+    assert "ssd_scan_host" in plan.bridges["layout.restickify_fp32"]
+    assert not [u for u in plan.remaining if u.capability == "layout.restickify_fp32"]

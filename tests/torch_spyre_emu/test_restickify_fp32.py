@@ -153,3 +153,33 @@ def test_the_error_names_the_op_and_the_module():
     ) as e:
         torch.compile(model)(_x().to("spyre"))
     assert (e.value.op, e.value.where, e.value.capability) == ("aten.clone", "1", "layout.restickify_fp32")
+
+
+class _Call(torch.nn.Module):
+    def __init__(self, fn):
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, x):
+        return self.fn(x) * 2  # an op after the copy: the walk's graph keeps it
+
+
+@pytest.mark.parametrize("name", sorted(CROSSING | RUNNING | {"cast_then_contiguous": None}))
+def test_the_walk_names_the_error_exactly_where_the_compile_raises_it(name):
+    """find_unsupported (adapters.plan's dry run) does not lower, yet it reports layout.restickify_fp32 for the same
+    clones the lowering refuses: it replays their views through the same lowerings. A cast materializes a fresh
+    buffer in the lowering, so `x.t().float().contiguous()` runs, and the walk agrees."""
+    from torch_spyre_emu.compiler import find_unsupported
+
+    fn = (CROSSING | RUNNING).get(name) or (lambda a: a.t().float().contiguous())
+    x = _x(torch.float16 if name == "cast_then_contiguous" else torch.float32)
+    torch._dynamo.reset()
+    walked = {u.capability for u in find_unsupported(_Call(fn), (x,))}
+    torch._dynamo.reset()
+    try:
+        torch.compile(_Call(fn))(x.to("spyre"))
+        raised = False
+    except SpyreCompileError as e:
+        raised = e.capability == "layout.restickify_fp32"
+    torch._dynamo.reset()
+    assert ("layout.restickify_fp32" in walked) == raised == (name in CROSSING)

@@ -254,6 +254,39 @@ def lower_clone(b, node, x, memory_format=None):
     return x
 
 
+# the ops between a value and a clone of it that lowering treats as views of the value (or, _to_copy to another
+# dtype, as a fresh buffer): what layout_error_in_walk replays
+_VIEW_CHAIN = frozenset(
+    {
+        aten.alias, aten.detach, aten.lift_fresh_copy, aten.clone, aten._to_copy, aten.permute, aten.transpose,
+        aten.t, aten.expand, aten.unsqueeze, aten.squeeze, aten.select, aten.slice, aten.view, aten._unsafe_view,
+        aten.reshape,
+    }
+)  # fmt: skip
+
+
+def layout_error_in_walk(node: fx.Node) -> SpyreCompileError | None:
+    """The error lower_clone would raise for the clone `node`, found without lowering the graph (find_unsupported's
+    walk): the chain of views between the value it copies and the buffer under it, replayed through these same
+    lowerings on a fresh buffer of a scratch Builder. None when lowering it raises nothing."""
+    chain, base = [node], node.args[0]
+    while isinstance(base, fx.Node) and getattr(base.target, "overloadpacket", None) in _VIEW_CHAIN:
+        chain.append(base)
+        base = base.args[0]
+    val = base.meta.get("val") if isinstance(base, fx.Node) else None
+    if not isinstance(val, torch.Tensor):
+        return None
+    b = Builder("walk")
+    try:
+        x = TRef.whole(b.new_buffer(tuple(val.shape), val.dtype), tuple(val.shape))
+        for n in reversed(chain):
+            x = LOWERINGS[n.target.overloadpacket](b, n, x, *n.args[1:], **n.kwargs)
+    except SpyreCompileError as e:
+        # without a capability: a dtype or rank the walk's CPU graph has and the device would not, not a layout
+        return e if e.capability else None
+    return None
+
+
 @lowering(aten.permute)
 def lower_permute(b, node, x, perm):
     return x.permute(tuple(perm))

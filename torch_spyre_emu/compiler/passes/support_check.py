@@ -34,6 +34,7 @@ from torch_spyre_emu.compiler.context import (
     UnsupportedOp,
     module_path,
 )
+from torch_spyre_emu.compiler.lowering import layout_error_in_walk
 from torch_spyre_emu.compiler.passes.decompose import SPYRE_CUSTOM_OPS_NOT_MODELLED
 from torch_spyre_emu.device.host_dtypes import TORCH_TO_FORMAT
 from torch_spyre_emu.errors import FallbackWarning, SpyreUnsupportedOpError, fallback_message
@@ -150,6 +151,11 @@ def classify(node: fx.Node, options: CompileOptions) -> tuple[str, str, str]:
             )
         if target is aten.slice_scatter.default and (node.args[5] if len(node.args) > 5 else 1) != 1:
             return "fallback", key, "an in-place op on a strided slice (step != 1): emulation assumption, CPU"
+    if options.collect_only and target is aten.clone.default:
+        # lowering raises it (lower_clone); a walk does not lower, so it replays the clone's views (lowering.py)
+        error = layout_error_in_walk(node)
+        if error is not None:
+            return "unsupported", error.capability, str(error)
     if getattr(target, "overloadpacket", None) is aten.pow:
         # what decompose left: another exponent, a tensor exponent or a scalar base (2 ** x); no pow lowering
         return "fallback", key, "pow is only lowered for exponents 2, 3, 0.5, -0.5, -1"
