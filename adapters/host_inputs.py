@@ -383,15 +383,7 @@ def is_vision_index_helper(obj) -> bool:
 def vision_targets(model: nn.Module) -> list[tuple[str, nn.Module, dict[int, object]]]:
     """(path, module, {id: helper}) of the modules whose forward reaches a vision index helper (directly or through
     the model package's own helpers)."""
-    out = []
-    for path, m in model.named_modules():
-        forward = getattr(type(m), "forward", None)
-        if not isinstance(forward, types.FunctionType):
-            continue
-        found = structure.reachable(structure.current_function(m, "forward"), is_vision_index_helper)
-        if found:
-            out.append((path, m, found))
-    return out
+    return structure.forwards_reaching(model, is_vision_index_helper)
 
 
 @register_adapter

@@ -52,14 +52,7 @@ def is_chunk_scan(obj) -> bool:
 
 def scan_targets(model: nn.Module) -> list[tuple[str, nn.Module, dict[int, object]]]:
     """(path, module, {id: scan}) of the modules whose forward reaches a chunked SSD scan."""
-    out = []
-    for path, m in model.named_modules():
-        if not isinstance(getattr(type(m), "forward", None), types.FunctionType):
-            continue
-        found = structure.reachable(structure.current_function(m, "forward"), is_chunk_scan)
-        if found:
-            out.append((path, m, found))
-    return out
+    return structure.forwards_reaching(model, is_chunk_scan)
 
 
 @register_adapter

@@ -287,6 +287,19 @@ def reachable(fn: Callable, predicate: Callable[[object], bool], depth: int = HE
                     out.update(reachable(obj, predicate, depth - 1))
     return out
 
+def forwards_reaching(model, predicate: Callable[[object], bool]) -> list[tuple[str, object, dict[int, object]]]:
+    """(path, module, {id: object}) of the modules of `model` whose forward reaches (`reachable`) objects matching
+    `predicate`: the targets of an adapter that rebinds those names in the module's forward."""
+    out = []
+    for path, m in model.named_modules():
+        if not isinstance(getattr(type(m), "forward", None), types.FunctionType):
+            continue
+        found = reachable(current_function(m, "forward"), predicate)
+        if found:
+            out.append((path, m, found))
+    return out
+
+
 class WrappedInterface:
     """Stands in for `ALL_ATTENTION_FUNCTIONS` (or what an earlier adapter put in its place) in one module's rebound
     forward: every function it hands out is the inner registry's, wrapped as `wrap(fn, *args, **kwargs)`. Reads go
