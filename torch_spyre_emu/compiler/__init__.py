@@ -24,7 +24,6 @@ from torch_spyre_emu.compiler.collectives import group_sizes, is_collective
 from torch_spyre_emu.compiler.context import CompileOptions, UnsupportedOp, input_orders
 from torch_spyre_emu.compiler.passes.support_check import UNSUPPORTED_META
 from torch_spyre_emu.compiler.pipeline import Compiled, compile_fn, run_graph_passes
-from torch_spyre_emu.device.model_loading import stored_transposed
 from torch_spyre_emu.errors import SpyreUnsupportedOpError
 
 _graph_ids = itertools.count()
@@ -74,7 +73,6 @@ class GraphRunner:
             i for i, a in enumerate(args) if isinstance(a, torch.Tensor) and a.device.type == "spyre"
         )
         weights = frozenset(i for i, a in enumerate(args) if isinstance(a, torch.nn.Parameter))
-        transposed = frozenset(i for i in weights & spyre if stored_transposed(args[i]))
         host_inputs = any(
             isinstance(a, torch.Tensor) and a.device.type == "cpu" and i not in weights
             for i, a in enumerate(args)
@@ -83,8 +81,8 @@ class GraphRunner:
             name=self.name,
             weight_inputs=weights,
             device_inputs=spyre - weights,
-            transposed_weights=transposed,
-            input_orders=input_orders(args, spyre - weights),
+            # a weight stored with dim_order [1, 0] (Module.to("spyre")) as any transposed input
+            input_orders=input_orders(args, spyre),
             # a graph of spyre weights alone (DETR's query embeddings: weight.unsqueeze(0).repeat(b, 1, 1)) makes
             # spyre tensors too, as dynamo recorded them
             outputs_on_device=bool(spyre - weights) or ((self.makes_spyre_tensors or bool(spyre)) and not host_inputs),

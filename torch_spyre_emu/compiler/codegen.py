@@ -22,7 +22,6 @@ from torch_spyre_emu.compiler.context import CompileOptions, ProgramParts, modul
 from torch_spyre_emu.compiler.lowering import Unavailable, find_lowering
 from torch_spyre_emu.compiler.views import TRef
 from torch_spyre_emu.device.host_dtypes import TORCH_TO_FORMAT
-from torch_spyre_emu.device.model_loading import LINEAR_WEIGHT_DIM_ORDER
 from torch_spyre_emu.errors import FallbackWarning, SpyreCompileError, fallback_message
 
 
@@ -78,8 +77,7 @@ def lower_graph(gm: fx.GraphModule, options: CompileOptions) -> Lowered:
             if isinstance(val, torch.Tensor):
                 weight = placeholder_i in options.weight_inputs
                 resident = weight or placeholder_i in options.device_inputs
-                transposed = placeholder_i in options.transposed_weights
-                order = LINEAR_WEIGHT_DIM_ORDER if transposed else orders.get(placeholder_i)
+                order = orders.get(placeholder_i)
                 shape = tuple(val.shape)
                 stored = shape if order is None else tuple(shape[d] for d in order)
                 buf = b.new_buffer(stored, val.dtype, "w_" if weight else "in_")

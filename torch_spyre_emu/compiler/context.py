@@ -65,12 +65,10 @@ class CompileOptions:
     # placeholder indices of the parameters and of the spyre tensors (both device-resident)
     weight_inputs: frozenset[int] = frozenset()
     device_inputs: frozenset[int] = frozenset()
-    # the weight inputs stored with dim_order [1, 0] (model_utils' nn.Linear weights, device/model_loading.py): their
-    # buffers hold the transpose, so W^T of a Linear is already stuck on n and needs no restickify
-    transposed_weights: frozenset[int] = frozenset()
     # (placeholder index, dim order) of each spyre input whose stick is not its last dim (device/tensor.stick_order:
-    # a transposed view, a tensor stored with dim_order [1, 0]): its buffer holds the dims in that order, as on a
-    # card, so a kernel that needs another stick meets a restickify (passes/restickify.py)
+    # a transposed view, a tensor stored with dim_order [1, 0] such as a Linear weight Module.to("spyre") stored):
+    # its buffer holds the dims in that order, as on a card, so a kernel that needs another stick meets a
+    # restickify (passes/restickify.py) and the W^T a Linear multiplies by needs none
     input_orders: tuple[tuple[int, tuple[int, ...]], ...] = ()
     outputs_on_device: bool = False  # results stay on the device as spyre tensors (no DeviceToHost)
     # fold input-independent subgraphs (off for an eager op with no tensor inputs)

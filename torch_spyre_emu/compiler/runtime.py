@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 import weakref
 from dataclasses import dataclass
 
@@ -165,10 +166,15 @@ class WeightCache:
 
 
 WEIGHTS = WeightCache()
-# A spyre weight stored with dim_order [1, 0] (codegen.InputSpec.order) is bound as its transpose, made C-order
-# once per version so the executor binds it without a copy per call. The emulator keeps device values in host order
-# (device/storage.py), so this copy is the emulator's, not the card's (which stores the weight so at load time).
-TRANSPOSED_WEIGHTS = WeightCache(lambda p: np.ascontiguousarray(_payload(p).T))
+
+
+@functools.cache
+def ordered_weights(order: tuple[int, ...]) -> WeightCache:
+    """A spyre weight stored in another dim order (codegen.InputSpec.order: dim_order [1, 0] for a Linear weight
+    Module.to("spyre") stored) is bound with its dims in that order, made C-order once per version so the executor
+    binds it without a copy per call. The emulator keeps device values in host order (device/storage.py), so this
+    copy is the emulator's, not the card's (which stores the weight so at load time)."""
+    return WeightCache(lambda p: np.ascontiguousarray(_payload(p).transpose(order)))
 
 
 def prepared_weights(prep, params: list[torch.Tensor], values: list[np.ndarray], mode: str):
@@ -271,7 +277,7 @@ def run_compiled(compiled: Compiled, args: list, mode: str = "both", trace_path=
             if x.device.type == "cpu":
                 values, fresh = WEIGHTS.get(x)
             else:  # already on the card: no upload
-                values, fresh = (TRANSPOSED_WEIGHTS.get(x)[0] if spec.order else _payload(x)), False
+                values, fresh = (ordered_weights(spec.order).get(x)[0] if spec.order else _payload(x)), False
             weight_values[spec.buffer] = values
             # a weight only read by its preparation program is not bound to (and rounded into) every call
             if compiled.prep is None or spec.buffer in compiled.main_reads:

@@ -5,7 +5,7 @@ out_features, host shape kept), everything else in the default layout; it is ide
 whose dtype has no device format (float64, complex) is a ValueError. patch_module_to_for_spyre() (run at
 registration) routes Module.to("spyre"), and any .to that names a spyre device, through it.
 
-The compiler follows the layout (stored_transposed): such a weight's buffer holds W^T with sticks along
+The compiler follows the layout (device/tensor.stick_order, as for any input): such a weight's buffer holds W^T with sticks along
 out_features, so the W^T a Linear multiplies by needs no restickify copy, as on a card; a weight in the default
 layout (a CPU parameter, or one moved by Tensor.to) gets that copy in its one-time weight preparation program.
 """
@@ -29,16 +29,6 @@ def linear_weight_layout(weight: torch.Tensor, dtype: torch.dtype | None = None)
     return SpyreTensorLayout(
         list(weight.shape), list(weight.stride()), dtype or weight.dtype, list(LINEAR_WEIGHT_DIM_ORDER)
     )
-
-
-def stored_transposed(t: torch.Tensor) -> bool:
-    """Whether 2-D spyre tensor `t` holds its values as load_model_to_spyre stores Linear weights (dim_order
-    [1, 0]); the compiler then reads its transpose without a restickify (compiler/codegen.py)."""
-    from torch_spyre_emu.device.tensor import own_layout
-
-    if t.dim() != 2 or t.device.type != "spyre" or not device_storage.has_device_data(t):
-        return False
-    return own_layout(t) == linear_weight_layout(t)
 
 
 def _check_dtypes(model: torch.nn.Module, dtype: torch.dtype | None) -> None:
