@@ -24,8 +24,17 @@ def test_every_adapter_is_exercised_by_a_tiny_model():
     # UnivNet with its noise pinned; seanet_conv's families (EnCodec, Mimi, Pocket TTS) also call ELU and var, whose
     # numeric forms are not bit-identical: test_conv_padding.py checks seanet_conv alone on them at tolerance 0, and
     # functional_pad alone on Swin2SR; test_host_inputs.py checks host_grid_size on SAM 3's decoder and
-    # host_shape_resize on SigLIP 2, test_numpy_scalars.py numpy_scalars on Reformer
-    extra = {"conv_padding", "seanet_conv", "functional_pad", "host_grid_size", "host_shape_resize", "numpy_scalars"}
+    # host_shape_resize on SigLIP 2, test_numpy_scalars.py numpy_scalars on Reformer, test_ssm_scan.py ssd_scan_host
+    # on Mamba-2 and Bamba
+    extra = {
+        "conv_padding",
+        "seanet_conv",
+        "functional_pad",
+        "host_grid_size",
+        "host_shape_resize",
+        "numpy_scalars",
+        "ssd_scan_host",
+    }
     covered = {a for _, a in PAIRS} | {a for _, a in ZOO_PAIRS} | extra
     assert covered == {a.name for a in all_adapters()}, "an adapter no tiny or zoo model exercises is untested"
 
