@@ -38,6 +38,7 @@ unsupported, and retire by themselves on the default table.)
 | `torch.randint(low, high, size, ...)` (DiffusionGemma's random canvas, Informer's key sample) | the stock draw made on the host (a graph break) from the generator the stock call draws from: the global CPU one, the one named, or for a spyre device torch.spyre's (`_stack.device_generator`), the result on the device; the same numbers, the generator advanced alike | nothing on the device |
 | `F.fold(x, size, k, stride=k)` of patches tiling the output exactly (MobileViTv2) | `reshape` to (N, C, kh, kw, Lh, Lw), `permute` to (N, C, Lh, kh, Lw, kw), `reshape`: one input element per output element | view, permute |
 | `torch.bucketize(x, b, right=r)` (1-D b, at most 1024 boundaries: Idefics3's patch positions) | `sum(b < x)` (`b <= x` for right=True) over b as float16 ones, `where(x != x, len(b), count)`, cast to int64 / int32 | lt / le, ne, where, sum, the casts |
+| `torch.movedim(x.unfold(d, size, step), -1, d + 1)` (or the same permute) of an fp32 x (layout.restickify_fp32: Gemma 4's audio attention frames its fp32 keys and values so) | x cut into blocks of `step` (a view), `cat([blocks[k : k + n] for k < ceil(size / step)], d + 1)` narrowed to size (one window per frame where x is too short): the frames with x's last dim innermost, where stock's unfold leaves the window innermost and its contiguous() restickifies fp32 | slice (a CPU island), view, cat |
 | `x.as_strided(size, stride)` of a dense x, every read inside x (Longformer's and LED's overlapping chunks) | x in storage order, flattened, `narrow` to the span read, then one `unfold(-1, inner extent, stride)` per dim (largest stride first), permuted back; stride-0 dims expanded | slice, unfold (CPU islands: as_strided has none), permute, expand |
 | `torch.matmul(a, b)` of fp32 tensors, b transposed and broadcast over a's trailing batch dims (layout.restickify_fp32: dots.llm3's DSA indexer with its fp32 rotary) | `(a.view(..., P*M, K) @ b.squeeze(P)).view(..., P, M, N)`: the broadcast dims folded into a's rows, as ATen folds a matrix b; no expanded copy of the transposed b (the same dot products: bit-identical for the indexer's shapes, fp32 rounding where the CPU's BLAS sums another row count in another order) | view, squeeze, bmm |
 | `F.max_pool1d/2d`, `F.avg_pool1d/2d` called in a model's own code (Funnel, CANINE, PP-OCR) | the pooling adapter's forms (`pooling.functional_pool`): im2col, then amax / mean / sum over the real elements | im2col (a CPU island), constant_pad_nd, amax, mean, sum, div |
@@ -360,6 +361,79 @@ def broadcast_matmul(args, kwargs):
         return _PASS  # a's folded dims are not adjacent in memory: the fold would copy a instead
     out = torch.matmul(flat, b.squeeze(tuple(folded)))
     return out.view(*a.shape[:-1], b.shape[-1])
+
+
+# an fp32 unfold's result, tagged with how it was made (x, dim, size, step): a movedim that then brings the window dim
+# back beside the unfolded dim asks for frames in x's own stick order (unfold_frames)
+_UNFOLD_OF = "_adapters_unfold_of"
+
+
+def tag_unfold(args, kwargs):
+    """`x.unfold(d, size, step)` of an fp32 x with dims after d: stock's result (a CPU fallback), tagged with
+    (x, d, size, step) for `unfold_frames`. The window dim unfold appends is innermost, so the tensor the fallback
+    puts on the device has the window as its stick dim, not x's last dim."""
+    if kwargs.keys() - {"dimension", "size", "step"} or len(args) + len(kwargs) != 4:
+        return _PASS
+    x = args[0]
+    d, size, step = (_arg(args, kwargs, i, n) for i, n in ((1, "dimension"), (2, "size"), (3, "step")))
+    if not isinstance(x, torch.Tensor) or x.dtype != torch.float32 or x.layout != torch.strided:
+        return _PASS
+    if not all(isinstance(v, int) for v in (d, size, step)) or not -x.dim() <= d < x.dim():
+        return _PASS  # stock's own error
+    d %= x.dim()
+    out = torch.Tensor.unfold(x, d, size, step)
+    if d < x.dim() - 1:
+        setattr(out, _UNFOLD_OF, (x, d, size, step))
+    return out
+
+
+def unfold_frames(args, kwargs):
+    """`torch.movedim(u, -1, d + 1)` (or the same permute) of an fp32 `u = x.unfold(d, size, step)` (tagged by
+    `tag_unfold`): the frames `[..., block, window, rest of x's dims]` that Gemma 4's audio attention builds for its
+    keys and values (`_extract_block_context`: pad, unfold, movedim, contiguous). Stock's unfold leaves the window dim
+    innermost, so the contiguous() after the movedim restickifies fp32, which the stack cannot (layout.restickify_fp32,
+    #1796). The same frames made from x keep x's last dim innermost throughout (data movement only, the same
+    elements): x's span cut into blocks of `step` (a view), the window `m = ceil(size / step)` consecutive blocks,
+    `cat([blocks[k : k + n] for k < m], window dim)` narrowed to `size`: m slices (CPU islands, as in-graph slices are)
+    where stock's unfold is one, independent of the number of frames n. Where x is too short for n + m - 1 whole
+    blocks, one window per frame: `cat([x.narrow(d, i * step, size).unsqueeze(d) ...], d)`. Stock's unfold was made
+    and is left unused (in a compiled graph, dead code)."""
+    u = _arg(args, kwargs, 0, "input", "self")
+    src, dst = _arg(args, kwargs, 1, "source"), _arg(args, kwargs, 2, "destination")
+    if len(args) + len(kwargs) != 3 or not (isinstance(src, int) and isinstance(dst, int)):
+        return _PASS
+    if not isinstance(u, torch.Tensor) or src % u.dim() != u.dim() - 1:
+        return _PASS
+    rest = list(range(u.dim() - 1))
+    return _frames(u, [*rest[: dst % u.dim()], u.dim() - 1, *rest[dst % u.dim() :]])
+
+
+def unfold_frames_permute(args, kwargs):
+    """`u.permute(dims)`, `u.permute(*dims)`, `torch.permute(u, dims)` with the order of `unfold_frames`'s movedim."""
+    u = _arg(args, kwargs, 0, "input", "self")
+    if not isinstance(u, torch.Tensor):
+        return _PASS
+    dims = _arg(args, kwargs, 1, "dims") if len(args) + len(kwargs) == 2 else list(args[1:])
+    dims = _int_list(dims) if isinstance(dims, list | tuple) else None
+    return _PASS if dims is None else _frames(u, dims)
+
+
+def _frames(u: torch.Tensor, dims: list[int]):
+    """u's permute to `dims` made from what u was unfolded from, where u is a tagged fp32 unfold and `dims` moves its
+    window dim beside the unfolded dim (`unfold_frames`); else _PASS."""
+    tag = getattr(u, _UNFOLD_OF, None)
+    if tag is None:
+        return _PASS
+    x, d, size, step = tag
+    rank = u.dim()
+    if [i % rank for i in dims] != [*range(d + 1), rank - 1, *range(d + 1, rank - 1)]:
+        return _PASS  # not the frames order: stock
+    n, m = u.shape[d], -(-size // step)
+    if (n + m - 1) * step > x.shape[d]:
+        return torch.cat([x.narrow(d, i * step, size).unsqueeze(d) for i in range(n)], d)
+    blocks = x.narrow(d, 0, (n + m - 1) * step).reshape(*x.shape[:d], n + m - 1, step, *x.shape[d + 1 :])
+    frames = torch.cat([blocks.narrow(d, k, n) for k in range(m)], d + 1) if m > 1 else blocks
+    return frames if m * step == size else frames.narrow(d + 1, 0, size)
 
 
 def as_strided(args, kwargs):
@@ -1559,6 +1633,19 @@ REWRITES: tuple[Rewrite, ...] = (
         "an fp32 matmul whose transposed b broadcasts over a's batch: those dims folded into a's rows",
     ),
     Rewrite(
+        "layout.restickify_fp32",
+        (torch.movedim, torch.Tensor.movedim),
+        frozenset({"unfold"}),
+        unfold_frames,
+        ("aten.slice", "aten.view", "aten.cat"),
+        "the frames of an fp32 unfold, its window dim moved beside the unfolded dim: a cat of x's blocks",
+        extra=(
+            (torch.Tensor.unfold, tag_unfold),
+            (torch.permute, unfold_frames_permute),
+            (torch.Tensor.permute, unfold_frames_permute),
+        ),
+    ),
+    Rewrite(
         "aten.as_strided",
         (torch.as_strided, torch.Tensor.as_strided),
         frozenset({"as_strided"}),
@@ -1901,7 +1988,7 @@ class ExactRewrite(ModeAdapter):
     applies_to = frozenset(
         {
             "any module whose code calls masked_fill, stack, new_full, all, logsumexp, isnan, nan_to_num, scatter, index_select, gather,"
-            " prod, floor_divide / div / // / % / remainder, bucketize, as_strided, flip, randint, F.max_pool / F.avg_pool"
+            " prod, floor_divide / div / // / % / remainder, bucketize, as_strided, unfold, flip, randint, F.max_pool / F.avg_pool"
             " or indexes a tensor"
         }
     )
@@ -1913,7 +2000,7 @@ class ExactRewrite(ModeAdapter):
         " logsumexp -> amax/exp/sum/log, isnan -> x != x, nan_to_num -> wheres, scatter of a number -> where of index == position, index_select and gather"
         " -> embedding, int64 prod -> multiplies, floor division by 2^k -> floor(floor(x) * 2^-k), integer // and %"
         " -> the host, integer flip and randint -> the host, bucketize ->"
-        " a count of compares, as_strided of a dense tensor -> unfolds,"
+        " a count of compares, as_strided of a dense tensor -> unfolds, fp32 unfold frames -> a cat of blocks,"
         " F.max_pool / F.avg_pool -> im2col + amax / mean"
     )
 

@@ -4,6 +4,8 @@ undo, per-op retirement, and real zoo types that the re-expressions move off `un
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -1045,5 +1047,75 @@ def test_broadcast_fp32_matmul_on_the_device_compiles_where_stock_fails():
     torch._dynamo.reset()
     with _mode():
         out = torch.compile(scores)(qd, kd)
+    torch._dynamo.reset()
+    _same(out.cpu(), ref)
+
+
+# -- frames of an fp32 unfold, the window dim moved beside the unfolded dim (layout.restickify_fp32) ---------------
+def _frames(x, d, size, step, how="movedim"):
+    u = x.unfold(d, size, step)
+    if how == "movedim":
+        return torch.movedim(u, -1, d + 1)
+    if how == "method":
+        return u.movedim(source=u.dim() - 1, destination=d + 1 - u.dim())
+    return u.permute(*range(d + 1), u.dim() - 1, *range(d + 1, u.dim() - 1))
+
+
+@pytest.mark.parametrize("how", ["movedim", "method", "permute"])
+def test_unfold_frames_are_the_same_elements(how):
+    """Every window length, step and sequence length up to a few blocks, overlapping, tiling and gapped windows, on
+    the first and a middle dim: the blocks path (x long enough for n + m - 1 blocks) and one window per frame."""
+    for length in range(1, 26):
+        for size in range(1, min(length, 9) + 1):
+            for step in range(1, 9):
+                for shape, d in (((length, 3, 8), 0), ((2, length, 1, 8), 1)):
+                    x = _rand(*shape, seed=length)
+                    f = functools.partial(_frames, x, d, size, step, how)
+                    ref, seen = f(), CallNames()
+                    with seen, _mode():
+                        out = f()
+                    _same(out, ref)
+                    assert "narrow" in seen.names  # the frames cut from x, not stock's move of the unfold
+
+
+def test_unfold_frames_forms_left_to_stock():
+    """fp16 (the stack restickifies it), an unfold of the last dim, another move of the window dim, an untagged
+    tensor and an unfold whose window stays innermost (its consumer wants that layout) run as stock."""
+    x = _rand(2, 20, 1, 8)
+    for f in (
+        lambda: _frames(x.half(), 1, 6, 2),
+        lambda: torch.movedim(x.unfold(3, 4, 2), -1, 3),
+        lambda: torch.movedim(x.unfold(1, 6, 2), -1, 1),
+        lambda: torch.movedim(x.unfold(1, 6, 2).contiguous(), -1, 2),
+        lambda: x.unfold(1, 6, 2).contiguous(),
+    ):
+        seen = CallNames()
+        ref = f()
+        with seen, _mode():
+            out = f()
+        _same(out, ref)
+        assert "narrow" not in seen.names
+
+
+def test_gemma4_audio_block_context_compiles_where_stock_fails():
+    """Gemma 4's audio attention (`_extract_block_context`): its fp32 keys padded, unfolded into overlapping blocks
+    and the window dim moved beside the block dim. Compiled for the device, stock's contiguous() of that move is the
+    card's compile error (the fallback's result has the window as its stick dim); the frames form runs, with the
+    CPU's values exactly (data movement only)."""
+    from torch_spyre_emu.errors import SpyreCompileError
+
+    def block_context(k):
+        k = F.pad(k, (0, 0, 0, 0, 12, 11))
+        return torch.movedim(k.unfold(1, 24, 12), -1, 2).contiguous() * 2.0
+
+    k = _rand(2, 50, 1, 128)
+    ref = block_context(k)
+    torch._dynamo.reset()
+    with pytest.raises(SpyreCompileError, match="transposed fp32") as info:
+        torch.compile(block_context)(k.to("spyre"))
+    assert info.value.capability == "layout.restickify_fp32"
+    torch._dynamo.reset()
+    with _mode():
+        out = torch.compile(block_context)(k.to("spyre"))
     torch._dynamo.reset()
     _same(out.cpu(), ref)
