@@ -1,12 +1,14 @@
 """The adapter layer's only contact points with the emulated stack, imported lazily.
 
 The adapters read the stack's capability table to decide what to patch, and its strict-mode dry run
-(`find_unsupported`) to plan; they never reach further into torch_spyre_emu.
+(`find_unsupported`) to plan, and tell an open profile about the host code they run (`host`); they never reach
+further into torch_spyre_emu.
 """
 
 from __future__ import annotations
 
 import copy
+import functools
 
 import torch
 import torch.utils._pytree as pytree
@@ -44,9 +46,18 @@ def host(fn):
     """Mark `fn` as host code: it runs eagerly on the CPU, outside any compiled Spyre graph.
 
     Under torch.compile(model, backend="spyre") dynamo breaks the graph around the call, the way
-    torch-spyre deployments run index/gather/mask glue on the host between device graphs.
+    torch-spyre deployments run index/gather/mask glue on the host between device graphs. An open
+    torch_spyre_emu.profile() charges its eager CPU ops as host compute (`profiling.host_code`, named after fn).
     """
-    return torch.compiler.disable(fn, recursive=True)
+
+    @functools.wraps(fn)
+    def run(*args, **kwargs):
+        from torch_spyre_emu.profiling import host_code
+
+        with host_code(run.__name__):
+            return fn(*args, **kwargs)
+
+    return torch.compiler.disable(run, recursive=True)
 
 
 def device_generator(device: torch.device) -> torch.Generator | None:
@@ -96,6 +107,7 @@ def host_forward(forward):
         out = forward(twin, *args, **kwargs)
         return pytree.tree_map_only(torch.Tensor, lambda t: t.to(live.device), out)
 
+    run.__name__ = run.__qualname__ = f"host_{forward.__qualname__}"
     return host(run)
 
 
@@ -143,7 +155,6 @@ def on_host(fn):
     """`fn` run eagerly on the CPU on host copies of its tensor arguments; tensor results go back to the device of
     the first tensor argument."""
 
-    @host
     def call(*args, **kwargs):
         device = device_of(args, kwargs)
         a = tuple(to_host(x) if isinstance(x, torch.Tensor) else x for x in args)
@@ -152,5 +163,6 @@ def on_host(fn):
         return out if device is None else back_on(out, device)
 
     call.__name__ = call.__qualname__ = f"host_{getattr(fn, '__name__', 'fn')}"
+    call = host(call)
     call.__wrapped_stock__ = fn
     return call

@@ -528,7 +528,7 @@ def _tp_summary(r: TensorParallelChat) -> dict:
 def _move_trace(rep: ProfileReport, dest: Path) -> Path | None:
     """The report's Perfetto trace at `dest`: a one-program report's own file, moved; else one trace of all its
     programs one after the other (a decode step runs a decoder-block program per layer, then the head's)."""
-    if len(rep.timing_reports) > 1:
+    if len(rep.timing_reports) > 1 or rep.host_code:
         return _merged_trace(rep, dest)
     if rep.trace_path and Path(rep.trace_path).exists():
         shutil.move(rep.trace_path, dest)
@@ -537,13 +537,14 @@ def _move_trace(rep: ProfileReport, dest: Path) -> Path | None:
 
 
 def _merged_trace(rep: ProfileReport, dest: Path) -> Path:
-    from aiu_sim.timing.trace import trace_events, write_trace_json
+    from aiu_sim.timing.trace import host_step_event, trace_events, write_trace_json
+    from torch_spyre_emu.profiling import HOST_CODE
 
     # a decode step runs one decoder-block program per layer, timed once (the runtime memoizes a program's timing
     # report): its events are made once per distinct report and shifted to each occurrence
     timed: dict[int, list[dict]] = {}  # id of a distinct report -> its timed events
-    events, seen, t0 = [], set(), 0.0
-    for timing in rep.timing_reports:
+    events, seen = [], set()
+    for timing, t0 in zip(rep.timing_reports, rep.program_starts_us, strict=True):
         if id(timing) not in timed:
             timed[id(timing)] = []
             for e in trace_events(timing):
@@ -555,7 +556,8 @@ def _merged_trace(rep: ProfileReport, dest: Path) -> Path:
                     seen.add(key)
                     events.append(e)
         events += [{**e, "ts": e["ts"] + t0} if "ts" in e else e for e in timed[id(timing)]]
-        t0 += timing.total_us
+    # the host code between the programs (an adapter's host lookup), where the profile's timeline has it
+    events += [host_step_event(s.name, s.start_us, s.end_us, {"op": s.op}) for s in rep.steps if s.program == HOST_CODE]
     other = {"programs": rep.programs, "total_us": rep.total_us, "generator": "models.demo"}
     return write_trace_json({"traceEvents": events, "displayTimeUnit": "ns", "otherData": other}, dest)
 

@@ -247,14 +247,10 @@ class StaticGreedy:
         if not self.compiled:
             with torch.no_grad():
                 return self.step(*args), None
-        if profiled or self.blocks:  # a step of blocks runs several graphs: only profile() reports them all
-            rep = torch_spyre_emu.profile(
-                self.step, *args, mode="both", trace_path=trace_dir if profiled else None
-            )
-            return rep.outputs, rep
-        with torch.no_grad():
-            out = self.step(*args)
-        return out, torch_spyre_emu.last_profile()
+        # every step through profile(): only it reports all the graphs of a step of blocks, and the host code
+        # between graphs (an adapter's host lookup), so each step's sim_us counts the same things
+        rep = torch_spyre_emu.profile(self.step, *args, mode="both", trace_path=trace_dir if profiled else None)
+        return rep.outputs, rep
 
     # --- the loop ----------------------------------------------------------------------------------
     def generate(

@@ -12,6 +12,11 @@ tensors returns zero-filled stand-ins on the device its values would have had (c
 host code between graphs (adapters, code around graph breaks) and the next graph, which mix them with real weights,
 still run; only the graphs' outputs are allocated, nothing is computed.
 
+Host code that adapters run between graphs (`host_code`: adapters._stack.host, e.g. a routing or a mask built on
+the CPU) is a step on the same timeline too, charged as host compute: each eager CPU op it runs costs what a CPU
+fallback island's compute costs (aiu_sim.timing.simulate.host_compute_ns: `host_op_overhead_us` plus its bytes at
+`host_compute_gbps`, assumptions). Its copies to and from the device are the graphs' own steps already.
+
 spyreccl collectives (torch_spyre_emu.distributed) are steps on the same timeline: each is timed by the interconnect
 model (aiu_sim.timing.interconnect) and kept as a CollectiveRecord in the open profile() (with a trace file of its
 own when traces are written), else as last_profile(), exactly as an eager op's run is. mode="functional" times
@@ -30,11 +35,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+from torch.utils import _pytree as pytree
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import aiu_sim
 from aiu_sim.config import HardwareConfig
 from aiu_sim.ir.ops import unit_of
 from aiu_sim.timing.interconnect import CollectiveTiming
+from aiu_sim.timing.simulate import host_compute_ns
 from aiu_sim.timing.summary import format_host_runtime
 from torch_spyre_emu import config as stack_config
 from torch_spyre_emu import debug
@@ -100,6 +108,8 @@ class ProfileReport:
     kernel_programs: list = field(default_factory=list, repr=False)  # the timed programs, for band()
     mode: str = "both"
     collectives: list[CollectiveRecord] = field(default_factory=list)  # spyreccl collectives, in total_us
+    host_code: list[HostCodeRun] = field(default_factory=list)  # adapters' host code between graphs, in total_us
+    program_starts_us: list[float] = field(default_factory=list)  # where each of timing_reports starts, in total_us
 
     @property
     def collective_us(self) -> float:
@@ -113,7 +123,7 @@ class ProfileReport:
 
     @property
     def host_us(self) -> float:
-        """Time in host copies and CPU islands (PCIe copies and the islands' host compute)."""
+        """Time in host copies, CPU islands (PCIe copies and the islands' host compute) and host code."""
         return sum(s.duration_us for s in self.steps if s.op in ("h2d", "d2h") or s.op.startswith("host"))
 
     def band(self, fields: list[str] | None = None):
@@ -125,13 +135,16 @@ class ProfileReport:
             raise ValueError(
                 "this profile timed nothing (functional mode); profile with mode='timing' or 'both'"
             )
-        return simulate_band(self.kernel_programs, self.timing_reports[0].config, fields)
+        host = self.host_code
+        return simulate_band(self.kernel_programs, self.timing_reports[0].config, fields,
+                             extra_us=lambda c: sum(r.duration_us(c) for r in host))  # fmt: skip
 
     @property
     def host_runtime_us(self) -> dict[str, float]:
         """Runtime costs outside kernels, summed over the graphs run: "program" (per-call launch, sync and host
-        work, config program_host_us) and "fallback_compute" (CPU islands' host compute); both in total_us."""
-        out = {"program": 0.0, "fallback_compute": 0.0}
+        work, config program_host_us), "fallback_compute" (CPU islands' host compute) and "host_code" (adapters'
+        host code between graphs, `host_code`); all in total_us."""
+        out = {"program": 0.0, "fallback_compute": 0.0, "host_code": sum(r.duration_us() for r in self.host_code)}
         for t in self.timing_reports:
             for key, ns in t.host_runtime_ns.items():
                 out[key] = out.get(key, 0.0) + ns / 1e3
@@ -174,6 +187,78 @@ class _CollectiveRun:
     rank: int
     group: str | None
     trace_path: str | None
+
+
+HOST_CODE = "host code"  # the `program` of a host code step in ProfileReport.steps
+
+
+@dataclass(frozen=True)
+class HostCodeRun:
+    """One call of host code (`host_code`): the eager CPU ops it ran and the bytes they read and wrote."""
+
+    name: str
+    ops: int
+    nbytes: int
+    config: HardwareConfig  # the hardware it ran beside: the host assumptions its time is charged at
+
+    def duration_us(self, config: HardwareConfig | None = None) -> float:
+        return host_compute_ns(config or self.config, self.nbytes, self.ops) / 1e3
+
+
+# Lookups read the rows they return, not their whole table (an embedding of a few tokens from a large vocabulary):
+# their table (the first argument) is charged as the output's bytes once more
+_LOOKUPS = frozenset(
+    {
+        torch.ops.aten.embedding.default,
+        torch.ops.aten.index_select.default,
+        torch.ops.aten.index.Tensor,
+        torch.ops.aten.gather.default,
+    }
+)
+
+
+class _HostOps(TorchDispatchMode):
+    """Counts the eager ops host code runs on host tensors and the bytes they read and write. Views move nothing
+    and are not counted; an op on a device tensor (a copy to or from the card) is device work, timed as such."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops = 0
+        self.nbytes = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        tensors = [t for t in pytree.tree_leaves((args, kwargs, out)) if isinstance(t, torch.Tensor)]
+        if not func.is_view and not any(t.device.type == "spyre" for t in tensors):
+            self.ops += 1
+            self.nbytes += sum(t.nbytes for t in tensors)
+            if func in _LOOKUPS and isinstance(args[0], torch.Tensor):
+                self.nbytes += sum(t.nbytes for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor))
+                self.nbytes -= args[0].nbytes
+        return out
+
+
+_IN_HOST_CODE = False
+
+
+@contextlib.contextmanager
+def host_code(name: str):
+    """Charge the code run inside to the open profile() as host compute on its timeline (a "host:<name>" step):
+    per eager CPU op, what a CPU fallback island's compute costs (`HostCodeRun`). For code that runs on the host
+    between graphs by design (adapters._stack.host). Outside profile(), in functional mode and inside other host
+    code (counted once, by the outermost) it only runs the code."""
+    global _IN_HOST_CODE
+    if not _SESSIONS or _SESSIONS[-1].mode == "functional" or _IN_HOST_CODE:
+        yield
+        return
+    session, counter = _SESSIONS[-1], _HostOps()
+    _IN_HOST_CODE = True
+    try:
+        with counter:
+            yield
+    finally:
+        _IN_HOST_CODE = False
+    session.records.append(HostCodeRun(name, counter.ops, counter.nbytes, stack_config.hardware_config()))
 
 
 class _Session:
@@ -275,9 +360,17 @@ def _report(records: list[tuple], outputs, mode: str) -> ProfileReport:
     up_n, up_b, up_us = 0, 0, 0.0
     prep_n, prep_us = 0, 0.0
     collectives: list[CollectiveRecord] = []
+    host_code: list[HostCodeRun] = []
+    starts: list[float] = []
     for rec in records:
         if isinstance(rec, _CollectiveRun):
             t0 = _add_collective(rec, t0, steps, collectives, traces)
+            continue
+        if isinstance(rec, HostCodeRun):
+            end = t0 + rec.duration_us()
+            steps.append(KernelRecord(rec.name, f"host:{rec.name}", rec.name, (), (), 0, t0, end, 0.0, {}, HOST_CODE))
+            host_code.append(rec)
+            t0 = end
             continue
         compiled, result, uploads, trace_path = rec
         name = compiled.program.name
@@ -290,6 +383,7 @@ def _report(records: list[tuple], outputs, mode: str) -> ProfileReport:
         if timing is None:
             continue
         timing_reports.append(timing)
+        starts.append(t0)
         kernel_programs.append(compiled.program)
         for s in timing.steps:
             util, units = _util(s)
@@ -335,6 +429,8 @@ def _report(records: list[tuple], outputs, mode: str) -> ProfileReport:
         kernel_programs=kernel_programs,
         mode=mode,
         collectives=collectives,
+        host_code=host_code,
+        program_starts_us=starts,
     )
 
 

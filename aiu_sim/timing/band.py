@@ -9,6 +9,7 @@ independently. Timing is deterministic, so the band is exact for the corners it 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from aiu_sim.config import ASSUMPTION_RANGES, HardwareConfig, load_config
@@ -54,9 +55,11 @@ def simulate_band(
     program: KernelProgram | list[KernelProgram],
     config: HardwareConfig | str | None = None,
     fields: list[str] | None = None,
+    extra_us: Callable[[HardwareConfig], float] | None = None,
 ) -> Band:
     """The band of `program`'s simulated time over the assumed fields (default: all of ASSUMPTION_RANGES). A list
-    of programs (the graphs of one profiled call, run one after another) is timed as their sum."""
+    of programs (the graphs of one profiled call, run one after another) is timed as their sum. `extra_us(config)`:
+    time outside the programs that also depends on the config (a profile's host code), added to each total."""
     programs = program if isinstance(program, list) else [program]
     if not programs:
         raise ConfigError("simulate_band needs at least one program")
@@ -67,7 +70,8 @@ def simulate_band(
         raise ConfigError(f"no assumption range for {unknown}; fields with one: {sorted(ASSUMPTION_RANGES)}")
 
     def total(c: HardwareConfig) -> float:
-        return sum(simulate(p, c, record_intervals=False).total_us for p in programs)
+        extra = extra_us(c) if extra_us is not None else 0.0
+        return extra + sum(simulate(p, c, record_intervals=False).total_us for p in programs)
 
     nominal = total(cfg)
     rows, fast, slow = [], {}, {}

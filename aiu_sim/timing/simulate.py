@@ -253,6 +253,14 @@ def _collective_step(
     )
 
 
+def host_compute_ns(config: HardwareConfig, nbytes: float, ops: int = 1) -> float:
+    """Host compute of `ops` eager CPU ops that read and write `nbytes` in all: each op's dispatch
+    (`host_op_overhead_us`) and the bytes at `host_compute_gbps` (both assumptions). A CPU fallback island is one op
+    over its inputs and outputs; host code between graphs (torch_spyre_emu.profiling.host_code) is charged the same
+    per op it runs."""
+    return ops * config.host_op_overhead_us * 1e3 + nbytes / config.host_compute_gbps
+
+
 def _host_step(
     index: int,
     step,
@@ -278,9 +286,7 @@ def _host_step(
     n_out = len(step.inputs) if isinstance(step, HostOp) else None
     for i, (buf, itemsize) in enumerate([*copies, (None, None)]):
         if i == n_out:
-            compute_ns = (
-                config.host_op_overhead_us * 1e3 + sum(b.nbytes for b, _ in copies) / config.host_compute_gbps
-            )
+            compute_ns = host_compute_ns(config, sum(b.nbytes for b, _ in copies))
             now += compute_ns
         if buf is None:
             break

@@ -31,6 +31,12 @@ _KERNEL_TID, _HOST_TID = 1, 2
 _DRAM_TID, _PCIE_TID = 1, 2
 
 
+def host_step_event(name: str, start_us: float, end_us: float, args: dict) -> dict:
+    """A slice on the "host steps" track of trace_events' program process: host work a caller places between
+    programs (a profile's host code between graphs)."""
+    return _slice(_PROGRAM_PID, _HOST_TID, name, start_us * 1e3, end_us * 1e3, args)
+
+
 def trace_events(report: TimingReport, max_events_per_kernel: int | None = 1000) -> list[dict]:
     res = report.resources
     events: list[dict] = _metadata(report)

@@ -214,6 +214,8 @@ def _sim(report) -> dict:
         "kernels": len(report.kernels),
         "bundles": int(report.launches),
         "host_us": float(report.host_us),
+        # of which host code between graphs (adapters' host islands; charged since 2026-12-06, absent before)
+        "host_code_us": float(report.host_runtime_us["host_code"]),
         "top": [[k, round(v, 3)] for k, v in top],
     }
 

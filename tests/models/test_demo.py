@@ -148,6 +148,27 @@ def test_a_step_trace_holds_every_program_of_the_step(tiny_pair, tmp_path):
         assert rep.total_us - rep.timing_reports[-1].total_us < max(ends) <= rep.total_us + 1e-6
 
 
+def test_a_step_trace_places_host_code_between_its_programs(tmp_path):
+    """Host code between two graphs (an adapter's host function) is a slice of the step's trace where the profile's
+    timeline has it, and the second program's events start after it."""
+    import torch_spyre_emu
+    from adapters._stack import on_host
+    from models.demo import _move_trace
+
+    def step(x):
+        return on_host(torch.sort)(x * 2.0).values + 1.0
+
+    rep = torch_spyre_emu.profile(step, torch.randn(8, 64))
+    [code] = [s for s in rep.steps if s.op.startswith("host:host_sort")]
+    doc = json.loads(_move_trace(rep, tmp_path / "step.json").read_text())
+    [event] = [e for e in doc["traceEvents"] if e.get("name") == code.name and e.get("ph") == "X"]
+    assert (event["ts"], event["dur"]) == pytest.approx((code.start_us, code.duration_us))
+    assert rep.program_starts_us[1] == pytest.approx(code.end_us)
+    slices = [e for e in doc["traceEvents"] if e.get("ph") == "X" and e is not event]
+    assert not [e for e in slices if code.start_us + 1e-3 < e["ts"] < code.end_us - 1e-3]  # nothing runs beside it
+    assert [e for e in slices if e["ts"] >= code.end_us - 1e-3]  # the second program, after it
+
+
 def test_static_greedy_refuses_a_cache_beyond_the_model_positions(tiny_pair):
     _, model = tiny_pair
     with pytest.raises(GenerationError, match="256 positions"):

@@ -212,3 +212,61 @@ def test_many_builtins_profiled_in_one_process_all_run_on_spyre():
                 op, torch.rand(rows, 64, dtype=torch.float16) + 0.5, mode="functional"
             )
             assert rep.programs, op
+
+
+# -- host code between graphs (an adapter's `host`, profiling.host_code) ------------------------------------------
+def _scale_on_host(t):
+    return (t + 1.0) * 2.0  # two eager CPU ops, each reading and writing the whole tensor
+
+
+def _with_host_code(x):
+    from adapters._stack import on_host
+
+    return on_host(_scale_on_host)(x * 3.0) - 1.0
+
+
+def test_host_code_between_graphs_is_charged_as_host_compute():
+    """An adapter's host code (a graph break) costs what CPU islands cost per op: host_op_overhead_us each and its
+    bytes at host_compute_gbps; its step is on the timeline between the graphs, and in total_us."""
+    from aiu_sim.config import preset
+
+    x = torch.randn(64, 64)  # fp32: 16 KiB; each op reads and writes it once
+    rep = torch_spyre_emu.profile(_with_host_code, x)
+    torch.testing.assert_close(rep.outputs, (x * 3.0 + 1.0) * 2.0 - 1.0)
+    [step] = [s for s in rep.steps if s.op == "host:host__scale_on_host"]
+    assert 0 < rep.steps.index(step) < len(rep.steps) - 1  # between the graphs' steps
+    [run] = rep.host_code
+    assert (run.ops, run.nbytes) == (2, 2 * 2 * x.nbytes)
+    hw = preset("spyre")
+    expected = 2 * hw.host_op_overhead_us + 4 * x.nbytes / hw.host_compute_gbps / 1e3
+    assert step.duration_us == pytest.approx(expected)
+    assert rep.host_runtime_us["host_code"] == pytest.approx(expected)
+    assert "host code" in rep.summary()
+    graphs = sum(t.total_us for t in rep.timing_reports)
+    assert rep.total_us == pytest.approx(graphs + expected)
+
+    slow = torch_spyre_emu.profile(_with_host_code, x, config=hw.replace(host_op_overhead_us=30.0))
+    assert slow.host_code[0].duration_us() == pytest.approx(expected + 2 * 20.0)
+    band = rep.band(["host_op_overhead_us"])
+    [f] = band.fields
+    assert f.us_at_high - f.us_at_low == pytest.approx(2 * (f.high - f.low))  # the two host ops; no CPU islands
+
+
+def test_host_code_is_not_charged_outside_a_timed_profile():
+    """Functional mode times nothing; without profile() host code only runs; nested host code counts once."""
+    from adapters._stack import host, on_host
+
+    x = torch.randn(64, 64)
+    assert torch_spyre_emu.profile(_with_host_code, x, mode="functional").host_code == []
+    assert [s.op for s in torch_spyre_emu.profile(_with_host_code, x, mode="timing").steps].count(
+        "host:host__scale_on_host"
+    ) == 1
+    torch.testing.assert_close(on_host(_scale_on_host)(x), (x + 1.0) * 2.0)
+
+    @host
+    def outer(t):
+        return on_host(_scale_on_host)(t) + 1.0
+
+    rep = torch_spyre_emu.profile(lambda t: outer(t * 3.0), x)
+    [run] = rep.host_code
+    assert (run.name, run.ops) == ("outer", 3)
