@@ -732,7 +732,7 @@ def print_chat(r: ChatResult, console: Console) -> None:
     console.print()
     console.print(f"[bold]simulated timing[/bold] on chip '{r.hardware}':")
     console.print(
-        f"  time to first token (prefill program, prompt of {len(gen.prompt_ids)} tokens padded to {gen.prompt_pad}): "
+        f"  time to first token (host inputs + prefill program, prompt of {len(gen.prompt_ids)} tokens padded to {gen.prompt_pad}): "
         f"{r.ttft_us / 1e3:,.2f} ms"
     )
     if gen.decodes:

@@ -22,6 +22,7 @@ layer and compile time does not grow with depth.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -30,7 +31,7 @@ import torch
 from torch import nn
 
 import torch_spyre_emu
-from torch_spyre_emu.profiling import ProfileReport
+from torch_spyre_emu.profiling import ProfileReport, host_code
 
 BLOCK = 64  # sequence lengths are padded to whole 64-token blocks (one stick of fp16)
 
@@ -243,14 +244,26 @@ class StaticGreedy:
         shape = (1, self.kv_heads, cache_len, self.head_dim)
         return tuple(torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(2 * self.layers))
 
-    def _run(self, args: tuple, profiled: bool, trace_dir: str | None):
+    def _run(self, inputs: Callable[[], tuple], kv: tuple, profiled: bool, trace_dir: str | None):
         if not self.compiled:
             with torch.no_grad():
-                return self.step(*args), None
-        # every step through profile(): only it reports all the graphs of a step of blocks, and the host code
-        # between graphs (an adapter's host lookup), so each step's sim_us counts the same things
-        rep = torch_spyre_emu.profile(self.step, *args, mode="both", trace_path=trace_dir if profiled else None)
+                return self.step(*inputs(), *kv), None
+        rep = self._profile(inputs, kv, "both", trace_dir if profiled else None)
         return rep.outputs, rep
+
+    def _profile(self, inputs: Callable[[], tuple], kv: tuple, mode: str, trace_dir: str | None) -> ProfileReport:
+        """One step timed as the device waits for it: the host work that builds its inputs (`host_inputs`: the
+        embedding and RoPE gathers, the mask; charged as host code, per eager CPU op) and then its program(s),
+        with the host code between them. Every step goes through profile(): only it reports all the graphs of a
+        step of blocks and the host code, so each step's sim_us counts the same things. (The inputs' eager copies
+        to the device are not timed: an eager copy never is.)"""
+
+        def step():
+            with host_code("host_inputs"):
+                args = inputs()
+            return self.step(*args, *kv)
+
+        return torch_spyre_emu.profile(step, mode=mode, trace_path=trace_dir, compile=False)
 
     # --- the loop ----------------------------------------------------------------------------------
     def generate(
@@ -299,9 +312,9 @@ class StaticGreedy:
         decode_profiled = False
         for i in range(len(gen.steps), max_new_tokens):
             t0 = time.perf_counter()
-            args = self.host_inputs(ids, start, cache_len, last) + kv
+            inputs = functools.partial(self.host_inputs, ids, start, cache_len, last)
             profiled = kind == "prefill" or not decode_profiled  # the reports (and traces) callers look at
-            out, rep = self._run(args, profiled=profiled, trace_dir=trace_dir)
+            out, rep = self._run(inputs, kv, profiled=profiled, trace_dir=trace_dir)
             decode_profiled = decode_profiled or kind == "decode"
             logits, kv = out[0], tuple(out[1:])
             token = int(torch.argmax(logits[0, -1].cpu().float()))  # host argmax (aten.argmax is a fallback)
@@ -359,18 +372,18 @@ class StaticGreedy:
         gen.steps = [replace(s, report=None, restored=True) for s in steps]
         gen.new_ids = [s.token for s in steps]
         if self.compiled:
-            args = self.host_inputs(padded, 0, gen.cache_len, n - 1) + want
-            gen.steps[0].report = self._retime(gen.steps[0], args, trace_dir)
+            inputs = functools.partial(self.host_inputs, padded, 0, gen.cache_len, n - 1)
+            gen.steps[0].report = self._retime(gen.steps[0], inputs, want, trace_dir)
             done = len(steps) == max_new_tokens or steps[-1].token == eos_token_id
             if done and len(steps) > 1:  # no decode step will run, so none would leave a report
                 ids = torch.tensor([[steps[-1].token]])
-                args = self.host_inputs(ids, n + len(steps) - 1, gen.cache_len, 0) + tuple(checkpoint.kv)
-                gen.steps[1].report = self._retime(gen.steps[1], args, trace_dir)
+                inputs = functools.partial(self.host_inputs, ids, n + len(steps) - 1, gen.cache_len, 0)
+                gen.steps[1].report = self._retime(gen.steps[1], inputs, tuple(checkpoint.kv), trace_dir)
         return tuple(checkpoint.kv)
 
-    def _retime(self, step: StepRecord, args: tuple, trace_dir: str | None) -> ProfileReport:
+    def _retime(self, step: StepRecord, inputs: Callable[[], tuple], kv: tuple, trace_dir: str | None) -> ProfileReport:
         """A restored step's program timed again (no values): its report, checked against the recorded time."""
-        rep = torch_spyre_emu.profile(self.step, *args, mode="timing", trace_path=trace_dir)
+        rep = self._profile(inputs, kv, "timing", trace_dir)
         if rep.total_us != step.sim_us:
             raise ResumeError(
                 f"the {step.kind} program now takes {rep.total_us:.3f} us on the simulated chip; the interrupted "

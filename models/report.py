@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from torch_spyre_emu.profiling import KernelRecord, ProfileReport
+from torch_spyre_emu.profiling import HOST_CODE, KernelRecord, ProfileReport
 
 
 @dataclass
@@ -84,9 +84,12 @@ def agreement(cpu_model, prompt_ids: torch.Tensor, new_ids: list[int], eos_token
 
 
 def step_class(step: KernelRecord) -> str:
-    """Kernel class for breakdowns: the kernel op (matmul, restickify, binary ...), PCIe copies, CPU islands."""
+    """Kernel class for breakdowns: the kernel op (matmul, restickify, binary ...), PCIe copies, CPU islands,
+    host code between graphs."""
     if step.op in ("h2d", "d2h"):
         return "pcie copy"
+    if step.program == HOST_CODE:
+        return "host code"
     if step.op.startswith("host"):
         return "cpu island"
     return step.op
