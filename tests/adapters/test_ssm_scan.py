@@ -125,6 +125,7 @@ def test_the_adapter_retires_when_the_stack_restickifies_fp32():
             assert "ssd_scan_host" not in handle.report.applied
 
 
+@pytest.mark.slow  # ~25 s (a dry run of mamba2); the walk's report of the gap: test_restickify_fp32 (walk == compile)
 def test_the_plan_names_the_gap_and_its_bridge():
     """adapters.plan's dry run (no lowering) reports the scan's fp32 restickify where the compile would raise it,
     claimed by ssd_scan_host, and gone with the adapters applied."""
