@@ -399,31 +399,38 @@ def unfold_frames(args, kwargs):
     blocks, one window per frame: `cat([x.narrow(d, i * step, size).unsqueeze(d) ...], d)`. Stock's unfold was made
     and is left unused (in a compiled graph, dead code)."""
     u = _arg(args, kwargs, 0, "input", "self")
+    tag = _unfold_tag(u)
+    if tag is None:
+        return _PASS
     src, dst = _arg(args, kwargs, 1, "source"), _arg(args, kwargs, 2, "destination")
     if len(args) + len(kwargs) != 3 or not (isinstance(src, int) and isinstance(dst, int)):
         return _PASS
-    if not isinstance(u, torch.Tensor) or src % u.dim() != u.dim() - 1:
+    if src % u.dim() != u.dim() - 1:
         return _PASS
     rest = list(range(u.dim() - 1))
-    return _frames(u, [*rest[: dst % u.dim()], u.dim() - 1, *rest[dst % u.dim() :]])
+    return _frames(u, tag, [*rest[: dst % u.dim()], u.dim() - 1, *rest[dst % u.dim() :]])
 
 
 def unfold_frames_permute(args, kwargs):
     """`u.permute(dims)`, `u.permute(*dims)`, `torch.permute(u, dims)` with the order of `unfold_frames`'s movedim."""
     u = _arg(args, kwargs, 0, "input", "self")
-    if not isinstance(u, torch.Tensor):
+    tag = _unfold_tag(u)
+    if tag is None:
         return _PASS
     dims = _arg(args, kwargs, 1, "dims") if len(args) + len(kwargs) == 2 else list(args[1:])
     dims = _int_list(dims) if isinstance(dims, list | tuple) else None
-    return _PASS if dims is None else _frames(u, dims)
+    return _PASS if dims is None else _frames(u, tag, dims)
 
 
-def _frames(u: torch.Tensor, dims: list[int]):
-    """u's permute to `dims` made from what u was unfolded from, where u is a tagged fp32 unfold and `dims` moves its
-    window dim beside the unfolded dim (`unfold_frames`); else _PASS."""
-    tag = getattr(u, _UNFOLD_OF, None)
-    if tag is None:
-        return _PASS
+def _unfold_tag(u) -> tuple | None:
+    """(x, d, size, step) of a tensor `tag_unfold` tagged; None for anything else (every other permute and movedim,
+    answered with this one getattr)."""
+    return getattr(u, _UNFOLD_OF, None) if isinstance(u, torch.Tensor) else None
+
+
+def _frames(u: torch.Tensor, tag: tuple, dims: list[int]):
+    """u's permute to `dims` made from x, where u = x.unfold(d, size, step) (its `tag`) and `dims` moves its window
+    dim beside the unfolded dim (`unfold_frames`); else _PASS."""
     x, d, size, step = tag
     rank = u.dim()
     if [i % rank for i in dims] != [*range(d + 1), rank - 1, *range(d + 1, rank - 1)]:

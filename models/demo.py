@@ -527,7 +527,8 @@ def _tp_summary(r: TensorParallelChat) -> dict:
 
 def _move_trace(rep: ProfileReport, dest: Path) -> Path | None:
     """The report's Perfetto trace at `dest`: a one-program report's own file, moved; else one trace of all its
-    programs one after the other (a decode step runs a decoder-block program per layer, then the head's)."""
+    programs one after the other (a decode step runs a decoder-block program per layer, then the head's) with the
+    host code between them where the report's timeline has it."""
     if len(rep.timing_reports) > 1 or rep.host_code:
         return _merged_trace(rep, dest)
     if rep.trace_path and Path(rep.trace_path).exists():
