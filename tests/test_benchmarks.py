@@ -1,0 +1,20 @@
+"""The benchmark scripts still run: they call the project's own code (e.g. bench_demo drives StaticGreedy's step),
+so a change there can break one that no other test runs. Slow: each is a real measurement."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.slow
+def test_bench_demo_decode_ratio_runs():
+    out = subprocess.run(
+        [sys.executable, "benchmarks/bench_demo.py", "--skip-demo", "--repeats", "1"],
+        cwd=ROOT, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "SmolLM2 decode step" in out.stdout and "ratio" in out.stdout
