@@ -3,7 +3,9 @@ transpose fails for fp32, ReStickifyOpHBM has no fp32 variant, #1796).
 
 A permuted spyre view (x.t(), q.transpose(1, 2)) reaches a program in its base's order, eager or compiled, so an op
 that needs the other stick restickifies it: a timed kernel in fp16/bf16, a SpyreCompileError naming
-`layout.restickify_fp32` in fp32. The capability override turns the gap off for what-if studies."""
+`layout.restickify_fp32` in fp32. A pointwise op or a cast inherits its operands' layout (STACK §1.3 pass 2), so
+`(x.t() * 2).contiguous()` and `x.t().float().contiguous()` move fp32 data across sticks too. The capability override
+turns the gap off for what-if studies."""
 
 from __future__ import annotations
 
@@ -19,6 +21,11 @@ CROSSING = {  # contiguous() of a transposed tensor: the documented fp32 failure
     "contiguous": lambda a: a.t().contiguous(),
     "clone_contiguous": lambda a: torch.clone(a.t(), memory_format=torch.contiguous_format),
     "reshape": lambda a: a.t().reshape(-1),  # torch's reshape copies through contiguous() when it cannot view
+}
+INHERITED = {  # contiguous() of a pointwise result that inherited a transposed layout: the same fp32 failure
+    "pointwise_then_contiguous": lambda a: (a.t() * 2).contiguous(),
+    "pointwise_then_reshape": lambda a: (a.t() + 1).reshape(-1),
+    "chain_then_contiguous": lambda a: torch.relu(a.t() * 2 - 1).contiguous(),
 }
 MATMUL = {"matmul": lambda a: a @ a.t()}  # in fp32 a CPU fallback (not on the fp32 list)
 # no contiguous() of a transposed fp32 tensor: a pointwise op or a cast inherits its operand's layout (STACK §1.3
@@ -45,18 +52,18 @@ def _run(fn, x, mode):
 
 
 @pytest.mark.parametrize("mode", ["eager", "compiled"])
-@pytest.mark.parametrize("name", sorted(CROSSING))
+@pytest.mark.parametrize("name", sorted(CROSSING | INHERITED))
 def test_fp32_across_sticks_is_the_stacks_compile_error(name, mode):
     with pytest.raises(SpyreCompileError, match="no fp32 variant") as e:
-        _run(CROSSING[name], _x().to("spyre"), mode)
+        _run((CROSSING | INHERITED)[name], _x().to("spyre"), mode)
     assert e.value.capability == "layout.restickify_fp32"
 
 
 @pytest.mark.parametrize("mode", ["eager", "compiled"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("name", sorted(CROSSING | MATMUL | {"two_sticks": RUNNING["two_sticks"]}))
+@pytest.mark.parametrize("name", sorted(CROSSING | INHERITED | MATMUL | {"two_sticks": RUNNING["two_sticks"]}))
 def test_fp16_and_bf16_restickify_and_match_the_cpu(name, dtype, mode):
-    fn = (CROSSING | MATMUL | RUNNING)[name]
+    fn = (CROSSING | INHERITED | MATMUL | RUNNING)[name]
     x = _x(dtype).to("spyre")
     want = fn(x.cpu().float())  # the device's rounded inputs, in fp32
     got = _run(fn, x, mode).cpu().float()
@@ -64,13 +71,49 @@ def test_fp16_and_bf16_restickify_and_match_the_cpu(name, dtype, mode):
     torch.testing.assert_close(got, want, atol=0.0 if exact else 0.5, rtol=0.0 if exact else 0.02)
 
 
-def test_an_eager_transposed_operand_costs_a_restickify_kernel():
+def _kernels():
+    return [k.op for k in torch_spyre_emu.last_profile().kernels]
+
+
+@pytest.mark.parametrize("mode", ["eager", "compiled"])
+def test_a_pointwise_result_inherits_its_transposed_operands_layout(mode):
+    """No restickify for the op: the result is stored in its operand's order (strides and device layout say so, as
+    torch strides it), the next pointwise op reads it as is, and the values are those of the same ops on a
+    contiguous copy, bit for bit."""
     x = _x(torch.float16).to("spyre")
-    x.t() * 2
-    kernels = [k.op for k in torch_spyre_emu.last_profile().kernels]
-    assert kernels == ["restickify", "binary"]
+    y = _run(lambda a: a.t() * 2, x, mode)
+    assert _kernels() == ["binary"]
+    assert stick_order(y) == (1, 0) and y.stride() == (1, 128)
+    assert y.device_tensor_layout() == torch_spyre_emu.device.layout.default_layout((128, 64), torch.float16, (1, 0))
+    z = _run(lambda a: a + 1, y, mode)
+    assert _kernels() == ["binary"] and stick_order(z) == (1, 0)
+    plain = x.t().contiguous()
+    assert _kernels() == ["copy"]  # fp16: the restickify copy (in fp32 the compile error)
+    assert torch.equal(z.cpu(), ((plain * 2) + 1).cpu())
+    assert torch.equal(y.contiguous().cpu(), y.cpu())
+
+
+def test_an_eager_transposed_operand_is_read_in_its_bases_order():
+    x = _x(torch.float16).to("spyre")
+    x[:, :64] + x[:, 64:].t()  # operands on two stick dims: the default layout, one restickified
+    assert _kernels() == ["restickify", "binary"]
     x.t().t() * 2  # a view back in its base's order reads as is
-    assert [k.op for k in torch_spyre_emu.last_profile().kernels] == ["binary"]
+    assert _kernels() == ["binary"]
+
+
+def test_a_cast_keeps_its_operands_layout_compiled():
+    """x.t().float() is a transposed fp32 value: contiguous() of it fails on a card. Making it contiguous before the
+    cast (fp16 restickify) runs. Eagerly, torch allocates a cast's result itself (empty_strided, the default layout
+    here: an assumption) and copies into it, so the eager chain runs."""
+    x = _x(torch.float16).to("spyre")
+    torch._dynamo.reset()
+    with pytest.raises(SpyreCompileError, match=r"x.t\(\).contiguous\(\).float\(\)") as e:
+        torch.compile(lambda a: a.t().float().contiguous())(x)
+    assert e.value.capability == "layout.restickify_fp32"
+    torch._dynamo.reset()
+    got = torch.compile(lambda a: a.t().contiguous().float())(x)
+    assert torch.equal(got.cpu(), x.cpu().t().float())
+    assert torch.equal(x.t().float().contiguous().cpu(), x.cpu().t().float())  # eager: see the docstring
 
 
 def test_fp32_ops_that_keep_the_stick_run():
@@ -164,14 +207,14 @@ class _Call(torch.nn.Module):
         return self.fn(x) * 2  # an op after the copy: the walk's graph keeps it
 
 
-@pytest.mark.parametrize("name", sorted(CROSSING | RUNNING | {"cast_then_contiguous": None}))
+@pytest.mark.parametrize("name", sorted(CROSSING | INHERITED | RUNNING | {"cast_then_contiguous": None}))
 def test_the_walk_names_the_error_exactly_where_the_compile_raises_it(name):
     """find_unsupported (adapters.plan's dry run) does not lower, yet it reports layout.restickify_fp32 for the same
-    clones the lowering refuses: it replays their views through the same lowerings. A cast materializes a fresh
-    buffer in the lowering, so `x.t().float().contiguous()` runs, and the walk agrees."""
+    clones the lowering refuses: it replays their views and pointwise ops through the same lowerings. A cast keeps
+    its operand's layout, so `x.t().float().contiguous()` of an fp16 x fails too, and the walk agrees."""
     from torch_spyre_emu.compiler import find_unsupported
 
-    fn = (CROSSING | RUNNING).get(name) or (lambda a: a.t().float().contiguous())
+    fn = (CROSSING | INHERITED | RUNNING).get(name) or (lambda a: a.t().float().contiguous())
     x = _x(torch.float16 if name == "cast_then_contiguous" else torch.float32)
     torch._dynamo.reset()
     walked = {u.capability for u in find_unsupported(_Call(fn), (x,))}
@@ -182,4 +225,4 @@ def test_the_walk_names_the_error_exactly_where_the_compile_raises_it(name):
     except SpyreCompileError as e:
         raised = e.capability == "layout.restickify_fp32"
     torch._dynamo.reset()
-    assert ("layout.restickify_fp32" in walked) == raised == (name in CROSSING)
+    assert ("layout.restickify_fp32" in walked) == raised == (name in CROSSING | INHERITED | {"cast_then_contiguous": 0})

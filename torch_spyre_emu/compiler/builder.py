@@ -148,6 +148,29 @@ class Builder:
             and dtypes.get(inputs[0].buffer, torch.bool) != torch.bool
         )
 
+    def pointwise_out(self, shape: tuple[int, ...], dtype: torch.dtype, operands: list[TRef], dims: tuple[str, ...]):
+        """The output of a pointwise kernel over `shape` (iteration dim dims[i] on axis i): (its Arg, its value).
+        The output inherits its operands' layout (STACK §1.3 pass 2): when every operand of the full shape walks its
+        buffer with the same axis on the stick, and that is not the value's last axis (x.t() * 2, x.t().float()),
+        the buffer holds the value in that operand's memory order and the value is a permuted view of it, so the
+        kernel needs no restickify and a later contiguous() moves the stick (an fp32 one fails, as on a card).
+        Operands that disagree give the default layout: the real pass's rule for them is not public (assumption)."""
+        order = _inherited_order(shape, operands)
+        if order is None:
+            out = self.new_buffer(shape, dtype)
+            return Arg(out, dims), TRef.whole(out, shape)
+        stored = tuple(shape[d] for d in order)
+        out = self.new_buffer(stored, dtype)
+        value = TRef.whole(out, stored).permute(tuple(order.index(d) for d in range(len(order))))
+        return Arg(out, tuple(dims[d] for d in order)), value
+
+    def cast(self, t: TRef, dtype: torch.dtype) -> TRef:
+        """The value converted to `dtype`: a copy kernel, pointwise, so its output inherits t's layout."""
+        dims = tuple(f"d{i}" for i in range(t.rank))
+        out, value = self.pointwise_out(t.shape, dtype, [t], dims)
+        self.kernel("copy", [self.arg(t, dims)], [out], {d: s for d, s in zip(dims, t.shape, strict=True)})
+        return value
+
     def materialize(self, t: TRef, dtype: torch.dtype | None = None) -> TRef:
         """A plain (whole-buffer, row-major) copy of the value, optionally converted to `dtype`."""
         src_dtype = self.dtype_of(t)
@@ -159,6 +182,20 @@ class Builder:
             "copy", [self.arg(t, dims)], [Arg(out, dims)], {d: s for d, s in zip(dims, t.shape, strict=True)}
         )
         return TRef.whole(out, t.shape)
+
+
+def _inherited_order(shape: tuple[int, ...], operands: list[TRef]) -> tuple[int, ...] | None:
+    """The memory order a pointwise output over `shape` inherits from its operands (Builder.pointwise_out), or None
+    for the default layout."""
+    walked = [i for i, s in enumerate(shape) if s != 1]
+    if not walked:
+        return None
+    orders = [t.memory_order() for t in operands if t.shape == shape]
+    orders = [o for o in orders if o is not None]
+    sticks = {next(d for d in reversed(o) if shape[d] != 1) for o in orders}
+    if len(sticks) != 1 or sticks == {walked[-1]}:
+        return None
+    return orders[0]
 
 
 def host_array(t: torch.Tensor) -> np.ndarray:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.fx as fx
 
+from aiu_sim.ir.layout import contiguous_strides
 from aiu_sim.ir.program import DeviceToHost, HostOp, HostToDevice
 from aiu_sim.numerics.formats import host_dtype_name
 from torch_spyre_emu import hints
@@ -50,6 +51,9 @@ class Lowered:
     output_shapes: list[tuple[int, ...]] = field(
         default_factory=list
     )  # each output's shape (buffer may add 1s)
+    # per output on the device: the dim order its buffer holds it in when that is not its own (a pointwise result
+    # that inherited a transposed layout, kept as the stack keeps it), else None
+    output_orders: list[tuple[int, ...] | None] = field(default_factory=list)
 
 
 def program_parts(lowered: Lowered) -> ProgramParts:
@@ -107,10 +111,10 @@ def lower_graph(gm: fx.GraphModule, options: CompileOptions) -> Lowered:
             env[node] = _lower_node(b, node, env, options)
         elif node.op == "output":
             fx.node.map_arg(node.args[0], lambda n, out=node: _use(env, n, out))  # no output the lowering lacks
-            names, template, dtypes, bufs, shapes = _lower_outputs(
+            names, template, dtypes, bufs, shapes, orders = _lower_outputs(
                 b, node.args[0], env, options.outputs_on_device
             )
-            return Lowered(b, inputs, names, template, dtypes, bufs, shapes)
+            return Lowered(b, inputs, names, template, dtypes, bufs, shapes, orders)
     raise SpyreCompileError(f"graph {options.name!r} has no output node")
 
 
@@ -211,12 +215,15 @@ def _lower_outputs(b: Builder, out, env: dict, on_device: bool):
     dtypes: list[torch.dtype] = []
     bufs: list[str] = []
     shapes: list[tuple[int, ...]] = []
+    orders: list[tuple[int, ...] | None] = []
 
     def walk(x):
         if isinstance(x, fx.Node):
             v = env[x]
             if isinstance(v, TRef):
-                m = b.materialize(v)
+                order = _kept_order(b, v, x.meta.get("val")) if on_device else None
+                orders.append(order)
+                m = v if order is not None else b.materialize(v)
                 i = len(names)
                 name = f"out{i}"
                 dtype = b.dtype_of(m)
@@ -233,4 +240,22 @@ def _lower_outputs(b: Builder, out, env: dict, on_device: bool):
         return x
 
     template = walk(out)
-    return names, template, dtypes, bufs, shapes
+    return names, template, dtypes, bufs, shapes, orders
+
+
+def _kept_order(b: Builder, v: TRef, val) -> tuple[int, ...] | None:
+    """The memory order a device result keeps instead of a copy into its own order: when the value is its whole
+    buffer seen in another stick order (a pointwise result that inherited a transposed layout) and torch strides
+    the result the same way (its meta value's strides are that order's), as the stack returns the buffer Inductor
+    laid out. None: materialize it (any other view, or strides torch would not give it)."""
+    order = v.memory_order()
+    if order is None or not v.stick_moves() or not isinstance(val, torch.Tensor):
+        return None
+    stored = b.buffer_shape(v)
+    if TRef.whole(v.buffer, stored).permute(tuple(order.index(d) for d in range(v.rank))) != v:
+        return None
+    strides = contiguous_strides(stored)
+    want = tuple(strides[order.index(d)] for d in range(v.rank))
+    if any(s > 1 and st != w for s, st, w in zip(v.shape, val.stride(), want, strict=True)):
+        return None
+    return order

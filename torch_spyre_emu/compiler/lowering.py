@@ -114,16 +114,16 @@ def pointwise(
     shape = tuple(val.shape)
     dims = dims_for(len(shape))
     ops = [_as_tref(b, x, val.dtype) for x in operands]
-    out = b.new_buffer(shape, val.dtype)
+    out, value = b.pointwise_out(shape, val.dtype, ops, dims)
     b.kernel(
         op,
         [broadcast_arg(b, t, shape, dims) for t in ops],
-        [Arg(out, dims)],
+        [out],
         dict(zip(dims, shape, strict=True)),
         fn=fn,
         attrs=attrs,
     )
-    return TRef.whole(out, shape)
+    return value
 
 
 # --- pointwise ---------------------------------------------------------------------------------------------------
@@ -217,10 +217,14 @@ def lower_where(b, node, cond, x, y):
 
 
 @lowering(aten._to_copy)
-def lower_to_copy(b, node, x, **kwargs):
+def lower_to_copy(b, node, x, memory_format=None, **kwargs):
     dtype = out_val(node).dtype
     # Functional graphs never mutate, so a same-dtype copy can share the buffer.
-    return x if dtype == b.dtype_of(x) else b.materialize(x, dtype)
+    if dtype == b.dtype_of(x):
+        return x
+    # a cast is pointwise: it keeps x's layout (x.t().float() stays transposed), unless asked for a contiguous
+    # result, which the same copy kernel writes in the value's own order (as a cast into a contiguous tensor does)
+    return b.materialize(x, dtype) if memory_format == torch.contiguous_format else b.cast(x, dtype)
 
 
 # --- views (zero cost) -------------------------------------------------------------------------------------------
@@ -246,7 +250,8 @@ def lower_clone(b, node, x, memory_format=None):
         raise SpyreCompileError(
             f"contiguous() of a transposed fp32 tensor {list(x.shape)}{' in ' + where if where else ''}: the stack "
             "restickifies it with ReStickifyOpHBM, which has no fp32 variant (torch-spyre #1796), so the compile "
-            "fails on a card. Transpose in fp16 or bf16 and cast to fp32 after, or keep that step on the CPU",
+            "fails on a card. Make it contiguous in fp16 or bf16 and cast to fp32 after (x.t().contiguous().float(), "
+            "not x.t().float().contiguous(): a cast keeps its input's layout), or keep that step on the CPU",
             capability="layout.restickify_fp32",
             op="aten.clone",
             where=where,
@@ -254,8 +259,8 @@ def lower_clone(b, node, x, memory_format=None):
     return x
 
 
-# the ops between a value and a clone of it that lowering treats as views of the value (or, _to_copy to another
-# dtype, as a fresh buffer): what layout_error_in_walk replays
+# the ops between a value and a clone of it whose lowering decides the clone's layout: views, and the pointwise
+# ops whose result inherits its operands' layout (Builder.pointwise_out); what layout_error_in_walk replays
 _VIEW_CHAIN = frozenset(
     {
         aten.alias, aten.detach, aten.lift_fresh_copy, aten.clone, aten._to_copy, aten.permute, aten.transpose,
@@ -263,27 +268,45 @@ _VIEW_CHAIN = frozenset(
         aten.reshape,
     }
 )  # fmt: skip
+_POINTWISE_CHAIN = frozenset(
+    {*UNARY, *BINARY, aten.square, aten.gelu, aten.softplus, aten.clamp, aten.clamp_min, aten.clamp_max, aten.where}
+)
+_WALK_DEPTH = 32  # ops replayed back from a clone; a value further back is read as a fresh default-layout buffer
 
 
 def layout_error_in_walk(node: fx.Node) -> SpyreCompileError | None:
     """The error lower_clone would raise for the clone `node`, found without lowering the graph (find_unsupported's
-    walk): the chain of views between the value it copies and the buffer under it, replayed through these same
-    lowerings on a fresh buffer of a scratch Builder. None when lowering it raises nothing."""
-    chain, base = [node], node.args[0]
-    while isinstance(base, fx.Node) and getattr(base.target, "overloadpacket", None) in _VIEW_CHAIN:
-        chain.append(base)
-        base = base.args[0]
-    val = base.meta.get("val") if isinstance(base, fx.Node) else None
-    if not isinstance(val, torch.Tensor):
-        return None
+    walk): the views and pointwise ops between the value it copies and the buffers under them, replayed through
+    these same lowerings on fresh buffers of a scratch Builder (at most _WALK_DEPTH ops back). None when lowering
+    it raises nothing."""
+    val = node.meta.get("val")
+    if not (isinstance(val, torch.Tensor) and val.dtype == torch.float32):
+        return None  # lower_clone only refuses fp32
     b = Builder("walk")
+    memo: dict[fx.Node, object] = {}
+
+    def replay(n, depth: int):
+        if not isinstance(n, fx.Node):
+            return n
+        if n not in memo:
+            v = n.meta.get("val")
+            packet = getattr(n.target, "overloadpacket", None)
+            if depth < _WALK_DEPTH and (packet in _VIEW_CHAIN or packet in _POINTWISE_CHAIN):
+                args, kwargs = fx.node.map_arg((n.args, n.kwargs), lambda a: replay(a, depth + 1))
+                memo[n] = LOWERINGS[packet](b, n, *args, **kwargs)
+            elif isinstance(v, torch.Tensor):
+                memo[n] = TRef.whole(b.new_buffer(tuple(v.shape), v.dtype), tuple(v.shape))
+            else:
+                memo[n] = v
+        return memo[n]
+
     try:
-        x = TRef.whole(b.new_buffer(tuple(val.shape), val.dtype), tuple(val.shape))
-        for n in reversed(chain):
-            x = LOWERINGS[n.target.overloadpacket](b, n, x, *n.args[1:], **n.kwargs)
+        replay(node, 0)
     except SpyreCompileError as e:
         # without a capability: a dtype or rank the walk's CPU graph has and the device would not, not a layout
         return e if e.capability else None
+    except (ValueError, IndexError, KeyError, TypeError):
+        return None  # an op the scratch replay cannot lower alone: the compile says more
     return None
 
 

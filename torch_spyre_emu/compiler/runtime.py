@@ -339,15 +339,19 @@ def run_compiled(compiled: Compiled, args: list, mode: str = "both", trace_path=
     elif result.timing is not None:
         compiled.timings[timing_key] = result.timing
     outs: list[torch.Tensor] = []
-    for name, buf, dtype, shape in zip(
+    for name, buf, dtype, shape, order in zip(
         lowered.output_names,
         lowered.output_buffers,
         lowered.output_dtypes,
         lowered.output_shapes,
+        lowered.output_orders,
         strict=True,
     ):
         if not compute:
             outs.append(timing_stand_in(shape, dtype, args, compiled.options.outputs_on_device))
+        elif order is not None:  # kept in the order its buffer holds it (codegen._kept_order)
+            values = result.outputs[buf].transpose(tuple(order.index(d) for d in range(len(order))))
+            outs.append(_to_spyre(values, dtype, order))
         elif compiled.options.outputs_on_device:
             outs.append(_to_spyre(result.outputs[buf].reshape(shape), dtype))
         else:
@@ -376,10 +380,10 @@ def _payload(t: torch.Tensor) -> np.ndarray:
     return payload(t)
 
 
-def _to_spyre(values: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
+def _to_spyre(values: np.ndarray, dtype: torch.dtype, order: tuple[int, ...] | None = None) -> torch.Tensor:
     from torch_spyre_emu.device.tensor import from_payload
 
-    return from_payload(np.array(values, dtype=host_dtypes.payload_numpy_dtype(dtype), order="C"), dtype)
+    return from_payload(np.array(values, dtype=host_dtypes.payload_numpy_dtype(dtype), order="C"), dtype, order=order)
 
 
 __all__ = [

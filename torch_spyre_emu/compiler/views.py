@@ -49,6 +49,19 @@ class TRef:
         inner = [i for i, n in enumerate(self.view) if n != 1]
         return bool(walked and inner) and walked[-1] is not None and walked[-1] != inner[-1]
 
+    def memory_order(self) -> tuple[int, ...] | None:
+        """The value's axes in buffer order, outermost first (size-1 axes first, in value order), or None when the
+        value walks no buffer axis on one of its axes (a broadcast or expanded axis)."""
+        keys = []
+        for i, (v, s) in enumerate(zip(self.axes, self.shape, strict=True)):
+            if s == 1:
+                keys.append((0, i))
+            elif v is None or self.view[v] == 1:
+                return None
+            else:
+                keys.append((1, v))
+        return tuple(sorted(range(self.rank), key=keys.__getitem__))
+
     # --- view algebra ------------------------------------------------------------------------------------------
     def permute(self, perm: tuple[int, ...]) -> TRef:
         perm = tuple(p % self.rank for p in perm) if self.rank else ()

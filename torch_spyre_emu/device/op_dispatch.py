@@ -376,7 +376,7 @@ def _write_back(op, mutated, args, kwargs, result):
 
 def copy_into(dst: torch.Tensor, src: torch.Tensor, op=None) -> None:
     """Write spyre tensor `src` into spyre tensor `dst` (same shape; cast through run_op if dtypes differ)."""
-    from torch_spyre_emu.device.tensor import payload
+    from torch_spyre_emu.device.tensor import payload, stick_order
 
     if not isinstance(src, torch.Tensor) or src.device.type != "spyre":
         raise SpyreDeviceError(
@@ -397,7 +397,10 @@ def copy_into(dst: torch.Tensor, src: torch.Tensor, op=None) -> None:
             )
         dst.resize_(src.shape)
     if dst.dtype != src.dtype:
-        src = run_on_device(torch.ops.aten._to_copy.default, (src,), {"dtype": dst.dtype})
+        options = {"dtype": dst.dtype}
+        if stick_order(src) != stick_order(dst):  # the cast kernel writes dst's order (one kernel, no restickify)
+            options["memory_format"] = torch.contiguous_format
+        src = run_on_device(torch.ops.aten._to_copy.default, (src,), options)
     payload(dst)[...] = payload(src)
 
 

@@ -171,8 +171,13 @@ def payload(t: torch.Tensor) -> np.ndarray:
     return device_storage.values_view(t)
 
 
-def from_payload(values, dtype: torch.dtype, layout: SpyreTensorLayout | None = None) -> torch.Tensor:
-    """A new spyre tensor of torch `dtype` holding `values`, which must already be device-format values."""
+def from_payload(
+    values, dtype: torch.dtype, layout: SpyreTensorLayout | None = None, order: tuple[int, ...] | None = None
+) -> torch.Tensor:
+    """A new spyre tensor of torch `dtype` holding `values`, which must already be device-format values. `order`
+    (dims outermost first, as stick_order gives them): the tensor is allocated in that dim order, its strides and
+    its layout's dim_order both follow it (a compiled op's result whose pointwise kernel inherited a transposed
+    operand's layout), so its stick is order[-1]."""
     values = np.asarray(values)
     want = host_dtypes.payload_numpy_dtype(dtype)
     if values.dtype != want:
@@ -180,7 +185,12 @@ def from_payload(values, dtype: torch.dtype, layout: SpyreTensorLayout | None = 
             f"device values for {dtype} are held as {want}, got {values.dtype}; convert host data with "
             "aiu_sim.numerics.host.to_device first"
         )
-    t = new_tensor(values.shape, dtype, layout=layout)
+    strides = None
+    if order is not None:
+        stored = contiguous_strides(tuple(values.shape[d] for d in order))
+        strides = tuple(stored[order.index(d)] for d in range(values.ndim))
+        layout = default_layout(values.shape, dtype, order)  # (stride_map in logical strides, as every layout here)
+    t = new_tensor(values.shape, dtype, strides, layout=layout)
     payload(t)[...] = values
     return t
 
@@ -214,8 +224,9 @@ def own_layout(t: torch.Tensor) -> SpyreTensorLayout:
 
 def _allocation_order(storage: device_storage.DeviceStorage, dtype: torch.dtype) -> tuple[int, ...] | None:
     """The dim order of an allocation (its base's dims, outermost first): the identity for the default layout,
-    LINEAR_WEIGHT_DIM_ORDER for a 2-D tensor stored as model_loading stores Linear weights, None for another
-    layout. Memoized on the storage: the layout comparisons are the cost of a per-call lookup."""
+    LINEAR_WEIGHT_DIM_ORDER for a 2-D tensor stored as model_loading stores Linear weights, its dims by decreasing
+    stride for a tensor allocated in its strides' order (a result that inherited a transposed layout), None for
+    another layout. Memoized on the storage: the layout comparisons are the cost of a per-call lookup."""
     layout, order = storage.order_memo
     if layout is storage.layout:
         return order
@@ -227,8 +238,16 @@ def _allocation_order(storage: device_storage.DeviceStorage, dtype: torch.dtype)
         base_shape, dtype, LINEAR_WEIGHT_DIM_ORDER, storage.base_strides
     ):
         order = LINEAR_WEIGHT_DIM_ORDER
+    elif storage.layout == default_layout(base_shape, dtype, by_stride := _by_stride(storage)):
+        order = by_stride  # allocated in its strides' order (from_payload's `order`)
     storage.order_memo = (storage.layout, order)
     return order
+
+
+def _by_stride(storage: device_storage.DeviceStorage) -> tuple[int, ...]:
+    """The base's dims by decreasing stride (ties in dim order): the dim_order of a layout that follows them."""
+    strides = storage.base_strides
+    return tuple(sorted(range(len(strides)), key=lambda d: (-strides[d], d)))
 
 
 def stick_order(t: torch.Tensor) -> tuple[int, ...] | None:
