@@ -226,3 +226,15 @@ def test_the_walk_names_the_error_exactly_where_the_compile_raises_it(name):
         raised = e.capability == "layout.restickify_fp32"
     torch._dynamo.reset()
     assert ("layout.restickify_fp32" in walked) == raised == (name in CROSSING | INHERITED | {"cast_then_contiguous": 0})
+
+
+def test_a_transposed_result_copied_to_the_host_needs_no_copy_kernel():
+    """The DeviceToHost copy reads a result in the order its buffer holds it (the runtime's layout conversion), so
+    a compiled graph on host inputs returns inherited and viewed results without a device copy, in torch's values."""
+    x = _x(torch.float16)
+    torch._dynamo.reset()
+    got = torch.compile(lambda a: (a.t() * 2, (a * 3).t()))(x)
+    assert _kernels() == ["binary", "binary"]
+    xs = x.to("spyre")
+    assert torch.equal(got[0], (xs.t().contiguous() * 2).cpu()) and got[0].is_contiguous()
+    assert torch.equal(got[1], (xs * 3).cpu().t())

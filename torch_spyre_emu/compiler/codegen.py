@@ -221,7 +221,7 @@ def _lower_outputs(b: Builder, out, env: dict, on_device: bool):
         if isinstance(x, fx.Node):
             v = env[x]
             if isinstance(v, TRef):
-                order = _kept_order(b, v, x.meta.get("val")) if on_device else None
+                order = _kept_order(b, v, x.meta.get("val") if on_device else None)
                 orders.append(order)
                 m = v if order is not None else b.materialize(v)
                 i = len(names)
@@ -243,16 +243,22 @@ def _lower_outputs(b: Builder, out, env: dict, on_device: bool):
     return names, template, dtypes, bufs, shapes, orders
 
 
-def _kept_order(b: Builder, v: TRef, val) -> tuple[int, ...] | None:
-    """The memory order a device result keeps instead of a copy into its own order: when the value is its whole
-    buffer seen in another stick order (a pointwise result that inherited a transposed layout) and torch strides
-    the result the same way (its meta value's strides are that order's), as the stack returns the buffer Inductor
+def _kept_order(b: Builder, v: TRef, val: torch.Tensor | None) -> tuple[int, ...] | None:
+    """The memory order a result keeps instead of a copy kernel into its own order: when the value is its whole
+    buffer seen in another stick order (a pointwise result that inherited a transposed layout). A result copied to
+    the host (`val` None) is read in that order by its DeviceToHost copy, which converts layouts (the DCI, STACK
+    §1.6) and the runtime puts it in the value's order. A result staying on the device keeps it when torch strides
+    it the same way (`val`, its meta value, has that order's strides), as the stack returns the buffer Inductor
     laid out. None: materialize it (any other view, or strides torch would not give it)."""
     order = v.memory_order()
-    if order is None or not v.stick_moves() or not isinstance(val, torch.Tensor):
+    if order is None or not v.stick_moves():
         return None
     stored = b.buffer_shape(v)
     if TRef.whole(v.buffer, stored).permute(tuple(order.index(d) for d in range(v.rank))) != v:
+        return None
+    if val is None:
+        return order
+    if not isinstance(val, torch.Tensor):
         return None
     strides = contiguous_strides(stored)
     want = tuple(strides[order.index(d)] for d in range(v.rank))

@@ -349,9 +349,12 @@ def run_compiled(compiled: Compiled, args: list, mode: str = "both", trace_path=
     ):
         if not compute:
             outs.append(timing_stand_in(shape, dtype, args, compiled.options.outputs_on_device))
-        elif order is not None:  # kept in the order its buffer holds it (codegen._kept_order)
-            values = result.outputs[buf].transpose(tuple(order.index(d) for d in range(len(order))))
-            outs.append(_to_spyre(values, dtype, order))
+        elif order is not None:  # its buffer holds it in another order (codegen._kept_order)
+            axes = tuple(order.index(d) for d in range(len(order)))
+            if compiled.options.outputs_on_device:
+                outs.append(_to_spyre(result.outputs[buf].transpose(axes), dtype, order))
+            else:
+                outs.append(host_dtypes.from_numpy(result.outputs[name]).to(dtype).permute(axes).contiguous())
         elif compiled.options.outputs_on_device:
             outs.append(_to_spyre(result.outputs[buf].reshape(shape), dtype))
         else:
