@@ -233,7 +233,7 @@ def test_a_transposed_result_copied_to_the_host_needs_no_copy_kernel():
     a compiled graph on host inputs returns inherited and viewed results without a device copy, in torch's values."""
     x = _x(torch.float16)
     torch._dynamo.reset()
-    got = torch.compile(lambda a: (a.t() * 2, (a * 3).t()))(x)
+    got = torch.compile(lambda a: (a.t() * 2, (a * 3).t()), backend="spyre")(x)
     assert _kernels() == ["binary", "binary"]
     xs = x.to("spyre")
     assert torch.equal(got[0], (xs.t().contiguous() * 2).cpu()) and got[0].is_contiguous()
