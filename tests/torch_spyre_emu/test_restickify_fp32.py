@@ -238,3 +238,13 @@ def test_a_transposed_result_copied_to_the_host_needs_no_copy_kernel():
     xs = x.to("spyre")
     assert torch.equal(got[0], (xs.t().contiguous() * 2).cpu()) and got[0].is_contiguous()
     assert torch.equal(got[1], (xs * 3).cpu().t())
+
+
+@pytest.mark.parametrize("device", ["cpu", "spyre"])
+def test_a_column_the_graph_returns_is_copied_out(device):
+    """A select of a column walks its buffer across sticks too, but it is not the whole buffer: it is copied into a
+    buffer of its own (GLM-4V's vision tower returns such a column of its position ids)."""
+    x = torch.arange(64.0).reshape(32, 2).to(torch.float16)
+    torch._dynamo.reset()
+    got = torch.compile(lambda a: (a[:, 0], a[:, 1]), backend="spyre")(x.to(device))
+    assert torch.equal(got[0].cpu(), x[:, 0]) and torch.equal(got[1].cpu(), x[:, 1])

@@ -254,6 +254,8 @@ def _kept_order(b: Builder, v: TRef, val: torch.Tensor | None) -> tuple[int, ...
     if order is None or not v.stick_moves():
         return None
     stored = b.buffer_shape(v)
+    if len(stored) != v.rank:
+        return None  # (a permute of another rank's buffer would compare equal to a view that drops its 1s)
     if TRef.whole(v.buffer, stored).permute(tuple(order.index(d) for d in range(v.rank))) != v:
         return None
     if val is None:
