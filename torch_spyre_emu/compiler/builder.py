@@ -161,8 +161,7 @@ class Builder:
             return Arg(out, dims), TRef.whole(out, shape)
         stored = tuple(shape[d] for d in order)
         out = self.new_buffer(stored, dtype)
-        value = TRef.whole(out, stored).permute(tuple(order.index(d) for d in range(len(order))))
-        return Arg(out, tuple(dims[d] for d in order)), value
+        return Arg(out, tuple(dims[d] for d in order)), TRef.in_order(out, stored, order)
 
     def cast(self, t: TRef, dtype: torch.dtype) -> TRef:
         """The value converted to `dtype`: a copy kernel, pointwise, so its output inherits t's layout."""

@@ -89,13 +89,8 @@ def lower_graph(gm: fx.GraphModule, options: CompileOptions) -> Lowered:
                 if not resident:
                     b.steps.append(HostToDevice(f"h2d_{name}", name, buf, host_dtype_name(val.dtype)))
                 inputs.append(InputSpec(placeholder_i, name, buf, val.dtype, shape, weight, resident, order))
-                # a stored order: the value is a free permuted view of the buffer (value dim d is buffer dim
-                # order.index(d))
-                env[node] = (
-                    TRef.whole(buf, stored)
-                    if order is None
-                    else TRef.whole(buf, stored).permute(tuple(order.index(d) for d in range(len(order))))
-                )
+                # a stored order: the value is a free permuted view of the buffer
+                env[node] = TRef.whole(buf, stored) if order is None else TRef.in_order(buf, stored, order)
             else:
                 env[node] = val
             placeholder_i += 1
@@ -256,7 +251,7 @@ def _kept_order(b: Builder, v: TRef, val: torch.Tensor | None) -> tuple[int, ...
     stored = b.buffer_shape(v)
     if len(stored) != v.rank:
         return None  # (a permute of another rank's buffer would compare equal to a view that drops its 1s)
-    if TRef.whole(v.buffer, stored).permute(tuple(order.index(d) for d in range(v.rank))) != v:
+    if TRef.in_order(v.buffer, stored, order) != v:
         return None
     if val is None:
         return order

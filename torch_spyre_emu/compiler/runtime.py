@@ -32,6 +32,7 @@ from torch_spyre_emu.compiler.builder import HostSpec, host_array
 from torch_spyre_emu.compiler.codegen import Lowered
 from torch_spyre_emu.compiler.collectives import run_collective
 from torch_spyre_emu.compiler.pipeline import Compiled
+from torch_spyre_emu.compiler.views import inverse
 from torch_spyre_emu.config import accumulation_model
 from torch_spyre_emu.device import host_dtypes
 from torch_spyre_emu.device.host_dtypes import device_format
@@ -350,7 +351,7 @@ def run_compiled(compiled: Compiled, args: list, mode: str = "both", trace_path=
         if not compute:
             outs.append(timing_stand_in(shape, dtype, args, compiled.options.outputs_on_device))
         elif order is not None:  # its buffer holds it in another order (codegen._kept_order)
-            axes = tuple(order.index(d) for d in range(len(order)))
+            axes = inverse(order)
             if compiled.options.outputs_on_device:
                 outs.append(_to_spyre(result.outputs[buf].transpose(axes), dtype, order))
             else:

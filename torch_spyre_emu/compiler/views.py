@@ -27,6 +27,12 @@ class TRef:
         shape = tuple(int(s) for s in shape)
         return TRef(buffer, shape, tuple(range(len(shape))), shape, (0,) * len(shape))
 
+    @staticmethod
+    def in_order(buffer: str, stored: tuple[int, ...], order: tuple[int, ...]) -> TRef:
+        """The value a buffer holds with its dims in `order` (outermost first; `stored` is the buffer's shape, the
+        value's dims in that order): a free permuted view, value dim d being buffer axis order.index(d)."""
+        return TRef.whole(buffer, stored).permute(inverse(order))
+
     @property
     def rank(self) -> int:
         return len(self.shape)
@@ -171,3 +177,8 @@ class TRef:
             per_view[v] = dims[i]
         view = None if tuple(self.view) == tuple(buffer_shape) else self.view
         return Arg(self.buffer, tuple(per_view), self.base, view=view)
+
+
+def inverse(order: tuple[int, ...]) -> tuple[int, ...]:
+    """The permutation undoing `order`: position d holds order.index(d)."""
+    return tuple(order.index(d) for d in range(len(order)))
