@@ -40,15 +40,26 @@ device; the adapter retires when the stack accepts both in float32.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.overrides import TorchFunctionMode
 
 from adapters import _stack
 from adapters.base import Adapter
 from adapters.patch import Patch
 from adapters.registry import register_adapter
-from adapters.rewrite import _PASS, Reexpress, Rewrite, _skip_eager_frames, declined, uses
+from adapters.rewrite import (
+    _PASS,
+    _PY_FUNCTION,
+    _SETITEM,
+    Rewrite,
+    _skip_eager_frames,
+    declined,
+    run_stock,
+    uses,
+)
 
 _HALF = (torch.float16, torch.bfloat16)
 _TAG = "_spyre_upcast_of"  # on an fp32 upcast: (its fp16/bf16 source, the source's generation when taken)
@@ -159,7 +170,7 @@ def _aliases(f) -> list:
 
 def _inplace_ops() -> dict:
     """Every in-place Tensor method and torch function (a trailing underscore, the augmented-assignment and subscript
-    stores), as a dict looked up by the mode: dynamo traces a dict lookup, not string tests on a function's name."""
+    stores), as a dict the mode's table starts from: dynamo traces a dict lookup, not string tests on a name."""
     out = {}
     for owner in (torch.Tensor, torch):
         for n in dir(owner):
@@ -173,10 +184,6 @@ def _inplace_ops() -> dict:
 _INPLACE = _inplace_ops()
 
 
-def _is_inplace(func, kwargs) -> bool:
-    return "out" in kwargs or _INPLACE.get(func, False)
-
-
 def _bind(names, args, kwargs):
     bound = dict(zip(names, args, strict=False))
     if len(args) > len(names) or set(bound) & set(kwargs) or set(kwargs) - set(names):
@@ -185,16 +192,17 @@ def _bind(names, args, kwargs):
     return bound
 
 
-class TrackUpcasts(Reexpress):
+class TrackUpcasts(TorchFunctionMode):
     """Tags fp32 upcasts of fp16/bf16 tensors and runs softmax / matmul of them in the source dtype (see the module
-    docstring); every other call runs as rewrite.Reexpress runs it (its rewrites, else unchanged)."""
+    docstring); every other call runs unchanged (rewrite.run_stock), calls a mode declines trace as without it."""
 
     def __init__(self, softmax: bool, matmul: bool):
-        super().__init__([])
+        super().__init__()
         self.softmax, self.matmul = softmax, matmul
         # func -> kind, built now (outside dynamo) with the methods as they are now: the stack wraps some Tensor
-        # methods in Python (Tensor.to), so a table made at import could hold the method it replaced
-        self.kinds, self.canonical = {}, {}
+        # methods in Python (Tensor.to), so a table made at import could hold the method it replaced. One dict, so
+        # dynamo traces one lookup per call (the in-place ops are none of the others)
+        self.kinds, self.canonical = dict.fromkeys(_INPLACE, "inplace"), {}
         for kind, funcs in (
             ("like", _LIKE),
             ("view", _VIEWS),
@@ -207,9 +215,16 @@ class TrackUpcasts(Reexpress):
                     self.canonical[alias] = f
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        if declined(func, args):
+        # Flat on the common path (kind None, a result that is no upcast), as rewrite.Reexpress's: dynamo inlines
+        # this body at every torch call of a traced model, and each call it inlines costs more than the op itself.
+        if kwargs is None:
+            kwargs = {}
+        suspect = func is _SETITEM  # see Reexpress.__torch_function__
+        for a in args:
+            if isinstance(a, np.ndarray):
+                suspect = True
+        if suspect and declined(func, args):
             return NotImplemented
-        kwargs = kwargs or {}
         kind = self.kinds.get(func)
         if kind == "softmax" and self.softmax:
             out = self._softmax(func, args, kwargs)
@@ -219,21 +234,22 @@ class TrackUpcasts(Reexpress):
             a, b = source_of(args[0]), source_of(args[1])
             if a is not None and b is not None and a.dtype == b.dtype:
                 return _upcast(_MATMUL[self.canonical[func]](a, b))
-        out = super().__torch_function__(func, types, args, kwargs)
-        if kind is None and _is_upcast(out, args, kwargs):
-            _tag(out, args[0])
+        out = run_stock(func, args, kwargs) if type(func) is _PY_FUNCTION else func(*args, **kwargs)
+        if kind is None and isinstance(out, torch.Tensor) and out.dtype == torch.float32:
+            if _is_upcast(out, args, kwargs):
+                _tag(out, args[0])
         elif kind == "view":
             src = source_of(args[0]) if args else None
             if src is not None and isinstance(out, torch.Tensor) and out.dtype == torch.float32:
                 if not any(isinstance(a, torch.Tensor | torch.dtype) for a in (*args[1:], *kwargs.values())):
-                    moved = super().__torch_function__(func, types, (src, *args[1:]), kwargs)
+                    moved = run_stock(func, (src, *args[1:]), kwargs)
                     if (
                         isinstance(moved, torch.Tensor)
                         and moved.shape == out.shape
                         and moved.dtype == src.dtype
                     ):
                         _tag(out, moved)
-        elif args and _is_inplace(func, kwargs):
+        elif args and (kind == "inplace" or "out" in kwargs):
             for t in (args[0], kwargs.get("out")):
                 if isinstance(t, torch.Tensor):
                     if getattr(t, _TAG, None) is not None:

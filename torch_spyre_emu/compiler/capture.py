@@ -119,19 +119,28 @@ def decomposition_table() -> dict:
     An op the table does not name at all is decomposed as the real stack's Inductor decomposes it
     (torch._inductor.decomposition.select_decomp_table runs before Spyre lowering sees the graph: lerp, elu, mish,
     roll, logaddexp, ...), so its pieces are what the support check judges, as on a card; an unnamed op Inductor
-    does not decompose stays whole and is reported unsupported."""
+    does not decompose stays whole and is reported unsupported.
+
+    One table per capability-table content, built once (~0.1 s each, and every graph capture asks): shared, so
+    not to be mutated."""
     from torch_spyre_emu.capabilities import capabilities
 
     caps = capabilities()
-    table = {
-        op: fn
-        for op, fn in core_aten_decompositions().items()
-        if op.overloadpacket not in KEEP_WHOLE and caps.status(op) not in ("fallback", "unsupported")
-    }
-    for op, fn in _inductor_decompositions().items():
-        if op.overloadpacket not in KEEP_WHOLE and caps.entry(op) is None:
-            table.setdefault(op, fn)
+    table = _DECOMPOSITION_TABLES.get(caps.content_key)
+    if table is None:
+        table = {
+            op: fn
+            for op, fn in core_aten_decompositions().items()
+            if op.overloadpacket not in KEEP_WHOLE and caps.status(op) not in ("fallback", "unsupported")
+        }
+        for op, fn in _inductor_decompositions().items():
+            if op.overloadpacket not in KEEP_WHOLE and caps.entry(op) is None:
+                table.setdefault(op, fn)
+        _DECOMPOSITION_TABLES[caps.content_key] = table
     return table
+
+
+_DECOMPOSITION_TABLES: dict[int, dict] = {}  # capabilities content_key -> decomposition_table()
 
 
 @functools.cache
