@@ -26,6 +26,7 @@ the stack writes windows of 3-D tensors, an in-place op on a view lowers too).
 from __future__ import annotations
 
 import dis
+import functools
 import types
 
 from torch import nn
@@ -51,6 +52,7 @@ def _augmented_stores(code: types.CodeType) -> list[int]:
     ]
 
 
+@functools.cache  # code objects are immutable: a model's many modules of one class share their methods' code
 def has_augmented_store(code: types.CodeType) -> bool:
     return bool(_augmented_stores(code)) or any(
         has_augmented_store(c) for c in code.co_consts if isinstance(c, types.CodeType)

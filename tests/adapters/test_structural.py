@@ -208,6 +208,11 @@ def test_head_dim_pad_derives_the_width_a_module_does_not_declare():
     assert hiera and all(w == [96] for _, _, w in hiera)
     gemma = _zoo("gemma3_text").model.model.layers[0].self_attn  # head_dim 256 declared; hidden / heads would not be
     assert head_widths(gemma) == {gemma.head_dim}
+
+
+@pytest.mark.slow  # ~55 s (2026-12-07); test_head_dim_pad_composes_with_rope and the gpt_neox/phi3 rows check values
+def test_head_dim_pad_with_derived_widths_matches_stock():
+    """SAM2's Hiera attention, padded at the widths derived above, gives the stock model's outputs."""
     zm = _zoo("sam2_hiera_det_model")
     result = adapters.get_adapter("head_dim_pad").check(zm.model, zm.inputs, atol=ATOL, rtol=RTOL)
     assert result.ok, str(result)

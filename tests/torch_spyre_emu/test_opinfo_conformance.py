@@ -8,7 +8,7 @@ inside the stack. Each op takes its first sample that runs on the CPU.
 
 This sweep found a segfault (to_sparse traced in dynamo's fake run), schema errors from the eager dispatch (x % 2,
 bernoulli_()), functionalization errors (cummax) and a placeholder object returned as a result (native_layer_norm's
-statistics). The default run takes every fifth op; the whole table is marked slow.
+statistics). The default run takes every eighth op; the whole table is marked slow.
 
 torch's ModuleInfo samples (module_db) run the same way, every module in the default run; they found a compiled
 circular F.pad that returned zeros and untyped errors from GRU/LSTM's accelerator-only fused cells.
@@ -58,7 +58,7 @@ RANDOM = {
 }
 HOST_INDICES = {"tensor_split"}  # tensor_indices_or_sections must be a CPU tensor (torch's rule, CUDA's too)
 NAMES = sorted(k for k in OPS if k[0] not in HOST_INDICES)
-DEFAULT = set(NAMES[::5])
+DEFAULT = set(NAMES[::8])
 
 
 def _ids(keys):
