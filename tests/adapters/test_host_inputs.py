@@ -278,6 +278,7 @@ def test_vision_indices_bit_identical_and_restored(model_type):
     assert_restored(model, snap)
 
 
+@pytest.mark.slow  # ~20 s, a strict dry run of a vision tower (2026-12-07); test_structural checks qwen3_vl_vision
 def test_vision_index_helpers_leave_the_device():
     """fp16 strict dry run: the stock tower divides integers on the device (floor_divide, remainder, both
     unsupported); with the helpers on the host neither is left."""

@@ -25,6 +25,7 @@ from adapters.moe import (
     split_gate,
 )
 from models.zoo import build
+from tests.marks import slow_where
 
 ATOL = RTOL = 1e-5
 # the experts-interface families the gate generalisation brought in, and the two it had
@@ -118,7 +119,8 @@ def test_dense_experts_equal_every_stock_implementation(model_type, stock_impl):
     torch.testing.assert_close(out, ref, atol=ATOL, rtol=RTOL)
 
 
-@pytest.mark.parametrize("model_type", FAMILIES)
+# glm5_next_text (~12 s) is slow since 2026-12-07: the other gated families keep the path
+@pytest.mark.parametrize("model_type", slow_where(FAMILIES, {"glm5_next_text"}))
 def test_patched_model_is_stock(model_type):
     zm = _zoo(model_type)
     result = adapters.get_adapter("moe_dense").check(zm.model, zm.inputs, atol=ATOL, rtol=RTOL)

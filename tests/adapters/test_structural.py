@@ -198,7 +198,8 @@ def test_head_dim_pad_matches_registry_attentions_by_structure():
 def test_head_dim_pad_derives_the_width_a_module_does_not_declare():
     """SAM's mask-decoder attention keeps only internal_dim and its head count (256 / 8 = 32, downsampled 128 / 8 =
     16), SAM2's Hiera attention dim_out and its head count (96 / 1): their widths are derived, so their calls are
-    padded, and the patched model matches stock. A module that declares a width gets no derived one."""
+    padded (that the padded model matches stock: the slow test below). A module that declares a width gets no
+    derived one."""
     from adapters.head_dim_pad import head_widths, registry_attentions
 
     sam = {p: w for p, _, w in registry_attentions(_zoo("sam").model)}
