@@ -235,9 +235,10 @@ class TrackUpcasts(TorchFunctionMode):
             if a is not None and b is not None and a.dtype == b.dtype:
                 return _upcast(_MATMUL[self.canonical[func]](a, b))
         out = run_stock(func, args, kwargs) if type(func) is _PY_FUNCTION else func(*args, **kwargs)
-        if kind is None and isinstance(out, torch.Tensor) and out.dtype == torch.float32:
-            if _is_upcast(out, args, kwargs):
-                _tag(out, args[0])
+        # the dtype test first: _is_upcast's own, but inline, so most calls skip the call (the elif chain still
+        # sees every call that is no upcast: an out= op of fp32 results bumps its tensors below)
+        if kind is None and isinstance(out, torch.Tensor) and out.dtype == torch.float32 and _is_upcast(out, args, kwargs):
+            _tag(out, args[0])
         elif kind == "view":
             src = source_of(args[0]) if args else None
             if src is not None and isinstance(out, torch.Tensor) and out.dtype == torch.float32:

@@ -135,6 +135,18 @@ def test_an_upcast_written_in_place_or_whose_source_was_is_no_longer_one():
     assert_bit_identical(u, F.softmax(h.float(), dim=-1))
 
 
+def test_an_upcast_overwritten_by_an_out_op_is_no_longer_one():
+    """`torch.add(a, b, out=s)` writes s as an in-place op does: its softmax is then the genuine fp32 one."""
+    h = _rand(1, 4, 6, dtype=torch.float16, seed=9)
+    bump = _rand(1, 4, 6, dtype=torch.float32, seed=10)
+    with _mode():
+        s = h.float()
+        torch.add(s, bump, out=s)  # fp32 values the fp16 source does not hold
+        assert source_of(s) is None
+        p = F.softmax(s, dim=-1)
+    assert_bit_identical(p, F.softmax(h.float() + bump, dim=-1))
+
+
 # -- the zoo families: CPU fp32 bit-identical, fp16 within rounding ----------------------------------------------------
 @pytest.mark.parametrize("model_type", FAMILIES)
 def test_fp32_model_is_bit_identical_and_undone_exactly(model_type):
