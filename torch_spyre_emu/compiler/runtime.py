@@ -244,17 +244,19 @@ def run_and_record(compiled: Compiled, args: list):
     # a torch profiler running: the run is a launch_kernel range, its kernels go on the profile's device timeline
     launch = None
     threads = torch.get_num_threads()
-    with on_card(card):  # a program runs on its inputs' card, and its results stay there
-        if torch_profiler.profiler_running():
-            launch = torch_profiler.launch(compiled.program.name, allocation_card())
-        with launch or contextlib.nullcontext():
-            outputs, result, uploads = run_compiled(compiled, args, mode=mode, trace_path=trace_path)
-    if torch.get_num_threads() != threads:
-        # numba's first parallel kernel sets this thread's OpenMP count to numba's own (NUMBA_NUM_THREADS, the core
-        # count), which torch reads as its thread count: every graph dynamo compiled before would then recompile on
-        # its next call (its guards include the count), once per process, where torch.set_num_threads or
-        # OMP_NUM_THREADS chose another count
-        torch.set_num_threads(threads)
+    try:
+        with on_card(card):  # a program runs on its inputs' card, and its results stay there
+            if torch_profiler.profiler_running():
+                launch = torch_profiler.launch(compiled.program.name, allocation_card())
+            with launch or contextlib.nullcontext():
+                outputs, result, uploads = run_compiled(compiled, args, mode=mode, trace_path=trace_path)
+    finally:  # a run that raises (a typed error mid-program) may have launched numba's first kernel too
+        if torch.get_num_threads() != threads:
+            # numba's first parallel kernel sets this thread's OpenMP count to numba's own (NUMBA_NUM_THREADS, the
+            # core count), which torch reads as its thread count: every graph dynamo compiled before would then
+            # recompile on its next call (its guards include the count), once per process, where
+            # torch.set_num_threads or OMP_NUM_THREADS chose another count
+            torch.set_num_threads(threads)
     build = record(compiled, result, uploads, trace_path)
     if launch is not None:
         launch.finish(build)
