@@ -30,6 +30,12 @@ import torch  # noqa: E402
 # starts from an empty dynamo cache, and reaching the limit anyway is an error.
 torch._dynamo.config.fail_on_recompile_limit_hit = True
 
+# dynamo's guard-latency measurement (a CPU-cache flush at every compile, for its logs only) is about half the cost of
+# compiling a small graph; the suite compiles thousands (models/compile_speed.py)
+from models.compile_speed import skip_guard_latency_profiling  # noqa: E402
+
+skip_guard_latency_profiling()
+
 
 @pytest.fixture(autouse=True)
 def _fresh_dynamo_cache():

@@ -18,3 +18,13 @@ def test_bench_demo_decode_ratio_runs():
     )  # fmt: skip
     assert out.returncode == 0, out.stderr[-2000:]
     assert "SmolLM2 decode step" in out.stdout and "ratio" in out.stdout
+
+
+@pytest.mark.slow
+def test_bench_compile_overhead_runs():
+    out = subprocess.run(
+        [sys.executable, "benchmarks/bench_compile_overhead.py", "--repeats", "1", "--compiles", "2"],
+        cwd=ROOT, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.count("ratio skipped / stock") == 2
