@@ -28,3 +28,27 @@ def test_bench_compile_overhead_runs():
     )  # fmt: skip
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.count("ratio skipped / stock") == 2
+
+
+def _bench(*args: str) -> str:
+    out = subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=1200)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return out.stdout
+
+
+@pytest.mark.slow
+def test_bench_numerics_runs():
+    out = _bench("benchmarks/bench_numerics.py", "--runs", "1", "--values", str(2**16), "--skip-matmul")
+    assert "ratio dl16_round/np_fp16_cast" in out
+
+
+@pytest.mark.slow
+def test_bench_sim_runs():
+    out = _bench("benchmarks/bench_sim.py", "--runs", "1")
+    assert "engine events per second" in out and "prefill 512 wall seconds" in out
+
+
+@pytest.mark.slow
+def test_bench_stack_runs():
+    out = _bench("benchmarks/bench_stack.py", "--repeats", "1")
+    assert "forward ratio emulated/CPU fp32" in out and "compile_blocks (target <= 2)" in out
