@@ -51,6 +51,7 @@ class GraphRunner:
             n.op == "call_function" and is_collective(n.target) for n in gm.graph.nodes
         )
         self.output_devices = _recorded_output_devices(gm)
+        self.output_aliases = _output_aliases(gm)
         self.number_inputs = _number_inputs(gm)
 
     def compiled_for(self, args: list) -> Compiled:
@@ -107,7 +108,24 @@ class GraphRunner:
         slot = self.disk_slots.get(id(compiled))
         if slot is not None:  # the first run's timing report goes into the entry too
             slot.update_timings(compiled)
+        if self.output_aliases:
+            outputs = self._input_views(outputs, args)
         return self._on_recorded_devices(outputs)
+
+    def _input_views(self, outputs, args: list):
+        """Each output that is a view of an input (or the input an in-place op returned) as that view of the input,
+        as Inductor's runtime wrapper (AOTAutograd) regenerates it: it shares the input's storage, so a later
+        in-place op on either is seen by the other. The program computed a copy; after its writes into the inputs
+        the view reads the same values. Likewise an output that is a view of another output. Only on the device:
+        a call with CPU inputs (backend="spyre", an emulator extra) runs the whole graph on the card, so its
+        outputs stay the card's DL16-rounded copies."""
+        leaves, spec = torch.utils._pytree.tree_flatten(outputs)
+        for k, (kind, i, size, stride, offset) in self.output_aliases.items():
+            base = args[i] if kind == "input" else leaves[i]
+            if isinstance(base, torch.Tensor) and base.device.type == "spyre" and isinstance(leaves[k], torch.Tensor):
+                if leaves[k].device == base.device:
+                    leaves[k] = base.as_strided(size, stride, base.storage_offset() + offset)
+        return torch.utils._pytree.tree_unflatten(leaves, spec)
 
     def _on_recorded_devices(self, outputs):
         """A graph that moves data itself (`x.to("spyre")` of a CPU input, `.cpu()` of a result) returns each
@@ -174,6 +192,33 @@ def _recorded_output_devices(gm: fx.GraphModule) -> list[torch.device | None]:
         v.device.type for v in inputs if isinstance(v, torch.Tensor)
     }
     return devices if len(types) > 1 else []
+
+
+def _output_aliases(gm: fx.GraphModule) -> dict[int, tuple[str, int, tuple, tuple, int]]:
+    """{flat output index: (kind, index, size, stride, storage offset relative to that tensor's)} for each output that
+    shares its storage in dynamo's fake-tensor trace with an input (kind "input": a view of it, or it after an
+    in-place op) or, failing that, with an earlier output that is no view (kind "output": `y, y.t()`)."""
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+    bases = {}
+    for i, n in enumerate(n for n in gm.graph.nodes if n.op == "placeholder"):
+        v = n.meta.get("example_value")
+        if isinstance(v, torch.Tensor):
+            bases.setdefault(StorageWeakRef(v.untyped_storage()), ("input", i, v))
+    out = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
+    aliases = {}
+    for k, leaf in enumerate(torch.utils._pytree.tree_leaves(out.args[0])):
+        v = leaf.meta.get("example_value") if isinstance(leaf, fx.Node) else None
+        if not isinstance(v, torch.Tensor) or leaf.op == "placeholder":
+            continue
+        storage = StorageWeakRef(v.untyped_storage())
+        hit = bases.get(storage)
+        if hit is not None:
+            kind, i, base = hit
+            aliases[k] = (kind, i, tuple(v.size()), tuple(v.stride()), v.storage_offset() - base.storage_offset())
+        elif v._base is None and v.is_contiguous():  # the program returns it as computed: a base for later views
+            bases[storage] = ("output", k, v)
+    return aliases
 
 
 def spyre_backend(gm: fx.GraphModule, example_inputs, **kwargs):
