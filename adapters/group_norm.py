@@ -36,7 +36,9 @@ from adapters.registry import register_adapter
 def group_norm_two_pass(x: torch.Tensor, groups: int, weight, bias, eps: float) -> torch.Tensor:
     """F.group_norm(x, groups, weight, bias, eps) from mean / sub / mul / rsqrt, in fp32."""
     acc = get_computation_dtype(x.dtype)  # ATen's op math: fp32 for fp16/bf16
-    xf = x.to(acc)
+    # contiguous before the upcast: the reshape of a transposed input (Perception Encoder audio's conv blocks) copies
+    # it, and an fp32 result keeps its operand's stick layout, whose restickify has no fp32 variant (#1796)
+    xf = x.contiguous().to(acc)
     y = standardise(xf.reshape(x.shape[0], groups, -1), -1, eps).reshape(x.shape)
     return channel_affine(y, weight, bias, x.dtype)
 

@@ -63,6 +63,31 @@ def test_runs_on_device_in_strict_mode():
     assert torch.allclose(got.float(), ref, rtol=2**-7, atol=2**-5), float((got.float() - ref).abs().max())
 
 
+class ChannelsLast(nn.Module):
+    """Perception Encoder audio's conv blocks: (batch, seq, hidden) transposed to (batch, hidden, seq) for a norm."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj, self.norm = nn.Linear(64, 64), _norm(1, 64)
+
+    def forward(self, x):
+        return self.norm(self.proj(x).transpose(1, 2))
+
+
+def test_a_transposed_input_runs_on_device_in_strict_mode():
+    """The input is made contiguous before the fp32 upcast: an fp32 copy of a transposed tensor would restickify in
+    fp32, which the stack cannot (#1796; pe_audio stopped on it)."""
+    model = ChannelsLast().eval()
+    x = torch.randn(2, 8, 64)
+    ref = model(x)
+    model.half()
+    torch._dynamo.reset()
+    with adapters.apply(model, only=["group_norm"]), torch_spyre_emu.strict():
+        got = torch.compile(model, backend="spyre", dynamic=False)(x.half())
+    torch._dynamo.reset()
+    assert torch.allclose(got.float(), ref, rtol=2**-7, atol=2**-5), float((got.float() - ref).abs().max())
+
+
 class Scaled(nn.GroupNorm):
     def forward(self, x, scale=2.0):
         return scale * super().forward(x)
