@@ -62,3 +62,13 @@ def test_a_weight_view_output_is_a_view_of_the_device_weight():
     x = torch.randn(4, 64, dtype=torch.float16).to("spyre")
     y, wt = torch.compile(lambda v: (lin(v), lin.weight.t()))(x)
     assert _shares(wt, lin.weight) and torch.equal(wt.cpu(), lin.weight.cpu().t())
+
+
+def test_a_view_output_of_a_dynamic_shape_graph_keeps_its_values():
+    """With symbolic sizes the view is not regenerated (its size is not a number at compile time): the computed copy
+    is returned, with the right values, for every length the one graph serves."""
+    f = torch.compile(lambda t: (t.view(-1), t + 1), dynamic=True)
+    for rows in (4, 6, 9):
+        x = torch.randn(rows, 64, dtype=torch.float16).to("spyre")
+        flat, _ = f(x)
+        assert flat.shape == (rows * 64,) and torch.equal(flat.cpu(), x.cpu().view(-1))

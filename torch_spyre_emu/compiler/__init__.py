@@ -215,7 +215,9 @@ def _output_aliases(gm: fx.GraphModule) -> dict[int, tuple[str, int, tuple, tupl
         hit = bases.get(storage)
         if hit is not None:
             kind, i, base = hit
-            aliases[k] = (kind, i, tuple(v.size()), tuple(v.stride()), v.storage_offset() - base.storage_offset())
+            view = (tuple(v.size()), tuple(v.stride()), v.storage_offset() - base.storage_offset())
+            if all(type(d) is int for d in (*view[0], *view[1], view[2])):  # symbolic (dynamic=True): the copy stays
+                aliases[k] = (kind, i, *view)
         elif v._base is None and v.is_contiguous():  # the program returns it as computed: a base for later views
             bases[storage] = ("output", k, v)
     return aliases
