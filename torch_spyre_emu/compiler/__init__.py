@@ -122,9 +122,9 @@ class GraphRunner:
         leaves, spec = torch.utils._pytree.tree_flatten(outputs)
         for k, (kind, i, size, stride, offset) in self.output_aliases.items():
             base = args[i] if kind == "input" else leaves[i]
-            if isinstance(base, torch.Tensor) and base.device.type == "spyre" and isinstance(leaves[k], torch.Tensor):
-                if leaves[k].device == base.device:
-                    leaves[k] = base.as_strided(size, stride, base.storage_offset() + offset)
+            on_device = isinstance(base, torch.Tensor) and base.device.type == "spyre"
+            if on_device and isinstance(leaves[k], torch.Tensor) and leaves[k].device == base.device:
+                leaves[k] = base.as_strided(size, stride, base.storage_offset() + offset)
         return torch.utils._pytree.tree_unflatten(leaves, spec)
 
     def _on_recorded_devices(self, outputs):
