@@ -113,34 +113,34 @@ def test_unbridged_gap_raises_typed_error():
     assert info.value.ops and info.value.ops[0].op == "aten.lgamma"
 
 
-# Gaps the stack does not detect yet: their adapters cannot be shown to remove them (strict xfail, so
-# the day the compiler checks them this turns into a failure that asks for the marker to go).
+# Gaps the stack does not detect yet: their adapters cannot be shown to remove them (checked to stay undetected, so
+# the day the compiler checks them this turns into a failure that asks for the entry to go).
 _UNDETECTED = {
     "sdpa": "the compiler decomposes SDPA before its support check",
     "lm_head_pad": "the compiler does not check layout.weight_n_not_stick_multiple yet",
 }
+# Adapters that claim a tiny model for code its forward does not reach on the default stack (checked the same way).
+_NOT_REACHED = {
+    ("gpt2", "augmented_store"): "only GenerationMixin.heal_tokens has `x[k] += y`, a forward does not call it",
+    ("llama", "augmented_store"): "only GenerationMixin.heal_tokens has `x[k] += y`, a forward does not call it",
+    **{
+        (m, "upcast"): "the stack runs SDPA whole, so the eager attention's fp32 softmax is not reached"
+        for m in ("bert", "gpt2", "llama")
+    },
+}
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize(
-    "model_name,adapter_name",
-    [
-        pytest.param(m, a.name, marks=pytest.mark.xfail(strict=True, reason=_UNDETECTED[a.name]))
-        if a.name in _UNDETECTED
-        else (m, a.name)
-        for m in sorted(TINY)
-        for a in all_adapters()
-        if a.applicable(TINY[m]())
-    ],
-)
-def test_each_adapter_removes_its_gap(model_name, adapter_name):
+def _gap_left(model_name: str, adapter_name: str) -> str | None:
+    """What is wrong with `adapter_name` on the tiny fp16 model (None: the stock model shows its gap, the patched
+    one has fewer of them and none inside a module the adapter patched)."""
     adapter = adapters.get_adapter(adapter_name)
     model = _fp16(model_name)
     inputs = _inputs(model_name)
     override = {"aten.scaled_dot_product_attention": "unsupported"} if adapter_name == "sdpa" else {}
     with torch_spyre_emu.capabilities.override(override):
         before = [op for op in find_unsupported(model, inputs) if op.capability in adapter.gaps]
-        assert before, f"stock {model_name} shows none of {adapter.gaps}"
+        if not before:
+            return f"stock {model_name} shows none of {adapter.gaps}"
         torch._dynamo.reset()
         with adapters.apply(model, only=[adapter_name]) as h:
             assert h.report.applied == [adapter_name]
@@ -148,7 +148,29 @@ def test_each_adapter_removes_its_gap(model_name, adapter_name):
             overridden = [p for p, m in model.named_modules() if "forward" in m.__dict__]
     # Another adapter's territory may carry the same capability (e.g. rotate_half's slices when only the
     # mask adapter runs); what this adapter patched must be clean and the count must drop.
-    assert len(after) < len(before), f"{adapter_name} removed none of {[op.describe() for op in before]}"
+    if len(after) >= len(before):
+        return f"{adapter_name} removed none of {[op.describe() for op in before]}"
     for op in after:
-        inside = [p for p in overridden if op.where and (p == op.where or p.endswith("." + op.where))]
-        assert not inside, f"{adapter_name} left {op.describe()} inside a module it patched"
+        if [p for p in overridden if op.where and (p == op.where or p.endswith("." + op.where))]:
+            return f"{adapter_name} left {op.describe()} inside a module it patched"
+    return None
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model_name", sorted(TINY))
+def test_each_adapter_removes_its_gap(model_name):
+    """Every adapter that adapters.apply would apply to the tiny model (it claims the model, and the stack has not
+    retired it) removes its gap. Asked at run time, not at collection."""
+    model = TINY[model_name]()
+    caps = torch_spyre_emu.capabilities()
+    problems = []
+    for adapter in all_adapters():
+        if not adapter.applicable(model) or (adapter.retired(caps) and adapter.name not in _UNDETECTED):
+            continue
+        problem = _gap_left(model_name, adapter.name)
+        if adapter.name in _UNDETECTED or (model_name, adapter.name) in _NOT_REACHED:
+            if problem is None or not problem.startswith("stock "):
+                problems.append(f"{adapter.name}: its gap shows now; remove its entry from _UNDETECTED/_NOT_REACHED")
+        elif problem is not None:
+            problems.append(problem)
+    assert not problems, "\n".join(problems)
