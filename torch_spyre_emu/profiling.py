@@ -17,6 +17,11 @@ the CPU) is a step on the same timeline too, charged as host compute: each eager
 fallback island's compute costs (aiu_sim.timing.simulate.host_compute_ns: `host_op_overhead_us` plus its bytes at
 `host_compute_gbps`, assumptions). Its copies to and from the device are the graphs' own steps already.
 
+Eager copies between the host and a card (`x.to("spyre")`, `t.cpu()`, `copy_` across devices, outside any graph)
+are steps on the same timeline too (`CopyRun`, op "h2d" / "d2h"), timed as a program's copy step is: host bytes over
+PCIe, device bytes (whole sticks) to or from DRAM. They are recorded only while a profile() that times (or a torch
+profiler) is watching, and they are not last_profile(), which stays the last program or collective run.
+
 spyreccl collectives (torch_spyre_emu.distributed) are steps on the same timeline: each is timed by the interconnect
 model (aiu_sim.timing.interconnect) and kept as a CollectiveRecord in the open profile() (with a trace file of its
 own when traces are written), else as last_profile(), exactly as an eager op's run is. mode="functional" times
@@ -42,7 +47,7 @@ import aiu_sim
 from aiu_sim.config import HardwareConfig
 from aiu_sim.ir.ops import unit_of
 from aiu_sim.timing.interconnect import CollectiveTiming
-from aiu_sim.timing.simulate import host_compute_ns
+from aiu_sim.timing.simulate import host_compute_ns, host_copy_ns
 from aiu_sim.timing.summary import format_host_runtime
 from torch_spyre_emu import config as stack_config
 from torch_spyre_emu import debug
@@ -87,6 +92,28 @@ class CollectiveRecord:
         return self.end_us - self.start_us
 
 
+COPY = "eager copy"  # the `program` of an eager host <-> device copy's step in ProfileReport.steps
+COPY_KINDS = ("h2d", "d2h")
+
+
+@dataclass(frozen=True)
+class CopyRun:
+    """One eager copy between the host and a card (`x.to("spyre")`, `t.cpu()`, `copy_`): its host bytes cross PCIe
+    and its device bytes (whole sticks) go to or come from DRAM, timed as a program's HostToDevice / DeviceToHost
+    step is (aiu_sim.timing.simulate.host_copy_ns)."""
+
+    kind: str  # "h2d" or "d2h"
+    shape: tuple[int, ...]
+    dtype: str
+    host_bytes: int
+    device_bytes: int
+    card: int
+    config: HardwareConfig
+
+    def duration_us(self, config: HardwareConfig | None = None) -> float:
+        return host_copy_ns(config or self.config, self.host_bytes, self.device_bytes) / 1e3
+
+
 @dataclass
 class ProfileReport:
     name: str
@@ -109,6 +136,7 @@ class ProfileReport:
     mode: str = "both"
     collectives: list[CollectiveRecord] = field(default_factory=list)  # spyreccl collectives, in total_us
     host_code: list[HostCodeRun] = field(default_factory=list)  # adapters' host code between graphs, in total_us
+    copies: list[CopyRun] = field(default_factory=list)  # eager host <-> device copies, in total_us
     program_starts_us: list[float] = field(default_factory=list)  # where each of timing_reports starts, in total_us
 
     @property
@@ -123,8 +151,9 @@ class ProfileReport:
 
     @property
     def host_us(self) -> float:
-        """Time in host copies, CPU islands (PCIe copies and the islands' host compute) and host code."""
-        return sum(s.duration_us for s in self.steps if s.op in ("h2d", "d2h") or s.op.startswith("host"))
+        """Time in host copies (the programs' and eager ones), CPU islands (PCIe copies and the islands' host
+        compute) and host code."""
+        return sum(s.duration_us for s in self.steps if s.op in COPY_KINDS or s.op.startswith("host"))
 
     def band(self, fields: list[str] | None = None):
         """The total time as a band over the config's assumed parameters (aiu_sim.timing.band): every program
@@ -135,9 +164,9 @@ class ProfileReport:
             raise ValueError(
                 "this profile timed nothing (functional mode); profile with mode='timing' or 'both'"
             )
-        host = self.host_code
+        outside = [*self.host_code, *self.copies]  # timed outside the programs, at each config too
         return simulate_band(self.kernel_programs, self.timing_reports[0].config, fields,
-                             extra_us=lambda c: sum(r.duration_us(c) for r in host))  # fmt: skip
+                             extra_us=lambda c: sum(r.duration_us(c) for r in outside))  # fmt: skip
 
     @property
     def host_runtime_us(self) -> dict[str, float]:
@@ -159,12 +188,23 @@ class ProfileReport:
         ]
         if self.collectives:
             lines.append(f"  {self._collectives_line()}")
+        if self.copies:
+            lines.append(f"  {self._copies_line()}")
         for k in self.kernels:
             lines.append(
                 f"  {k.name:<40} {k.op:<10} cores={k.cores:<3} {k.start_us:10.2f}..{k.end_us:10.2f} us "
                 f"util={k.utilization:.2f}" + (f" bundle={k.bundle}" if k.bundle else "")
             )
         return "\n".join(lines)
+
+    def _copies_line(self) -> str:
+        parts = []
+        for kind, what in (("h2d", "to the card"), ("d2h", "to the host")):
+            cs = [c for c in self.copies if c.kind == kind]
+            if cs:
+                parts.append(f"{len(cs)} {what} {sum(c.host_bytes for c in cs):,} B "
+                             f"{sum(c.duration_us() for c in cs):,.1f} us")  # fmt: skip
+        return "eager copies (PCIe): " + ", ".join(parts)
 
     def _collectives_line(self) -> str:
         by_op: dict[str, list[CollectiveRecord]] = {}
@@ -203,6 +243,23 @@ class HostCodeRun:
 
     def duration_us(self, config: HardwareConfig | None = None) -> float:
         return host_compute_ns(config or self.config, self.nbytes, self.ops) / 1e3
+
+
+def watching_copies() -> bool:
+    """Whether an eager copy is recorded: a profile() that times is open, or a torch profiler is running."""
+    from torch_spyre_emu import torch_profiler
+
+    return bool(_SESSIONS and _SESSIONS[-1].mode != "functional") or torch_profiler.profiler_running()
+
+
+def record_copy(run: CopyRun) -> Callable[[], ProfileReport]:
+    """Put an eager copy on the open profile()'s timeline (unless it runs in functional mode). Not last_profile():
+    that stays the last program or collective run (`model(x).cpu()` then last_profile() reports the model). Returns
+    what builds the copy's own report (torch_spyre_emu.torch_profiler places it on the device timeline)."""
+    mode = _SESSIONS[-1].mode if _SESSIONS else "both"
+    if _SESSIONS and mode != "functional":
+        _SESSIONS[-1].records.append(run)
+    return functools.partial(_report, [run], outputs=None, mode=mode)
 
 
 # Lookups read the rows they return, not their whole table (an embedding of a few tokens from a large vocabulary):
@@ -361,10 +418,18 @@ def _report(records: list[tuple], outputs, mode: str) -> ProfileReport:
     prep_n, prep_us = 0, 0.0
     collectives: list[CollectiveRecord] = []
     host_code: list[HostCodeRun] = []
+    copies: list[CopyRun] = []
     starts: list[float] = []
     for rec in records:
         if isinstance(rec, _CollectiveRun):
             t0 = _add_collective(rec, t0, steps, collectives, traces)
+            continue
+        if isinstance(rec, CopyRun):
+            end = t0 + rec.duration_us()
+            shapes, dtypes = (rec.shape,), (rec.dtype,)
+            steps.append(KernelRecord(rec.kind, rec.kind, None, shapes, dtypes, 0, t0, end, 0.0, {}, COPY))
+            copies.append(rec)
+            t0 = end
             continue
         if isinstance(rec, HostCodeRun):
             end = t0 + rec.duration_us()
@@ -412,7 +477,8 @@ def _report(records: list[tuple], outputs, mode: str) -> ProfileReport:
                                                     s.collective))  # fmt: skip
         t0 += timing.total_us
     return ProfileReport(
-        name=_report_name(programs, [r.timing.op for r in records if isinstance(r, _CollectiveRun)]),
+        name=_report_name(programs, [r.timing.op for r in records if isinstance(r, _CollectiveRun)],
+                          len(copies)),  # fmt: skip
         outputs=outputs,
         total_us=t0,
         kernels=kernels,
@@ -430,6 +496,7 @@ def _report(records: list[tuple], outputs, mode: str) -> ProfileReport:
         mode=mode,
         collectives=collectives,
         host_code=host_code,
+        copies=copies,
         program_starts_us=starts,
     )
 
@@ -451,9 +518,11 @@ def _add_collective(rec: _CollectiveRun, t0: float, steps: list, collectives: li
     return end
 
 
-def _report_name(programs: list[str], eager_collectives: list[str]) -> str:
+def _report_name(programs: list[str], eager_collectives: list[str], copies: int = 0) -> str:
     """The graph's name for one graph, else counts; eager collectives (ops) are named or counted too."""
     n = len(eager_collectives)
+    if not n and not programs and copies:
+        return "eager copies"
     if not n:
         return programs[0] if len(programs) == 1 else f"{len(programs)} graphs"
     if not programs:

@@ -17,7 +17,11 @@ honest thing, all of it in Python:
   that launched it;
 - `export_chrome_trace(path)` writes kineto's trace and then merges a "Spyre (simulated)" process into it: one
   slice per kernel on a "kernels" track and the run's host copies and CPU islands on a "host steps" track, plus a
-  flow arrow from each launch range to its first kernel.
+  flow arrow from each launch range to its first kernel;
+- an eager copy between the host and a card (`x.to("spyre")`, `t.cpu()`, `.item()`) is a host range
+  `copy_tensor:h2d` / `copy_tensor:d2h` with one device event "Memcpy HtoD (Host -> Spyre)" / "Memcpy DtoH (Spyre ->
+  Host)" (kineto's naming for CUDA copies; the real plugin's names are not public), timed as a program's copy step
+  (profiling.CopyRun); a program's own copy steps (CPU inputs under backend="spyre") are such events too.
 
 Times: a kernel's start and duration are the simulated ones of the run's ProfileReport (KernelRecord.start_us /
 duration_us, program start = 0), placed on the host clock at the start of the launch range, or at the end of the
@@ -55,8 +59,14 @@ from torch.autograd import profiler as _autograd_profiler
 from torch.autograd.profiler_util import FunctionEvent
 
 from torch_spyre_emu.device import memory as device_memory
+from torch_spyre_emu.profiling import COPY
 
 LAUNCH_PREFIX = "launch_kernel:"  # the real stack's launch range name (torch_spyre_api.md §7)
+# An eager host <-> device copy's host range ("copy_tensor:h2d" / ":d2h", after torch-spyre's `_C.copy_tensor`) and its
+# device event, named as kineto names CUDA's copies: the real plugin's names for them are not public (an assumption).
+COPY_PREFIX = "copy_tensor:"
+MEMCPY_NAMES = {"h2d": "Memcpy HtoD (Host -> Spyre)", "d2h": "Memcpy DtoH (Spyre -> Host)"}
+_RANGE_PREFIXES = (LAUNCH_PREFIX, COPY_PREFIX)
 TRACE_PROCESS = "Spyre (simulated)"
 _KERNEL_TID, _HOST_TID, _MEMORY_TID = 1, 2, 3
 MEMORY_EVENT = "[memory]"  # torch's name for allocator records (torch.autograd.profiler.MEMORY_EVENT_NAME)
@@ -90,6 +100,7 @@ def memory_event(card: int, nbytes: int, total: int) -> None:
 class _Launch:
     program: str
     card: int
+    range_name: str  # its host range: launch_kernel:<program>, or copy_tensor:<kind> for an eager copy
     host_ns: int = field(default_factory=time.time_ns)  # wall clock at the launch (see _anchored)
     build: Callable | None = None  # builds the run's ProfileReport; None: the run did not finish
     _report: object = None
@@ -140,11 +151,13 @@ class Placed:
 
 class launch(contextlib.AbstractContextManager):
     """The host range of one program run, `record_function("launch_kernel:<program>")`; `finish(build)` hands it the
-    run's report builder (profiling.record's return) so the active device captures can show its kernels."""
+    run's report builder (profiling.record's return) so the active device captures can show its kernels. An eager
+    copy passes its own `range_name` (COPY_PREFIX + kind) and profiling.COPY as its program."""
 
-    def __init__(self, program: str, card: int):
-        self._range = torch.autograd.profiler.record_function(LAUNCH_PREFIX + program)
-        self._launch = _Launch(program, card)
+    def __init__(self, program: str, card: int, range_name: str | None = None):
+        range_name = range_name or LAUNCH_PREFIX + program
+        self._range = torch.autograd.profiler.record_function(range_name)
+        self._launch = _Launch(program, card, range_name)
         with _lock:
             for capture in _CAPTURES:
                 capture.launches.append(self._launch)
@@ -172,7 +185,7 @@ def placements(capture: _Capture, result) -> list[Placed]:
         (
             e
             for e in result.events()
-            if e.device_type() == DeviceType.CPU and e.name().startswith(LAUNCH_PREFIX)
+            if e.device_type() == DeviceType.CPU and e.name().startswith(_RANGE_PREFIXES)
         ),
         key=lambda e: e.start_ns(),
     )
@@ -205,8 +218,8 @@ def placements(capture: _Capture, result) -> list[Placed]:
 def _anchored(capture: _Capture, ranges: list, trace_start: int):
     """(run, host start in ns since the trace start, correlation id of its launch range) for each run.
 
-    Runs and launch ranges are both in start order, so they are matched in order by name (a user range of another
-    name is skipped). Without CPU activity kineto records no ranges: each run is then placed by the wall clock
+    Runs and their host ranges (launch_kernel:<program>, copy_tensor:<kind>) are both in start order, so they are
+    matched in order by range name (a user range of another name is skipped). Without CPU activity kineto records no ranges: each run is then placed by the wall clock
     (time.time_ns at the launch, against the profiler's start), which is only as close as those two clocks agree,
     and has no correlation id (-1)."""
     launches = capture.launches
@@ -214,13 +227,13 @@ def _anchored(capture: _Capture, ranges: list, trace_start: int):
         for run in launches:
             yield run, float(run.host_ns - capture.started_ns), -1
         return
-    names = {r.program for r in launches}
+    names = {r.range_name for r in launches}
     j = 0
     for ev in ranges:
-        name = ev.name()[len(LAUNCH_PREFIX) :]
+        name = ev.name()
         if name not in names:
             continue
-        k = next((i for i in range(j, len(launches)) if launches[i].program == name), None)
+        k = next((i for i in range(j, len(launches)) if launches[i].range_name == name), None)
         if k is None:
             continue
         j = k + 1
@@ -233,19 +246,21 @@ def _anchored(capture: _Capture, ranges: list, trace_start: int):
 def _device_events(capture: _Capture, result, parsed: list[FunctionEvent]) -> list[FunctionEvent]:
     by_id: dict[int, FunctionEvent] = {}
     for fe in parsed:
-        if fe.device_type == DeviceType.CPU and fe.name.startswith(LAUNCH_PREFIX):
+        if fe.device_type == DeviceType.CPU and fe.name.startswith(_RANGE_PREFIXES):
             by_id.setdefault(fe.id, fe)
     events = []
     for p in placements(capture, result):
-        if p.kind != "kernel":
+        if p.kind != "kernel" and p.kind not in MEMCPY_NAMES:
             continue
         k = p.record
+        # a program's copy steps and eager copies are memcpy events
+        name = p.name if p.kind == "kernel" else MEMCPY_NAMES[p.kind]
         events.append(
             FunctionEvent(
                 id=p.launch_correlation_id,
-                name=p.name,
+                name=name,
                 overload_name="",
-                trace_name=p.name,
+                trace_name=name,
                 thread=0,
                 start_us=p.start_ns / 1e3,
                 end_us=p.end_ns / 1e3,
@@ -260,7 +275,7 @@ def _device_events(capture: _Capture, result, parsed: list[FunctionEvent]) -> li
         )
         parent = by_id.get(p.launch_correlation_id)
         if parent is not None:
-            parent.append_kernel(p.name, p.card, k.duration_us)
+            parent.append_kernel(name, p.card, k.duration_us)
     return events
 
 
@@ -389,7 +404,9 @@ def trace_events(capture: _Capture, result, base_ns: int) -> list[dict]:
             },
         }
         out.append(event)
-        if p.kind == "kernel" and p.launch_correlation_id >= 0 and p.launch_correlation_id not in flowed:
+        # an arrow from each launch range to its first kernel, and from each eager copy's range to the copy
+        arrow = p.kind == "kernel" or p.program == COPY
+        if arrow and p.launch_correlation_id >= 0 and p.launch_correlation_id not in flowed:
             flowed.add(p.launch_correlation_id)
             out.append({**_flow(event, "f"), "bp": "e"})
     return out
@@ -426,7 +443,7 @@ def _launch_flow_starts(doc_events: list[dict], placed_ids: set[int]) -> list[di
     """A flow start on each launch range kineto wrote (its "External id" arg is the correlation id)."""
     out = []
     for e in doc_events:
-        if e.get("ph") != "X" or not str(e.get("name", "")).startswith(LAUNCH_PREFIX):
+        if e.get("ph") != "X" or not str(e.get("name", "")).startswith(_RANGE_PREFIXES):
             continue
         cid = (e.get("args") or {}).get("External id")
         if cid in placed_ids:

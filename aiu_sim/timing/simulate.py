@@ -261,6 +261,13 @@ def host_compute_ns(config: HardwareConfig, nbytes: float, ops: int = 1) -> floa
     return ops * config.host_op_overhead_us * 1e3 + nbytes / config.host_compute_gbps
 
 
+def host_copy_ns(config: HardwareConfig, host_bytes: float, dram_bytes: float) -> float:
+    """One host <-> device copy: `host_bytes` over PCIe (`pcie_gbps`) and `dram_bytes` (whole sticks) written to or
+    read from DRAM at the effective one-way rate, pipelined, so the longer of the two. A program's HostToDevice /
+    DeviceToHost steps and the eager copies torch_spyre_emu.profiling records are timed by it."""
+    return max(host_bytes / config.pcie_gbps, dram_bytes / config.dram_effective_gbps)
+
+
 def _host_step(
     index: int,
     step,
@@ -298,7 +305,7 @@ def _host_step(
         moved[res.pcie] += host_bytes
         busy[res.dram] += dram_ns
         moved[res.dram] += dram_bytes
-        now += max(pcie_ns, dram_ns)
+        now += host_copy_ns(config, host_bytes, dram_bytes)
         pcie_total += host_bytes
         dram_total += dram_bytes
     record = StepTiming(

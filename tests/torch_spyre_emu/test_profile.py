@@ -270,3 +270,32 @@ def test_host_code_is_not_charged_outside_a_timed_profile():
     rep = torch_spyre_emu.profile(lambda t: outer(t * 3.0), x)
     [run] = rep.host_code
     assert (run.name, run.ops) == ("outer", 3)
+
+
+def test_eager_copies_are_steps_on_the_timeline():
+    """profile(compile=False) of code that moves data itself: each eager copy is an h2d / d2h step between the
+    programs, timed as a program's copy step (host bytes over PCIe, whole sticks to or from DRAM), in total_us,
+    host_us, the band and the summary; functional mode records none."""
+    from aiu_sim.config import preset
+
+    x = torch.randn(64, 128, dtype=torch.float16)  # 16 KiB on the host, 16 KiB of sticks on the card
+
+    def step(t):
+        return (t.to("spyre") * 2).cpu()
+
+    rep = torch_spyre_emu.profile(step, x, compile=False)
+    assert [s.op for s in rep.steps] == ["h2d", "binary", "d2h"]
+    assert [(c.kind, c.shape, c.host_bytes, c.device_bytes) for c in rep.copies] == [
+        ("h2d", (64, 128), x.nbytes, x.nbytes),
+        ("d2h", (64, 128), x.nbytes, x.nbytes),
+    ]
+    hw = preset("spyre")
+    one = max(x.nbytes / hw.pcie_gbps, x.nbytes / hw.dram_effective_gbps) / 1e3
+    assert rep.steps[0].duration_us == pytest.approx(one) and rep.host_us == pytest.approx(2 * one)
+    assert rep.total_us == pytest.approx(rep.timing_reports[0].total_us + 2 * one)
+    assert rep.steps[1].start_us == pytest.approx(one)  # the program starts when the copy ends
+    assert "eager copies (PCIe): 1 to the card 16,384 B" in rep.summary()
+    assert rep.band().nominal_us == pytest.approx(rep.total_us)  # the band re-times the copies too
+    slow = torch_spyre_emu.profile(step, x, compile=False, config=hw.replace(pcie_gbps=8.0, dram_effective_gbps=8.0))
+    assert slow.copies[0].duration_us() == pytest.approx(x.nbytes / 8.0 / 1e3)
+    assert torch_spyre_emu.profile(step, x, compile=False, mode="functional").copies == []

@@ -14,6 +14,7 @@ from torch.profiler import ProfilerActivity, profile, record_function
 
 import torch_spyre_emu
 from torch_spyre_emu import config, torch_profiler
+from torch_spyre_emu.torch_profiler import MEMCPY_NAMES
 
 DEVICE = [ProfilerActivity.CPU, ProfilerActivity.PrivateUse1]
 
@@ -35,7 +36,11 @@ def _eager_runs():
 
 
 def _device_events(prof):
-    return [e for e in prof.events() if e.device_type == DeviceType.PrivateUse1]
+    """The device kernels (not the copies' memcpy events)."""
+    return [e for e in prof.events() if e.device_type == DeviceType.PrivateUse1 and e.name not in MEMCPY]
+
+
+MEMCPY = set(MEMCPY_NAMES.values())
 
 
 def test_key_averages_has_the_device_kernels_with_the_reports_simulated_durations():
@@ -276,3 +281,39 @@ def test_without_profile_memory_no_device_memory_is_recorded():
         x + x
     assert not [e for e in prof.events() if e.name == "[memory]"]
     assert all(e.device_memory_usage == 0 for e in prof.key_averages())
+
+
+def test_eager_copies_are_memcpy_events_timed_as_pcie_transfers(tmp_path):
+    """x.to("spyre"), t.cpu() and .item() are copy_tensor:<kind> host ranges, each with one device memcpy event of
+    the simulated PCIe time (host bytes at pcie_gbps: a 64x128 fp16 tensor is 16 KiB, whole sticks), counted in
+    the aten op that copied, and on the trace's host-steps track with an arrow from the range."""
+    cpu = torch.randn(64, 128, dtype=torch.float16)
+    with profile(activities=DEVICE) as prof:
+        x = cpu.to("spyre")
+        back = x.cpu()
+        x[0, 0].item()
+    assert back.shape == cpu.shape and back.device.type == "cpu"
+    ranges = [e.name for e in prof.events() if e.name.startswith(torch_profiler.COPY_PREFIX)]
+    assert ranges == ["copy_tensor:h2d", "copy_tensor:d2h", "copy_tensor:d2h"]
+    copies = [e for e in prof.events() if e.device_type == DeviceType.PrivateUse1]
+    assert [e.name for e in copies] == [MEMCPY_NAMES["h2d"], MEMCPY_NAMES["d2h"], MEMCPY_NAMES["d2h"]]
+    pcie = config.hardware_config().pcie_gbps  # GB/s == bytes per ns
+    assert copies[0].device_time_total == pytest.approx(64 * 128 * 2 / pcie / 1e3)
+    assert copies[2].device_time_total == pytest.approx(128 / config.hardware_config().dram_effective_gbps / 1e3)
+    rows = {r.key: r for r in prof.key_averages()}
+    assert rows["aten::_copy_from"].device_time_total == pytest.approx(2 * copies[0].device_time_total)
+    path = tmp_path / "trace.json"
+    prof.export_chrome_trace(str(path))
+    doc = json.loads(path.read_text())["traceEvents"]
+    steps = [e for e in doc if e.get("cat") == "spyre_host_step"]
+    assert [(e["name"], e["args"]["program"]) for e in steps] == [("h2d", "eager copy")] + [("d2h", "eager copy")] * 2
+    assert len([e for e in doc if e.get("ph") == "f"]) == 3  # one arrow per copy range
+
+
+def test_no_copy_is_recorded_without_a_profiler_or_profile():
+    from torch_spyre_emu import profiling
+
+    assert not profiling.watching_copies()
+    before = torch_spyre_emu.last_profile()
+    torch.randn(8, 64, dtype=torch.float16).to("spyre").cpu()
+    assert torch_spyre_emu.last_profile() is before  # copies never replace the last program's report

@@ -8,9 +8,15 @@ formats. Views run on metadata in op_dispatch.meta_view; everything else reaches
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable
+
 import torch
 
+from torch_spyre_emu import config as stack_config
+from torch_spyre_emu import profiling, torch_profiler
 from torch_spyre_emu.device import custom_ops, host_dtypes, op_dispatch
+from torch_spyre_emu.device.layout import default_layout
 from torch_spyre_emu.device.tensor import check_device, new_tensor, payload, resize, stick_order
 from torch_spyre_emu.errors import SpyreDeviceError
 
@@ -106,6 +112,32 @@ def _like(fill_value):
     return kernel
 
 
+def _host_copy(kind: str, device_side: torch.Tensor, copy: Callable[[], object]) -> None:
+    """Run `copy` (an eager "h2d" or "d2h" copy of `device_side`'s values); while a profile() or a torch profiler
+    watches, it is also a timed step on the card's timeline (profiling.CopyRun): the host format's bytes over PCIe,
+    the whole sticks of the tensor's shape (its default layout: an assumption for a view) to or from DRAM."""
+    if not profiling.watching_copies():
+        copy()
+        return
+    run = profiling.CopyRun(
+        kind,
+        tuple(device_side.shape),
+        str(device_side.dtype).removeprefix("torch."),
+        host_bytes=device_side.numel() * device_side.element_size(),
+        device_bytes=default_layout(tuple(device_side.shape), device_side.dtype).nbytes,
+        card=device_side.device.index or 0,
+        config=stack_config.hardware_config(),
+    )
+    launch = None
+    if torch_profiler.profiler_running():
+        launch = torch_profiler.launch(profiling.COPY, run.card, torch_profiler.COPY_PREFIX + kind)
+    with launch or contextlib.nullcontext():
+        copy()
+    build = profiling.record_copy(run)
+    if launch is not None:
+        launch.finish(build)
+
+
 def copy_from(src, dst, non_blocking=False):
     """aten::_copy_from: every copy that touches a spyre tensor (H2D, D2H, D2D)."""
     if src.device.type == "spyre" and dst.device.type == "spyre":
@@ -121,9 +153,15 @@ def copy_from(src, dst, non_blocking=False):
             raise SpyreDeviceError(
                 f"cannot copy from {src.device} to spyre; move the tensor to the cpu first"
             )
-        payload(dst)[...] = host_dtypes.to_device_values(src.detach().to(dst.dtype))
+        # cast on the host first: torch-spyre's DMA only converts between a dtype's host and device formats
+        values = host_dtypes.to_device_values(src.detach().to(dst.dtype))
+
+        def write():
+            payload(dst)[...] = values
+
+        _host_copy("h2d", dst, write)
     else:
-        dst.copy_(host_dtypes.to_host_tensor(payload(src), src.dtype))
+        _host_copy("d2h", src, lambda: dst.copy_(host_dtypes.to_host_tensor(payload(src), src.dtype)))
     return dst
 
 
@@ -138,7 +176,9 @@ def copy_from_and_resize(src, dst):
 
 def local_scalar_dense(self):
     """.item(): read one value back to the host."""
-    return host_dtypes.to_host_tensor(payload(self), self.dtype).item()
+    out = []
+    _host_copy("d2h", self, lambda: out.append(host_dtypes.to_host_tensor(payload(self), self.dtype).item()))
+    return out[0]
 
 
 def resize_(self, size, memory_format=None):
