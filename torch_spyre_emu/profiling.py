@@ -362,13 +362,16 @@ def record(compiled, result, uploads, trace_path) -> Callable[[], ProfileReport]
     return build
 
 
-def record_collective(timing: CollectiveTiming, rank: int, group: str | None = None) -> None:
+def record_collective(
+    timing: CollectiveTiming, rank: int, group: str | None = None
+) -> Callable[[], ProfileReport] | None:
     """Put a timed spyreccl collective on this rank's timeline: into the open profile() (writing its trace when
-    the profile writes traces), and as last_profile(). Nothing in functional mode, which times nothing."""
+    the profile writes traces), and as last_profile(). Nothing in functional mode, which times nothing. Returns
+    what builds its report (torch_spyre_emu.torch_profiler places it on the device timeline)."""
     global _LAST
     mode = _SESSIONS[-1].mode if _SESSIONS else stack_config.mode
     if mode == "functional":
-        return
+        return None
     trace = None
     if _SESSIONS and _SESSIONS[-1].trace_dir is not None:
         from aiu_sim.timing.trace import write_collective_trace
@@ -380,6 +383,7 @@ def record_collective(timing: CollectiveTiming, rank: int, group: str | None = N
     _LAST = functools.partial(_report, [run], outputs=None, mode=mode)
     if _SESSIONS:
         _SESSIONS[-1].records.append(run)
+    return _LAST
 
 
 def timing_stand_in(

@@ -27,7 +27,9 @@ Times: a kernel's start and duration are the simulated ones of the run's Profile
 duration_us, program start = 0), placed on the host clock at the start of the launch range, or at the end of the
 card's previous run when that is later (a card runs one program at a time). Device durations are simulated device
 time; host ranges are the emulator's real time (which is much slower than a card), so the two tracks line up at each
-launch but not in between. Eager spyreccl collectives are not shown.
+launch but not in between. An eager spyreccl collective is a zero-length host range `spyreccl:<op>` when it is timed
+(after the host's exchange) with a device event `spyreccl.<op>` of its simulated time; a compiled graph's collectives
+are device events of its launch.
 
 Memory (`profile_memory=True` with the PrivateUse1 activity): every device allocation and free (device.memory, with
 stick padding and 128 B rounding) is a memory record at its wall-clock time (kineto's clock is the same epoch clock).
@@ -66,7 +68,11 @@ LAUNCH_PREFIX = "launch_kernel:"  # the real stack's launch range name (torch_sp
 # device event, named as kineto names CUDA's copies: the real plugin's names for them are not public (an assumption).
 COPY_PREFIX = "copy_tensor:"
 MEMCPY_NAMES = {"h2d": "Memcpy HtoD (Host -> Spyre)", "d2h": "Memcpy DtoH (Spyre -> Host)"}
-_RANGE_PREFIXES = (LAUNCH_PREFIX, COPY_PREFIX)
+# An eager spyreccl collective's host range ("spyreccl:all_reduce"; an emulator name, as is the device event's,
+# "spyreccl.all_reduce"): opened when the collective is timed, after the host's exchange.
+SPYRECCL = "spyreccl"
+SPYRECCL_PREFIX = SPYRECCL + ":"
+_RANGE_PREFIXES = (LAUNCH_PREFIX, COPY_PREFIX, SPYRECCL_PREFIX)
 TRACE_PROCESS = "Spyre (simulated)"
 _KERNEL_TID, _HOST_TID, _MEMORY_TID = 1, 2, 3
 MEMORY_EVENT = "[memory]"  # torch's name for allocator records (torch.autograd.profiler.MEMORY_EVENT_NAME)
@@ -250,11 +256,11 @@ def _device_events(capture: _Capture, result, parsed: list[FunctionEvent]) -> li
             by_id.setdefault(fe.id, fe)
     events = []
     for p in placements(capture, result):
-        if p.kind != "kernel" and p.kind not in MEMCPY_NAMES:
+        if p.kind not in ("kernel", "collective") and p.kind not in MEMCPY_NAMES:
             continue
         k = p.record
-        # a program's copy steps and eager copies are memcpy events
-        name = p.name if p.kind == "kernel" else MEMCPY_NAMES[p.kind]
+        # a program's copy steps and eager copies are memcpy events; collectives (eager and compiled) keep their name
+        name = MEMCPY_NAMES.get(p.kind, p.name)
         events.append(
             FunctionEvent(
                 id=p.launch_correlation_id,
@@ -405,7 +411,7 @@ def trace_events(capture: _Capture, result, base_ns: int) -> list[dict]:
         }
         out.append(event)
         # an arrow from each launch range to its first kernel, and from each eager copy's range to the copy
-        arrow = p.kind == "kernel" or p.program == COPY
+        arrow = p.kind == "kernel" or p.program in (COPY, SPYRECCL)
         if arrow and p.launch_correlation_id >= 0 and p.launch_correlation_id not in flowed:
             flowed.add(p.launch_correlation_id)
             out.append({**_flow(event, "f"), "bp": "e"})

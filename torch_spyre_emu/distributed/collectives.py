@@ -233,11 +233,19 @@ def record_collective(op: str, nbytes: int, world_size: int, group=None) -> Coll
     """Time collective `op` (an aiu_sim.timing.interconnect.COLLECTIVES name) of `nbytes` per rank over
     `world_size` cards on the HardwareConfig the stack targets now (torch_spyre_emu.config.hardware_config()), and
     record it on this rank's device timeline: in the open profile() (and its trace), else as last_profile()."""
-    from torch_spyre_emu import profiling
+    from torch_spyre_emu import profiling, torch_profiler
+    from torch_spyre_emu.device.tensor import allocation_card
 
     timing = collective_time(op, int(nbytes), int(world_size), stack_config.hardware_config())
     rank = dist.get_rank() if dist.is_initialized() else 0
-    profiling.record_collective(timing, rank=rank, group=_group_name(group))
+    launch = None
+    if torch_profiler.profiler_running():  # a spyreccl:<op> range, the collective on the card's device timeline
+        launch = torch_profiler.launch(torch_profiler.SPYRECCL, allocation_card(), torch_profiler.SPYRECCL_PREFIX + op)
+        with launch:  # a zero-length range after the host's exchange: the device event is queued from there
+            pass
+    build = profiling.record_collective(timing, rank=rank, group=_group_name(group))
+    if launch is not None and build is not None:
+        launch.finish(build)
     return timing
 
 

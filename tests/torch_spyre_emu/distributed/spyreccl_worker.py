@@ -154,6 +154,15 @@ def main(out: Path) -> None:
         "summary": rep.summary(),
         "traces": rep.trace_paths,
     }
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    y = spyre(torch.float16)
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.PrivateUse1]) as prof:
+        dist.all_reduce(y)
+    found["torch_profiler"] = [
+        [e.name, e.device_time_total] for e in prof.events() if e.device_type == DeviceType.PrivateUse1
+    ]
     found["seconds"] = time.perf_counter() - t0
     dist.barrier()
     dist.destroy_process_group()

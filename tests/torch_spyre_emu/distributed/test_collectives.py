@@ -214,3 +214,34 @@ def test_compiled_collectives_are_in_the_profile_too(one_rank_group):
     assert c.timing == collective_time("all_reduce", 4 * 64 * 2, 1, hw)
     assert rep.name == rep.programs[0]  # named after its graph, not its collectives
     assert "1 all_reduce" in rep.summary()
+
+
+def test_eager_and_compiled_collectives_are_device_events_under_torch_profiler(one_rank_group):
+    """torch.profiler with the PrivateUse1 activity: an eager spyreccl collective is a spyreccl:<op> host range with
+    a spyreccl.<op> device event of its simulated time; a compiled graph's collective is a device event of its
+    launch. (One rank: the collectives take no time; test_spyreccl.py times two ranks.)"""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    x = torch.ones(4, 64, dtype=torch.float16).to("spyre")
+    def fn(t):
+        y = t * 2
+        dist.all_reduce(y)
+        return y + 1
+
+    g = torch.compile(fn)
+    g(x)
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.PrivateUse1]) as prof:
+        dist.all_reduce(x)
+        dist.barrier(device_ids=[0])
+        g(x)
+    ranges = [e.name for e in prof.events() if e.name.startswith("spyreccl:")]
+    assert ranges == ["spyreccl:all_reduce", "spyreccl:barrier"]
+    device = [e for e in prof.events() if e.device_type == DeviceType.PrivateUse1]
+    names = [e.name for e in device]
+    assert names[:2] == ["spyreccl.all_reduce", "spyreccl.barrier"]
+    eager = collective_time("all_reduce", 4 * 64 * 2, 1, stack_config.hardware_config())
+    assert device[0].device_time_total == pytest.approx(eager.total_us)
+    program = torch_spyre_emu.last_profile()
+    [step] = [s for s in program.steps if s.op == "collective"]
+    assert step.name in names[2:]  # the graph's own Collective step, beside its kernels

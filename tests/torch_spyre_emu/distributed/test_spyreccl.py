@@ -148,6 +148,8 @@ def test_collectives_are_timed_by_the_interconnect_model_in_each_profile(job):
         events = json.loads(Path(trace).read_text())["traceEvents"]
         (sl,) = [e for e in events if e.get("ph") == "X" and e["name"] == "all_reduce"]
         assert sl["args"]["rank"] == r and sl["dur"] == pytest.approx(want.total_us, abs=1e-6)
+        ((name, device_us),) = found["torch_profiler"]  # torch.profiler: the collective as a device event
+        assert name == "spyreccl.all_reduce" and device_us == pytest.approx(want.total_us)
 
 
 # one xdist worker runs this module (make test: --dist loadgroup), so its module-scoped fixtures and cached zoo
