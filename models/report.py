@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from torch_spyre_emu.profiling import HOST_CODE, KernelRecord, ProfileReport
+from torch_spyre_emu.profiling import COPY_KINDS, HOST_CODE, KernelRecord, ProfileReport
 
 
 @dataclass
@@ -86,7 +86,7 @@ def agreement(cpu_model, prompt_ids: torch.Tensor, new_ids: list[int], eos_token
 def step_class(step: KernelRecord) -> str:
     """Kernel class for breakdowns: the kernel op (matmul, restickify, binary ...), PCIe copies, CPU islands,
     host code between graphs."""
-    if step.op in ("h2d", "d2h"):
+    if step.op in COPY_KINDS:  # a program's copy steps and eager copies
         return "pcie copy"
     if step.program == HOST_CODE:
         return "host code"

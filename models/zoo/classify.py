@@ -32,6 +32,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from models.zoo.tolerance import judged, real
+from torch_spyre_emu.profiling import COPY_KINDS
 
 CLASSES = (
     "pass_device",
@@ -206,7 +207,7 @@ def _with_plan(blocking: list[dict], plan: dict | None, status: str) -> list[dic
 def _sim(report) -> dict:
     by: dict[str, float] = {}
     for s in report.steps:
-        name = s.op if s.op.startswith("host") or s.op in ("h2d", "d2h") else (s.fn or s.op)
+        name = s.op if s.op.startswith("host") or s.op in COPY_KINDS else (s.fn or s.op)
         by[name] = by.get(name, 0.0) + s.duration_us
     top = sorted(by.items(), key=lambda kv: -kv[1])[:TOP_SPOTS]
     return {
