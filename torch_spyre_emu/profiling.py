@@ -252,12 +252,15 @@ def watching_copies() -> bool:
     return bool(_SESSIONS and _SESSIONS[-1].mode != "functional") or torch_profiler.profiler_running()
 
 
-def record_copy(run: CopyRun) -> Callable[[], ProfileReport]:
-    """Put an eager copy on the open profile()'s timeline (unless it runs in functional mode). Not last_profile():
-    that stays the last program or collective run (`model(x).cpu()` then last_profile() reports the model). Returns
-    what builds the copy's own report (torch_spyre_emu.torch_profiler places it on the device timeline)."""
-    mode = _SESSIONS[-1].mode if _SESSIONS else "both"
-    if _SESSIONS and mode != "functional":
+def record_copy(run: CopyRun) -> Callable[[], ProfileReport] | None:
+    """Put an eager copy on the open profile()'s timeline. Not last_profile(): that stays the last program or
+    collective run (`model(x).cpu()` then last_profile() reports the model). Returns what builds the copy's own
+    report (torch_spyre_emu.torch_profiler places it on the device timeline); None in functional mode, which times
+    nothing (a torch profiler then shows the copy's range and no device event, as it does for a program run)."""
+    mode = _SESSIONS[-1].mode if _SESSIONS else stack_config.mode
+    if mode == "functional":
+        return None
+    if _SESSIONS:
         _SESSIONS[-1].records.append(run)
     return functools.partial(_report, [run], outputs=None, mode=mode)
 

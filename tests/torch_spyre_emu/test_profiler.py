@@ -310,6 +310,14 @@ def test_eager_copies_are_memcpy_events_timed_as_pcie_transfers(tmp_path):
     assert len([e for e in doc if e.get("ph") == "f"]) == 3  # one arrow per copy range
 
 
+def test_functional_mode_shows_the_copy_range_without_a_device_event(monkeypatch):
+    monkeypatch.setattr(config, "mode", "functional")
+    with profile(activities=DEVICE) as prof:
+        torch.randn(8, 64, dtype=torch.float16).to("spyre")
+    assert [e.name for e in prof.events() if e.name.startswith(torch_profiler.COPY_PREFIX)] == ["copy_tensor:h2d"]
+    assert not [e for e in prof.events() if e.device_type == DeviceType.PrivateUse1]
+
+
 def test_no_copy_is_recorded_without_a_profiler_or_profile():
     from torch_spyre_emu import profiling
 

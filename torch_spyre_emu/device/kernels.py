@@ -134,7 +134,7 @@ def _host_copy(kind: str, device_side: torch.Tensor, copy: Callable[[], object])
     with launch or contextlib.nullcontext():
         copy()
     build = profiling.record_copy(run)
-    if launch is not None:
+    if launch is not None and build is not None:
         launch.finish(build)
 
 
