@@ -255,8 +255,8 @@ class StaticGreedy:
         """One step timed as the device waits for it: the host work that builds its inputs (`host_inputs`: the
         embedding and RoPE gathers, the mask; charged as host code, per eager CPU op) and then its program(s),
         with the host code between them. Every step goes through profile(): only it reports all the graphs of a
-        step of blocks and the host code, so each step's sim_us counts the same things. (The inputs' eager copies
-        to the device are not timed: an eager copy never is.)"""
+        step of blocks and the host code, so each step's sim_us counts the same things. With the weights on a card,
+        the inputs' eager copies to it are steps too (profiling.CopyRun: PCIe, whole sticks)."""
 
         def step():
             with host_code("host_inputs"):
