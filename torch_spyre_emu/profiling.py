@@ -312,13 +312,14 @@ def host_code(name: str):
         yield
         return
     session, counter = _SESSIONS[-1], _HostOps()
+    at = len(session.records)  # the device work it starts (eager copies of what it built) goes after it
     _IN_HOST_CODE = True
     try:
         with counter:
             yield
     finally:
         _IN_HOST_CODE = False
-    session.records.append(HostCodeRun(name, counter.ops, counter.nbytes, stack_config.hardware_config()))
+    session.records.insert(at, HostCodeRun(name, counter.ops, counter.nbytes, stack_config.hardware_config()))
 
 
 class _Session:

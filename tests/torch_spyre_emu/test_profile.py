@@ -299,3 +299,17 @@ def test_eager_copies_are_steps_on_the_timeline():
     slow = torch_spyre_emu.profile(step, x, compile=False, config=hw.replace(pcie_gbps=8.0, dram_effective_gbps=8.0))
     assert slow.copies[0].duration_us() == pytest.approx(x.nbytes / 8.0 / 1e3)
     assert torch_spyre_emu.profile(step, x, compile=False, mode="functional").copies == []
+
+
+def test_host_code_comes_before_the_copies_it_makes():
+    """Host code that builds tensors and copies them to the card: its host compute, then the copies, on the
+    timeline (the device waits for both)."""
+    from adapters._stack import host
+
+    @host
+    def build(t):
+        return (t * 2 + 1).to("spyre")
+
+    rep = torch_spyre_emu.profile(lambda t: build(t) * 3, torch.randn(64, 128, dtype=torch.float16), compile=False)
+    assert [s.op for s in rep.steps] == ["host:build", "h2d", "binary"]
+    assert rep.steps[1].start_us == pytest.approx(rep.steps[0].end_us)
