@@ -16,6 +16,7 @@ from adapters.registry import all_adapters
 
 ATOL = RTOL = 1e-5
 
+
 @functools.cache
 def applicable(name: str) -> tuple[str, ...]:
     """The adapters that claim the tiny model. Asked at run time, not at collection: building the tiny models and
