@@ -106,7 +106,7 @@ def memory_event(card: int, nbytes: int, total: int) -> None:
 class _Launch:
     program: str
     card: int
-    range_name: str  # its host range: launch_kernel:<program>, or copy_tensor:<kind> for an eager copy
+    range_name: str  # its host range: launch_kernel:<program>, copy_tensor:<kind> (eager copy), spyreccl:<op>
     host_ns: int = field(default_factory=time.time_ns)  # wall clock at the launch (see _anchored)
     build: Callable | None = None  # builds the run's ProfileReport; None: the run did not finish
     _report: object = None
@@ -158,7 +158,8 @@ class Placed:
 class launch(contextlib.AbstractContextManager):
     """The host range of one program run, `record_function("launch_kernel:<program>")`; `finish(build)` hands it the
     run's report builder (profiling.record's return) so the active device captures can show its kernels. An eager
-    copy passes its own `range_name` (COPY_PREFIX + kind) and profiling.COPY as its program."""
+    copy passes its own `range_name` (COPY_PREFIX + kind) and profiling.COPY as its program, an eager collective
+    SPYRECCL_PREFIX + op and SPYRECCL."""
 
     def __init__(self, program: str, card: int, range_name: str | None = None):
         range_name = range_name or LAUNCH_PREFIX + program
@@ -224,10 +225,10 @@ def placements(capture: _Capture, result) -> list[Placed]:
 def _anchored(capture: _Capture, ranges: list, trace_start: int):
     """(run, host start in ns since the trace start, correlation id of its launch range) for each run.
 
-    Runs and their host ranges (launch_kernel:<program>, copy_tensor:<kind>) are both in start order, so they are
-    matched in order by range name (a user range of another name is skipped). Without CPU activity kineto records no ranges: each run is then placed by the wall clock
-    (time.time_ns at the launch, against the profiler's start), which is only as close as those two clocks agree,
-    and has no correlation id (-1)."""
+    Runs and their host ranges (launch_kernel:<program>, copy_tensor:<kind>, spyreccl:<op>) are both in start order,
+    so they are matched in order by range name (a user range of another name is skipped). Without CPU activity
+    kineto records no ranges: each run is then placed by the wall clock (time.time_ns at the launch, against the
+    profiler's start), which is only as close as those two clocks agree, and has no correlation id (-1)."""
     launches = capture.launches
     if not ranges:
         for run in launches:
@@ -410,7 +411,7 @@ def trace_events(capture: _Capture, result, base_ns: int) -> list[dict]:
             },
         }
         out.append(event)
-        # an arrow from each launch range to its first kernel, and from each eager copy's range to the copy
+        # an arrow from each launch range to its first kernel, and from an eager copy's or collective's range to it
         arrow = p.kind == "kernel" or p.program in (COPY, SPYRECCL)
         if arrow and p.launch_correlation_id >= 0 and p.launch_correlation_id not in flowed:
             flowed.add(p.launch_correlation_id)

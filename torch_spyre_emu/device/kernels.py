@@ -112,13 +112,13 @@ def _like(fill_value):
     return kernel
 
 
-def _host_copy(kind: str, device_side: torch.Tensor, copy: Callable[[], object]) -> None:
-    """Run `copy` (an eager "h2d" or "d2h" copy of `device_side`'s values); while a profile() or a torch profiler
-    watches, it is also a timed step on the card's timeline (profiling.CopyRun): the host format's bytes over PCIe,
-    the whole sticks of the tensor's shape (its default layout: an assumption for a view) to or from DRAM."""
+def _host_copy(kind: str, device_side: torch.Tensor, copy: Callable[[], object]):
+    """Run `copy` (an eager "h2d" or "d2h" copy of `device_side`'s values) and return what it returns; while a
+    profile() or a torch profiler watches, it is also a timed step on the card's timeline (profiling.CopyRun): the
+    host format's bytes over PCIe, the whole sticks of the tensor's shape (its default layout: an assumption for a
+    view) to or from DRAM."""
     if not profiling.watching_copies():
-        copy()
-        return
+        return copy()
     run = profiling.CopyRun(
         kind,
         tuple(device_side.shape),
@@ -132,10 +132,11 @@ def _host_copy(kind: str, device_side: torch.Tensor, copy: Callable[[], object])
     if torch_profiler.profiler_running():
         launch = torch_profiler.launch(profiling.COPY, run.card, torch_profiler.COPY_PREFIX + kind)
     with launch or contextlib.nullcontext():
-        copy()
+        result = copy()
     build = profiling.record_copy(run)
     if launch is not None and build is not None:
         launch.finish(build)
+    return result
 
 
 def copy_from(src, dst, non_blocking=False):
@@ -176,9 +177,7 @@ def copy_from_and_resize(src, dst):
 
 def local_scalar_dense(self):
     """.item(): read one value back to the host."""
-    out = []
-    _host_copy("d2h", self, lambda: out.append(host_dtypes.to_host_tensor(payload(self), self.dtype).item()))
-    return out[0]
+    return _host_copy("d2h", self, lambda: host_dtypes.to_host_tensor(payload(self), self.dtype).item())
 
 
 def resize_(self, size, memory_format=None):
