@@ -21,7 +21,9 @@ honest thing, all of it in Python:
 - an eager copy between the host and a card (`x.to("spyre")`, `t.cpu()`, `.item()`) is a host range
   `copy_tensor:h2d` / `copy_tensor:d2h` with one device event "Memcpy HtoD (Host -> Spyre)" / "Memcpy DtoH (Spyre ->
   Host)" (kineto's naming for CUDA copies; the real plugin's names are not public), timed as a program's copy step
-  (profiling.CopyRun); a program's own copy steps (CPU inputs under backend="spyre") are such events too.
+  (profiling.CopyRun); a program's own copy steps (CPU inputs under backend="spyre") are such events too;
+- a compiled graph's weight preparation program (the one-time layout kernels of its weights, weights_prep_us) goes
+  on the timeline of the call that ran it, before the graph's kernels and in the same launch range.
 
 Times: a kernel's start and duration are the simulated ones of the run's ProfileReport (KernelRecord.start_us /
 duration_us, program start = 0), placed on the host clock at the start of the launch range, or at the end of the
@@ -109,13 +111,22 @@ class _Launch:
     range_name: str  # its host range: launch_kernel:<program>, copy_tensor:<kind> (eager copy), spyreccl:<op>
     host_ns: int = field(default_factory=time.time_ns)  # wall clock at the launch (see _anchored)
     build: Callable | None = None  # builds the run's ProfileReport; None: the run did not finish
+    # builds the report of the graph's weight preparation program when it ran in this call (its kernels run first)
+    prelude: Callable | None = None
     _report: object = None
+    _prelude_report: object = None
 
     @property
     def report(self):
         if self._report is None and self.build is not None:
             self._report = self.build()
         return self._report
+
+    @property
+    def prelude_report(self):
+        if self._prelude_report is None and self.prelude is not None:
+            self._prelude_report = self.prelude()
+        return self._prelude_report
 
 
 @dataclass(frozen=True)
@@ -176,8 +187,11 @@ class launch(contextlib.AbstractContextManager):
     def __exit__(self, *exc):
         return self._range.__exit__(*exc)
 
-    def finish(self, build: Callable) -> None:
+    def finish(self, build: Callable, prelude: Callable | None = None) -> None:
+        """`prelude`: what builds the report of a weight preparation program this call ran before its own
+        (profiling.prep_record); its kernels go on the timeline first, in the same launch range."""
         self._launch.build = build
+        self._launch.prelude = prelude
 
 
 # --- placing the runs on the host clock ----------------------------------------------------------------------------
@@ -199,25 +213,28 @@ def placements(capture: _Capture, result) -> list[Placed]:
     out: list[Placed] = []
     free_at: dict[int, float] = {}  # card -> when its previous run ends (ns since the trace start)
     for run, host_start, correlation in _anchored(capture, ranges, trace_start):
-        report = run.report
-        if report is None:  # the run raised: a range with no kernels
+        if run.report is None:  # the run raised: a range with no kernels
             continue
         start = max(host_start, free_at.get(run.card, 0.0))
-        kernels = {id(k) for k in report.kernels}
-        for step in report.steps:
-            out.append(
-                Placed(
-                    step.name,
-                    "kernel" if id(step) in kernels else step.op,
-                    run.card,
-                    start + step.start_us * 1e3,
-                    start + step.end_us * 1e3,
-                    step,
-                    correlation,
-                    run.program,
+        # a weight preparation program that ran in this call goes first, then the call's own program
+        parts = [(run.prelude_report, None), (run.report, run.program)]
+        for report, program in ((r, p) for r, p in parts if r is not None):
+            kernels = {id(k) for k in report.kernels}
+            for step in report.steps:
+                out.append(
+                    Placed(
+                        step.name,
+                        "kernel" if id(step) in kernels else step.op,
+                        run.card,
+                        start + step.start_us * 1e3,
+                        start + step.end_us * 1e3,
+                        step,
+                        correlation,
+                        program or report.name,
+                    )
                 )
-            )
-        free_at[run.card] = start + report.total_us * 1e3
+            start += report.total_us * 1e3
+        free_at[run.card] = start
     capture._placed = (id(result), out)
     return out
 

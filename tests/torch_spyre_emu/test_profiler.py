@@ -325,3 +325,41 @@ def test_no_copy_is_recorded_without_a_profiler_or_profile():
     before = torch_spyre_emu.last_profile()
     torch.randn(8, 64, dtype=torch.float16).to("spyre").cpu()
     assert torch_spyre_emu.last_profile() is before  # copies never replace the last program's report
+
+
+def test_a_graphs_weight_preparation_runs_first_in_its_launch_on_the_first_call_only(tmp_path):
+    """The weight layout kernels a compiled graph runs once per set of weight values (restickify of W^T, K-padding:
+    not part of the call's report, weights_prep_us) are device events of the call that ran them, before the
+    graph's own kernels and in its launch range; later calls have none."""
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(100, 72).half().eval()  # in=100: not whole sticks, so restickify + fill + copy
+    model = torch.compile(lin, backend="spyre", dynamic=False)
+    x = torch.randn(16, 100, dtype=torch.float16)
+    with torch.no_grad(), profile(activities=DEVICE) as prof:
+        model(x)
+        first = torch_spyre_emu.last_profile()
+        model(x)
+        second = torch_spyre_emu.last_profile()
+    assert first.weights_prep_kernels >= 3 and second.weights_prep_kernels == 0
+    path = tmp_path / "trace.json"
+    prof.export_chrome_trace(str(path))
+    doc = json.loads(path.read_text())["traceEvents"]
+    launches = sorted((e for e in doc if e.get("name") == f"launch_kernel:{first.programs[0]}"), key=lambda e: e["ts"])
+    kernels = sorted((e for e in doc if e.get("cat") == "kernel"), key=lambda e: e["ts"])
+    prep_program = f"{first.programs[0]}_weight_prep"
+    prep = [e for e in kernels if e["args"]["program"] == prep_program]
+    own = [e for e in kernels if e["args"]["program"] == first.programs[0]]
+    assert len(launches) == 2 and len(prep) == first.weights_prep_kernels
+    assert [e["name"] for e in own] == [k.name for k in first.kernels + second.kernels]
+    assert sum(e["dur"] for e in prep) == pytest.approx(first.weights_prep_us, abs=1e-2)
+    # the preparation leads the first launch; the call's own kernels start when it ends
+    assert prep[0]["ts"] == pytest.approx(launches[0]["ts"], abs=2e-3)
+    own_start = prep[0]["ts"] + first.weights_prep_us + first.kernels[0].start_us
+    assert own[0]["ts"] == pytest.approx(own_start, abs=2e-3)
+    assert all(e["args"]["correlation"] == own[0]["args"]["correlation"] for e in prep)
+    assert all(e["ts"] >= launches[1]["ts"] - 1e-3 for e in own[len(first.kernels):])
+    # the first launch's device time holds the preparation's: the two launches differ by exactly that
+    ranges = [e for e in prof.events() if e.name == f"launch_kernel:{first.programs[0]}"]
+    assert len(ranges) == 2
+    extra = ranges[0].device_time_total - ranges[1].device_time_total
+    assert extra == pytest.approx(sum(e["dur"] for e in prep), abs=1e-2)

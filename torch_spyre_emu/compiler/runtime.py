@@ -36,7 +36,7 @@ from torch_spyre_emu.compiler.views import inverse
 from torch_spyre_emu.config import accumulation_model
 from torch_spyre_emu.device import host_dtypes
 from torch_spyre_emu.device.host_dtypes import device_format
-from torch_spyre_emu.profiling import current_run_options, record, timing_stand_in
+from torch_spyre_emu.profiling import current_run_options, prep_record, record, timing_stand_in
 
 
 @dataclass
@@ -49,6 +49,8 @@ class UploadRecord:
     # weight layout kernels (restickify, K-padding) run by the weight preparation program
     prep_kernels: int = 0
     prep_us: float = 0.0  # their simulated device time: one-time, like the upload, not part of the call
+    # (WeightPrep, its RunResult) when the preparation program ran in this call: torch.profiler shows its kernels
+    prep_run: tuple | None = None
 
 
 def device_values(t: torch.Tensor) -> np.ndarray:
@@ -259,7 +261,7 @@ def run_and_record(compiled: Compiled, args: list):
             torch.set_num_threads(threads)
     build = record(compiled, result, uploads, trace_path)
     if launch is not None:
-        launch.finish(build)
+        launch.finish(build, prelude=prep_record(uploads))
     return outputs
 
 
@@ -320,6 +322,7 @@ def run_compiled(compiled: Compiled, args: list, mode: str = "both", trace_path=
             prep_us = ran.timing.total_us if ran.timing is not None else 0.0
             uploads.prep_kernels += len(prep.program.steps)
             uploads.prep_us += prep_us
+            uploads.prep_run = (prep, ran)
     host_fns = {name: host_function(s) for name, s in lowered.builder.host_specs.items()}
     timing_key = (hw.token, mode)
     timed = compiled.timings.get(timing_key) if mode != "functional" else None
