@@ -54,6 +54,19 @@ def make_inputs(op: Op, shape, dtype) -> list[torch.Tensor]:
     return [seeded(f"{op.name}/{i}", s, dtype, kind) for i, (s, kind) in enumerate(op.inputs(shape))]
 
 
+def test_every_case_of_the_slow_run_is_valid_on_the_cpu():
+    """Each op runs on the CPU on each of its shapes, slow ones included: a table row whose op the CPU refuses for a
+    shape (a pad longer than the dim) would otherwise only fail in the slow run, long after it was written."""
+    refused = []
+    for op in OPS:
+        for shape in list(op.shapes) + list(op.slow_shapes):
+            try:
+                op.fn(*make_inputs(op, shape, torch.float32))
+            except Exception as e:  # noqa: BLE001 - every refusal is listed
+                refused.append(f"{op.name} {shape}: {type(e).__name__}: {str(e).splitlines()[0]}")
+    assert not refused, "\n".join(refused)
+
+
 @pytest.mark.parametrize("op,shape,dtype,path", list(cases()))
 def test_op_matches_cpu(op: Op, shape, dtype, path):
     inputs = make_inputs(op, shape, dtype)

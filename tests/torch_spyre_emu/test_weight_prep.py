@@ -160,3 +160,30 @@ def test_a_dim_order_1_0_weight_read_in_host_order_is_restickified_once():
     with torch.no_grad():
         out = torch.compile(dev)(h.to("spyre"))
     assert all(torch.equal(o.cpu(), r) for o, r in zip(out, ref, strict=True))
+
+
+def test_weights_made_under_inference_mode_are_read_again_on_every_call():
+    """Inference tensors have no version counter (reading it raises), and inside inference_mode they can change in
+    place: a model built or moved there runs compiled, uploads and prepares its weights once in the report, and
+    sees an in-place change of a weight on the next call, for CPU weights (backend="spyre") and spyre ones."""
+    with torch.inference_mode():
+        lin = make_linear()
+        x = torch.randn(16, 100, dtype=torch.float16)
+        model = compiled(lin)
+        first = model(x)
+        r1 = torch_spyre_emu.last_profile()
+        assert torch.equal(model(x), first)
+        r2 = torch_spyre_emu.last_profile()
+        assert (r1.weights_uploaded, r2.weights_uploaded) == (2, 0)
+        assert r1.weights_prep_kernels >= 3 and r2.weights_prep_kernels == 0
+        lin.weight.mul_(2)
+        after = model(x)
+        assert torch.equal(after, reference(lin, x)[0]) and not torch.equal(after, first)
+
+        moved = make_linear().to("spyre")  # the loader's [1, 0] weight: its transposed copy is the cached one
+        xs = x.to("spyre")
+        run = torch.compile(moved)
+        before = run(xs).cpu()
+        moved.weight.mul_(2)
+        changed = run(xs).cpu()
+        assert torch.equal(changed, moved(xs).cpu()) and not torch.equal(changed, before)

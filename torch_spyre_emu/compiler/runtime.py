@@ -150,10 +150,15 @@ class WeightCache:
         self._convert = convert or device_values
 
     def get(self, p: torch.Tensor) -> tuple[np.ndarray, bool]:
-        key = (p._version, p.dtype, tuple(p.shape), p.device, p.data_ptr())
+        """(p's copy, whether this is its first: an upload). An inference tensor (made under torch.inference_mode)
+        has no version counter, and inside inference_mode it can change in place: it is converted on every call,
+        but uploaded (fresh) only the first time."""
+        key = (_version(p), p.dtype, tuple(p.shape), p.device, p.data_ptr())
         hit = self._cache.get(id(p))
         if hit is not None and hit[0]() is p and hit[1] == key:
-            return hit[2], False
+            if key[0] is not None:
+                return hit[2], False
+            return self._convert(p), False
         values = self._convert(p)
         pid = id(p)
 
@@ -161,7 +166,8 @@ class WeightCache:
             if pid in self._cache and self._cache[pid][0] is ref:
                 del self._cache[pid]
 
-        self._cache[pid] = (weakref.ref(p, forget), key, values)
+        # an inference tensor's copy is not kept: it is never reused
+        self._cache[pid] = (weakref.ref(p, forget), key, values if key[0] is not None else None)
         return values, True
 
     def __len__(self) -> int:
@@ -169,6 +175,11 @@ class WeightCache:
 
 
 WEIGHTS = WeightCache()
+
+
+def _version(t: torch.Tensor) -> int | None:
+    """t's version counter (bumped by each in-place change), or None for an inference tensor, which has none."""
+    return None if t.is_inference() else t._version
 
 
 @functools.cache
@@ -186,15 +197,19 @@ def prepared_weights(prep, params: list[torch.Tensor], values: list[np.ndarray],
     Cached in `prep.cache` per set of parameter objects and valid while each parameter is the same object with the
     same version, dtype and shape and the runtime binds the same device memory (WEIGHTS re-converts a parameter when
     its version changes; a spyre parameter's payload is a view of its storage): an in-place update or another
-    Parameter re-runs the preparation. The RunResult is returned when it ran, so its time is reported with the upload."""
+    Parameter re-runs the preparation. The RunResult is returned when it ran, so its time is reported with the upload.
+    Inference tensors have no version counter: with one among the weights the preparation re-runs on every call
+    (values stay right after an in-place change inside inference_mode), reported only for the first."""
     ids = tuple(id(p) for p in params)
     # the values' memory address, not id(): a spyre parameter's payload is a fresh numpy view on every call
     state = tuple(
-        (p._version, p.dtype, tuple(p.shape), v.__array_interface__["data"][0])
+        (_version(p), p.dtype, tuple(p.shape), v.__array_interface__["data"][0])
         for p, v in zip(params, values, strict=True)
     )
     hit = prep.cache.get(ids)
-    if hit is not None and all(r() is p for r, p in zip(hit[0], params, strict=True)) and hit[1] == state:
+    seen = hit is not None and all(r() is p for r, p in zip(hit[0], params, strict=True))
+    inference = any(p.is_inference() for p in params)
+    if seen and hit[1] == state and not inference:
         return hit[3], None
     resident = {spec.buffer: v for spec, v in zip(prep.weights, values, strict=True)}
     timing_key = (prep.program.config.token, mode)
@@ -224,7 +239,7 @@ def prepared_weights(prep, params: list[torch.Tensor], values: list[np.ndarray],
 
     # values are held so their addresses stay unique while the entry lives; the entry dies with any of its parameters
     cache[ids] = (tuple(weakref.ref(p, forget) for p in params), state, list(values), out)
-    return out, result
+    return out, (None if inference and seen else result)
 
 
 def _rebuild(template, outs: list):
