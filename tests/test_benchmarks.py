@@ -47,3 +47,9 @@ def test_bench_sim_runs():
 def test_bench_stack_runs():
     out = _bench("benchmarks/bench_stack.py", "--repeats", "1", timeout=1200)
     assert "forward ratio emulated/CPU fp32" in out and "compile_blocks (target <= 2)" in out
+
+
+@pytest.mark.slow
+def test_bench_eager_runs():
+    out = _bench("benchmarks/bench_eager.py", "--repeats", "1", timeout=600)
+    assert "eager x * 2" in out and "eager forward ratio emulated / CPU fp32" in out

@@ -12,6 +12,7 @@ module adds the torch-facing type, validation against a host shape, the device i
 from __future__ import annotations
 
 import enum
+import functools
 import inspect
 import math
 from dataclasses import dataclass
@@ -292,7 +293,20 @@ def default_layout(shape, dtype, dim_order=None, host_strides=None) -> SpyreTens
 
     Host dims (d0, ..., dr) are permuted by `dim_order` first, then laid out as d1, ..., d(r-1), tiles(dr), d0,
     dr-in-stick; only the stick dim is padded. stride_map holds `host_strides` (default: contiguous). Size-1 host
-    dims never contribute, so all their device dims get stride -1 (canonical form)."""
+    dims never contribute, so all their device dims get stride -1 (canonical form).
+
+    Layouts are immutable, so one object serves every tensor of the same arguments: each eager op allocates its
+    result with one, and building it (the binding's constructor dispatch) was ~5% of an eager op."""
+    return _default_layout(
+        tuple(shape),
+        dtype,
+        None if dim_order is None else tuple(dim_order),
+        None if host_strides is None else tuple(host_strides),
+    )
+
+
+@functools.lru_cache(maxsize=4096)
+def _default_layout(shape, dtype, dim_order, host_strides) -> SpyreTensorLayout:
     from torch_spyre_emu.device.host_dtypes import device_format
 
     shape = tuple(int(s) for s in shape)
