@@ -187,12 +187,30 @@ def position_helpers(module: nn.Module) -> tuple[dict[int, object], dict[str, ob
         raw = inspect.getattr_static(type(module), name, None)
         if isinstance(raw, staticmethod) and is_position_helper(raw.__func__):
             statics[name] = (raw.__func__, False)
-        elif isinstance(raw, types.FunctionType) and (
-            is_position_helper(raw, method=True)
-            or (_first_input(raw, method=True) and structure.reachable(raw, _is_helper_function))
+        elif (
+            isinstance(raw, types.FunctionType)
+            and (
+                is_position_helper(raw, method=True)
+                or (_first_input(raw, method=True) and structure.reachable(raw, _is_helper_function))
+            )
+            and not _computes_with_weights(module, raw)
         ):
             statics[name] = (raw, True)  # a method that is, or only forwards to, a position helper
     return globs, statics
+
+
+def _computes_with_weights(module: nn.Module, method) -> bool:
+    """The method reads a parameter of `module` or a submodule that holds parameters (PI0's embed_prefix runs its
+    vision tower and embeddings, and takes a cumsum of input_ids besides): model compute, which belongs on the
+    device, not a position helper to run on the host (the host copy would meet the device weights)."""
+    for name in _self_calls(method):
+        part = module._parameters.get(name)
+        if part is None:
+            child = module._modules.get(name)
+            part = next(iter(child.parameters()), None) if child is not None else None
+        if part is not None:
+            return True
+    return False
 
 
 # how deep `self.<method>` calls are followed to a position helper: LayoutLMv3's encoder forward ->

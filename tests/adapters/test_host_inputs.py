@@ -343,6 +343,18 @@ def test_layoutlmv3_buckets_three_self_calls_deep_run_on_the_host():
     assert "encoder.relative_position_bucket: on the host" in patch.changes, patch.changes
 
 
+def test_a_method_that_runs_submodules_is_no_position_helper():
+    """PI0's embed_prefix(self, input_ids, ...) takes a cumsum of input_ids, but it also runs the vision tower and the
+    embeddings: model compute, not a helper to run on the host. Routed there, the zoo's compiled flow ran the whole
+    vision tower on the CPU, and the model moved to the device stopped on CPU pixels meeting device conv weights."""
+    from transformers.models.pi0.modeling_pi0 import PI0Model
+
+    assert is_position_helper(PI0Model.embed_prefix, method=True)  # by its signature and code alone
+    model = _zoo("pi0").model
+    assert not [path for path, *_ in position_targets(model) if path == "model"]
+    assert not adapters.get_adapter("host_position_ids").applicable(model)
+
+
 # ------------------------------------------------------------------------------------------- position generators
 
 
