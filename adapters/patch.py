@@ -18,6 +18,16 @@ _MISSING = object()
 _REGISTRY_USERS: dict[tuple[int, str], int] = {}
 
 
+def _placement(module: nn.Module, parent: nn.Module) -> tuple[torch.device | None, torch.dtype | None]:
+    """(device, floating dtype) of the module's first tensor and first floating tensor, else its parent's."""
+    for m in (module, parent):
+        tensors = [*m.parameters(), *m.buffers()]
+        if tensors:
+            floating = next((t.dtype for t in tensors if t.is_floating_point()), None)
+            return tensors[0].device, floating
+    return None, None
+
+
 class Patch:
     def __init__(self, adapter_name: str):
         self.adapter_name = adapter_name
@@ -69,10 +79,20 @@ class Patch:
         self.changes.append(what or f"class of {old.__name__}: {cls.__qualname__}")
 
     def swap_module(self, parent: nn.Module, name: str, new: nn.Module, what: str = "") -> None:
+        """Put `new` in place of `parent.name`. Undo puts the old module object back; if the model was moved or cast
+        since (`model.to("spyre")` inside `with adapters.apply(model)`, as the real flow does), the old module, which
+        was out of the tree then, is moved and cast the same way first, so the restored model is not left half on
+        the host."""
         old = parent._modules[name]
         parent._modules[name] = new
+        before = _placement(new, parent)
 
-        def undo(parent=parent, name=name, old=old):
+        def undo(parent=parent, name=name, old=old, new=new, before=before):
+            (device, dtype), (was_device, was_dtype) = _placement(new, parent), before
+            if device is not None and device != was_device:
+                old.to(device)
+            if dtype is not None and dtype != was_dtype:
+                old.to(dtype)
             parent._modules[name] = old
 
         self._undo.append(undo)

@@ -9,6 +9,7 @@ from conftest import TINY, assert_restored, example_inputs, run, snapshot
 import adapters
 import torch_spyre_emu
 from adapters.registry import all_adapters
+from torch_spyre_emu.errors import SpyreUnsupportedOpError
 
 
 def test_registry_declares_known_capabilities():
@@ -57,6 +58,26 @@ def test_context_manager_removes_on_exit_and_on_error():
         with adapters.apply(model):
             raise RuntimeError("boom")
     assert_restored(model, snap)
+
+
+def test_removing_after_the_model_moved_to_the_device_restores_it_there():
+    """The real flow patches on the CPU and moves inside `with adapters.apply(model)`. The modules an adapter swapped
+    out (gpt2's c_attn for qkv_split, its lm_head for lm_head_pad) were out of the tree during the move; removing
+    the adapters moves them too, so the stock model on the device meets its own gaps (the stack's typed error), not
+    CPU weights, and moved back it computes what it did."""
+    model = TINY["gpt2"]().half().eval()
+    stock = {path: m for path, m in model.named_modules()}
+    ids = example_inputs("gpt2")["input_ids"]
+    before = run(model, {"input_ids": ids})
+    with adapters.apply(model) as handle:
+        assert {"qkv_split", "lm_head_pad"} <= {p.adapter_name for p in handle.patches}
+        model.to("spyre")
+    assert {path: m for path, m in model.named_modules()} == stock  # the same objects
+    assert {t.device.type for t in (*model.parameters(), *model.buffers())} == {"spyre"}
+    with pytest.raises(SpyreUnsupportedOpError, match="head_dim"):  # tiny gpt2's heads are 32 wide
+        run(model, {"input_ids": ids.to("spyre")})
+    after = run(model.to("cpu"), {"input_ids": ids})  # weights rounded to DL16 by the round trip
+    assert torch.allclose(after.float(), before.float(), atol=0.05, rtol=0.05)
 
 
 def test_apply_twice_is_harmless():
