@@ -1,0 +1,148 @@
+"""Greedy generation on the device, the real stack's flow, for the zoo's decoder LMs.
+
+The sweep judges one forward. Generation adds what a forward never meets: the cache's updates, the logits
+processors, the stopping criteria, GenerationMixin's bookkeeping, all of it eager on spyre tensors. For each decoder
+LM type (the zoo's tiny random-weight model and inputs, models.zoo.recipes.build): CPU fp32 greedy generation of a
+few tokens is the reference; the same model in fp16 with the adapters applied on the CPU is moved with
+`Module.to("spyre")` and generates from the inputs on the device. Only the rows without padding are compared: the
+zoo's inputs pad one row on the right, where generation continues from a pad position.
+
+Each record: `status` = `same` (every unpadded row's tokens equal the reference), `differs`, `error` (the device run
+raised: `class` and `blocking` as the sweep's classify_error gives them, `error`), `cpu_fails` (the reference itself
+raised: the model's own generate), `not_buildable`, `not_decoder_lm` or `timeout`; `rows`, `rows_same`, `wall_s`.
+Results are appended (and flushed) per model, so an interrupted probe resumes where it stopped.
+
+Run: .venv/bin/python -m models.zoo.generate_probe OUT.jsonl [--only llama,gpt2] [--new-tokens 3] [--timeout 240]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import copy
+import json
+import signal
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import torch
+
+
+class _Timeout(Exception):
+    pass
+
+
+def _greedy(model, ids: torch.Tensor, mask: torch.Tensor | None, new_tokens: int) -> torch.Tensor:
+    """Greedy tokens; the attention mask is passed when the model's generate takes one."""
+    kwargs = {"max_new_tokens": new_tokens, "do_sample": False}
+    if mask is not None:
+        try:
+            return model.generate(ids, attention_mask=mask, **kwargs)
+        except ValueError as e:
+            if "model_kwargs" not in str(e) or "attention_mask" not in str(e):
+                raise
+    return model.generate(ids, **kwargs)
+
+
+def probe_one(model_type: str, new_tokens: int = 3, seed: int = 0) -> dict:
+    """One model type's record (see the module docstring); exceptions of the model become its record."""
+    import adapters
+    from models.zoo.classify import _error, classify_error
+    from models.zoo.recipes import ZooBuildError, build
+
+    rec: dict = {"model_type": model_type}
+    try:
+        zm = build(model_type, "default", seed)
+    except ZooBuildError as e:
+        return {**rec, "status": "not_buildable", "error": str(e).splitlines()[0]}
+    if not zm.is_decoder_lm or "input_ids" not in zm.inputs:
+        return {**rec, "status": "not_decoder_lm"}
+    ids, mask = zm.inputs["input_ids"], zm.inputs.get("attention_mask")
+    unpadded = [r for r in range(ids.shape[0]) if mask is None or bool(mask[r].all())]
+    rec["rows"] = len(unpadded)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # FallbackWarnings of the model's CPU islands, transformers' notices
+        try:
+            ref = _greedy(copy.deepcopy(zm.model).eval(), ids, mask, new_tokens)
+        except Exception as e:  # noqa: BLE001 - the model's own generate
+            return {**rec, "status": "cpu_fails", "error": _error(e)}
+        model = copy.deepcopy(zm.model).half().eval()
+        try:
+            with adapters.apply(model):
+                model.to("spyre")
+                device_mask = None if mask is None else mask.to("spyre")
+                got = _greedy(model, ids.to("spyre"), device_mask, new_tokens).cpu()
+        except Exception as e:  # noqa: BLE001 - the record says what stopped it
+            cls, blocking = classify_error(e)
+            return {**rec, "status": "error", "class": cls, "blocking": blocking, "error": _error(e)}
+        finally:
+            del model
+    same = [r for r in unpadded if got.shape == ref.shape and torch.equal(got[r], ref[r])]
+    rec["rows_same"] = len(same)
+    rec["status"] = "same" if len(same) == len(unpadded) else "differs"
+    return rec
+
+
+def decoder_lm_types() -> list[str]:
+    """The model types with a causal-LM class: the candidates (build decides which are decoder LMs)."""
+    from models.zoo import catalog
+
+    return [t for t in catalog.model_types() if catalog.causal_lm_class_name(t)]
+
+
+def _alarm(_signum, _frame):
+    raise _Timeout()
+
+
+def probe(out: Path, types: list[str], new_tokens: int, timeout_s: int) -> list[dict]:
+    """Probe `types` not yet in `out`, appending each record; returns every record in `out`."""
+    done = {json.loads(line)["model_type"] for line in out.read_text().splitlines() if line} if out.exists() else set()
+    signal.signal(signal.SIGALRM, _alarm)
+    with out.open("a") as f:
+        for t in (t for t in types if t not in done):
+            start = time.perf_counter()
+            signal.alarm(timeout_s)
+            try:
+                rec = probe_one(t, new_tokens)
+            except _Timeout:
+                rec = {"model_type": t, "status": "timeout"}
+            finally:
+                signal.alarm(0)
+            rec["wall_s"] = round(time.perf_counter() - start, 1)
+            f.write(json.dumps(rec, default=str) + "\n")
+            f.flush()
+            print(f"{t}: {rec['status']}" + (f" ({rec.get('class')})" if rec["status"] == "error" else ""), flush=True)
+    return [json.loads(line) for line in out.read_text().splitlines() if line]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m models.zoo.generate_probe", description=__doc__.splitlines()[0])
+    parser.add_argument("out", type=Path, help="JSONL results file (appended to; resumes)")
+    parser.add_argument("--only", default=None, help="comma-separated model types (default: every decoder LM)")
+    parser.add_argument("--new-tokens", type=int, default=3, help="tokens to generate (default 3)")
+    parser.add_argument("--timeout", type=int, default=240, help="seconds per model type (default 240)")
+    args = parser.parse_args(argv)
+    if args.new_tokens < 1 or args.timeout < 1:
+        print(f"error: --new-tokens and --timeout must be at least 1, got {args.new_tokens} and {args.timeout}",
+              file=sys.stderr)  # fmt: skip
+        return 2
+    types = [t.strip() for t in args.only.split(",") if t.strip()] if args.only else decoder_lm_types()
+    from models.zoo import catalog
+
+    unknown = sorted(set(types) - set(catalog.model_types()))
+    if unknown:
+        print(f"error: unknown model type(s) {', '.join(unknown)}; see models.zoo.model_types()", file=sys.stderr)
+        return 2
+    with contextlib.suppress(KeyboardInterrupt):
+        records = probe(args.out, types, args.new_tokens, args.timeout)
+        counts: dict[str, int] = {}
+        for r in records:
+            counts[r["status"]] = counts.get(r["status"], 0) + 1
+        print(f"{len(records)} records in {args.out}: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
