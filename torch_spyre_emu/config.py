@@ -50,9 +50,10 @@ except ValueError:
 def hardware_config() -> HardwareConfig:
     """The HardwareConfig the compiler targets now, with torch_spyre._inductor.config's sencores and
     dxp_lx_frac_avail applied when they are set (torch_spyre_emu.inductor_config)."""
+    global _LAST_HARDWARE
     from torch_spyre_emu import inductor_config
 
-    hw = hardware
+    hw = asked = hardware
     # every eager op asks (~8% of one): the last answer holds while `hardware` is the same object and the inductor
     # options are unchanged (their hash is cached by torch until an option is set)
     options = inductor_config.get_hash()
@@ -68,7 +69,7 @@ def hardware_config() -> HardwareConfig:
             f"torch_spyre_emu.config.hardware must be a HardwareConfig, a preset name or None, got {hw!r}"
         )
     result = inductor_config.apply_to_hardware(hw)
-    globals()["_LAST_HARDWARE"] = (hardware, options, result)
+    _LAST_HARDWARE = (asked, options, result)
     return result
 
 

@@ -298,10 +298,10 @@ def default_layout(shape, dtype, dim_order=None, host_strides=None) -> SpyreTens
     Layouts are immutable, so one object serves every tensor of the same arguments: each eager op allocates its
     result with one, and building it (the binding's constructor dispatch) was ~5% of an eager op."""
     return _default_layout(
-        tuple(shape),
+        tuple(int(s) for s in shape),  # ints, not SymInts (unhashable) or numpy ints
         dtype,
-        None if dim_order is None else tuple(dim_order),
-        None if host_strides is None else tuple(host_strides),
+        None if dim_order is None else tuple(int(d) for d in dim_order),
+        None if host_strides is None else tuple(int(s) for s in host_strides),
     )
 
 
