@@ -13,6 +13,8 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from adapters._stack import tensors_of
+
 _MISSING = object()
 # (id(registry), key) -> patches using it: a library registry key added by adapters lives as long as its users
 _REGISTRY_USERS: dict[tuple[int, str], int] = {}
@@ -21,7 +23,7 @@ _REGISTRY_USERS: dict[tuple[int, str], int] = {}
 def _placement(module: nn.Module, parent: nn.Module) -> tuple[torch.device | None, torch.dtype | None]:
     """(device, floating dtype) of the module's first tensor and first floating tensor, else its parent's."""
     for m in (module, parent):
-        tensors = [*m.parameters(), *m.buffers()]
+        tensors = tensors_of(m)
         if tensors:
             floating = next((t.dtype for t in tensors if t.is_floating_point()), None)
             return tensors[0].device, floating

@@ -22,7 +22,7 @@ import time
 import warnings
 
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+from bench_stack import decoder  # the same small LlamaConfig model (benchmarks/ is this script's sys.path[0])
 
 
 def per_call(fn, calls: int) -> float:
@@ -40,13 +40,6 @@ def alternating(a, b, repeats: int, calls: int) -> tuple[float, float]:
         ta.append(per_call(a, calls))
         tb.append(per_call(b, calls))
     return statistics.median(ta), statistics.median(tb)
-
-
-def decoder() -> LlamaForCausalLM:
-    torch.manual_seed(0)
-    cfg = LlamaConfig(hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
-                      num_key_value_heads=4, vocab_size=1024)  # fmt: skip
-    return LlamaForCausalLM(cfg).eval()
 
 
 def main() -> None:
@@ -67,7 +60,7 @@ def main() -> None:
 
     import adapters
 
-    model = decoder()
+    model = decoder(2)
     device_model = copy.deepcopy(model).half()
     adapters.apply(device_model)
     device_model.to("spyre")

@@ -370,10 +370,11 @@ def prep_record(uploads) -> Callable[[], ProfileReport] | None:
     """What builds the report of the weight preparation program that ran in a compiled call (runtime.UploadRecord's
     prep_run), or None when none ran or it was not timed. Its time stays out of the call's report (weights_prep_us);
     torch_spyre_emu.torch_profiler puts its kernels on the device timeline before the call's own."""
-    if uploads.prep_run is None or uploads.prep_run[1].timing is None:
+    if uploads.prep_run is None or uploads.prep_run[1] is None:
         return None
-    prep, ran = uploads.prep_run
-    run = (prep, aiu_sim.RunResult(outputs=None, timing=ran.timing), type(uploads)(0, 0, 0.0), None)
+    prep, timing = uploads.prep_run
+    # its report counts no upload of its own: an empty record of the caller's UploadRecord type
+    run = (prep, aiu_sim.RunResult(outputs=None, timing=timing), type(uploads)(0, 0, 0.0), None)
     return functools.partial(_report, [run], outputs=None, mode="both")
 
 

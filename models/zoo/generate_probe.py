@@ -18,7 +18,6 @@ Run: .venv/bin/python -m models.zoo.generate_probe OUT.jsonl [--only llama,gpt2]
 from __future__ import annotations
 
 import argparse
-import contextlib
 import copy
 import json
 import signal
@@ -77,8 +76,6 @@ def probe_one(model_type: str, new_tokens: int = 3, seed: int = 0) -> dict:
         except Exception as e:  # noqa: BLE001 - the record says what stopped it
             cls, blocking = classify_error(e)
             return {**rec, "status": "error", "class": cls, "blocking": blocking, "error": _error(e)}
-        finally:
-            del model
     same = [r for r in unpadded if got.shape == ref.shape and torch.equal(got[r], ref[r])]
     rec["rows_same"] = len(same)
     rec["status"] = "same" if len(same) == len(unpadded) else "differs"
@@ -135,12 +132,15 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         print(f"error: unknown model type(s) {', '.join(unknown)}; see models.zoo.model_types()", file=sys.stderr)
         return 2
-    with contextlib.suppress(KeyboardInterrupt):
+    try:
         records = probe(args.out, types, args.new_tokens, args.timeout)
-        counts: dict[str, int] = {}
-        for r in records:
-            counts[r["status"]] = counts.get(r["status"], 0) + 1
-        print(f"{len(records)} records in {args.out}: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
+    except KeyboardInterrupt:
+        print(f"interrupted: the records so far are in {args.out}; run the same command to resume", file=sys.stderr)
+        return 130
+    counts: dict[str, int] = {}
+    for r in records:
+        counts[r["status"]] = counts.get(r["status"], 0) + 1
+    print(f"{len(records)} records in {args.out}: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
     return 0
 
 

@@ -49,7 +49,8 @@ class UploadRecord:
     # weight layout kernels (restickify, K-padding) run by the weight preparation program
     prep_kernels: int = 0
     prep_us: float = 0.0  # their simulated device time: one-time, like the upload, not part of the call
-    # (WeightPrep, its RunResult) when the preparation program ran in this call: torch.profiler shows its kernels
+    # (WeightPrep, its TimingReport or None) when the preparation program ran in this call: torch.profiler shows
+    # its kernels (the timing only: the prepared values stay the cache's)
     prep_run: tuple | None = None
 
 
@@ -337,7 +338,7 @@ def run_compiled(compiled: Compiled, args: list, mode: str = "both", trace_path=
             prep_us = ran.timing.total_us if ran.timing is not None else 0.0
             uploads.prep_kernels += len(prep.program.steps)
             uploads.prep_us += prep_us
-            uploads.prep_run = (prep, ran)
+            uploads.prep_run = (prep, ran.timing)
     host_fns = {name: host_function(s) for name, s in lowered.builder.host_specs.items()}
     timing_key = (hw.token, mode)
     timed = compiled.timings.get(timing_key) if mode != "functional" else None
