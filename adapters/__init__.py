@@ -18,6 +18,7 @@ from adapters import (  # noqa: F401  (importing registers the adapters, in appl
     embedding,
     fused_split,
     gelu,
+    generation,
     group_norm,
     head_dim_pad,
     host_inputs,

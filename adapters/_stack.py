@@ -60,6 +60,14 @@ def host(fn):
     return torch.compiler.disable(run, recursive=True)
 
 
+def pass_through(fn):
+    """Mark `fn` (a TorchFunctionMode's `__torch_function__`) as a frame the stack's warnings skip
+    (`torch_spyre_emu.errors.pass_through`): a FallbackWarning names the model's line, not the mode's."""
+    from torch_spyre_emu.errors import pass_through
+
+    return pass_through(fn)
+
+
 def device_generator(device: torch.device) -> torch.Generator | None:
     """The generator random ops on `device` draw from (`torch.<device type>.get_generator(device)`: torch.spyre's, a
     CPU generator seeded by torch.manual_seed and torch.spyre.manual_seed), or None where the device module has none."""

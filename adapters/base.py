@@ -78,6 +78,8 @@ class Adapter:
     applies_to  config class names, module class names or model_type strings it handles
     order       application order (lower first); adapters that change shapes go before those
                 that read them
+    patches_forward  False for an adapter that patches only generate() (host_logits): a forward's gaps are not
+                its to claim in adapters.plan, and it leaves the forward's output as it is
     """
 
     name: str = ""
@@ -86,6 +88,7 @@ class Adapter:
     applies_to: frozenset[str] = frozenset()
     order: int = 100
     summary: str = ""
+    patches_forward: bool = True
 
     @property
     def gaps(self) -> tuple[str, ...]:

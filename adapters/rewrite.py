@@ -1735,6 +1735,7 @@ class Reexpress(TorchFunctionMode):
             else:
                 self.handlers[f] = hs
 
+    @_stack.pass_through
     def __torch_function__(self, func, types, args=(), kwargs=None):
         # Flat on purpose: dynamo inlines this body at every torch call of a model it traces, and each Python call it
         # inlines here costs more than tracing the op itself (bart's adapted trace: 15.6 s with declined, _handlers

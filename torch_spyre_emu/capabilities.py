@@ -492,6 +492,7 @@ _OPS: list[OpEntry] = [
     _e("nonzero", "unsupported", (), "boolean indexing / data-dependent shape", S4),
     _e("histc", "unsupported", (), "#3982", S4),
     _e("bucketize", "unsupported", (), "in no June op table (a binary search): emulation assumption, a gap"),
+    _e("multinomial", "unsupported", (), "in no June op table (a draw by cumulative probability): emulation assumption, a gap"),
     _e(
         "as_strided",
         "unsupported",

@@ -109,6 +109,7 @@ def test_a_killed_sweep_loses_nothing_and_resume_finishes_it(tmp_path):
     assert all(r["class"] in CLASSES for r in records)
 
 
+@pytest.mark.slow  # ~18 s (a gpt2 sweep process); the killed-sweep test above keeps a crash in the default suite
 def test_a_model_stopped_in_its_device_resident_run_keeps_its_class(monkeypatch):
     """run_one hands the sweep its record once the class is decided: a process that dies (or passes the wall
     limit) in the device-resident run after that keeps the class, and its device_resident says what stopped it."""

@@ -1,0 +1,152 @@
+"""host_logits: the next-token choice of transformers' `generate()` on the host.
+
+Each step of `GenerationMixin.generate` turns the last position's logits into the next token with stock index work:
+the logits processors and warpers (top-k, top-p and min-p: `masked_fill`, top-p's `sort` and `scatter`; repetition
+penalty: `gather` and `scatter`; forced BOS/EOS, suppressed tokens and bad words: `scores[:, ids] = -inf`, an
+`index_put`; no-repeat n-grams: `all`) and, when sampling, `torch.multinomial`. None of these lowers on Spyre and none
+has a CPU island in the real stack, so on a model moved with `Module.to("spyre")` greedy decoding with a
+generation config's forced tokens (Marian, Pegasus, mBART), a repetition penalty or any sampling stops on the first
+step. The forward passes are not the problem: they stay on the device.
+
+The patch (this model instance only; its forward is untouched):
+- `_get_logits_processor` builds the stock list with its own tensors (EOS ids, suppressed ids) on the host and returns
+  it wrapped: a call with device tensors copies `input_ids` and `scores` to the host, runs the stock processors there
+  and hands the scores back on their device in their dtype. An empty list (plain greedy) is not copied anywhere.
+- `generate` runs under a TorchFunctionMode whose only handler is `torch.multinomial` of a device tensor: it draws on
+  the host from the device's generator (`torch.spyre`'s, seeded by `torch.manual_seed` as the CPU's is), so a
+  seeded run samples as a seeded CPU run does from the same probabilities.
+The same functions on the same values: the scores a processor returns are bit-identical to the stock processor's
+on a CPU copy. The rest of the loop (argmax, the cache, stopping criteria, the bookkeeping) stays stock on the device.
+
+Not bridged: beam search (its cache reorder and beam bookkeeping index the device tensors), a caller's own
+`logits_processor` that holds device tensors, classifier-free guidance (its processor runs the model on the host
+inputs), and Whisper's generate (`init_tokens[batch_idx_map]` before any step).
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import inspect
+
+import torch
+import torch.utils._pytree as pytree
+from torch import nn
+from torch.overrides import TorchFunctionMode
+
+from adapters._stack import device_generator, host, pass_through, to_host
+from adapters.base import Adapter
+from adapters.patch import Patch
+from adapters.registry import register_adapter
+
+
+@functools.cache
+def _processor_list_class():
+    from transformers.generation.logits_process import LogitsProcessorList
+
+    class HostLogitsProcessorList(LogitsProcessorList):
+        """The stock processors, run on host copies when the scores live on a device."""
+
+        def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor, **kwargs) -> torch.FloatTensor:
+            if not self or scores.device.type == "cpu":
+                return super().__call__(input_ids, scores, **kwargs)
+            return host_logits_processors(super().__call__, input_ids, scores, **kwargs)
+
+    return HostLogitsProcessorList
+
+
+@host
+def host_logits_processors(call, input_ids, scores, **kwargs):
+    """`call` (the stock LogitsProcessorList.__call__) on host copies; the scores back on their device and dtype."""
+    kwargs = pytree.tree_map_only(torch.Tensor, to_host, kwargs)
+    out = call(to_host(input_ids), to_host(scores), **kwargs)
+    return out.to(device=scores.device, dtype=scores.dtype)
+
+
+
+@host
+def host_multinomial(probs: torch.Tensor, num_samples: int, replacement: bool = False, *, generator=None, out=None):
+    """torch.multinomial of device probabilities, drawn on the host from the device's generator."""
+    if out is not None:
+        raise NotImplementedError("host_logits: torch.multinomial(..., out=) is not bridged; drop out=")
+    gen = generator if generator is not None else device_generator(probs.device)
+    draws = torch.multinomial(to_host(probs), num_samples, replacement, generator=gen)
+    return draws.to(probs.device)
+
+
+class _HostDraws(TorchFunctionMode):
+    """torch.multinomial of a device tensor on the host; every other call unchanged. Flat: dynamo inlines this at
+    every torch call of a compiled forward that generate() runs under it."""
+
+    @pass_through
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if kwargs is None:
+            kwargs = {}
+        if (func is torch.multinomial or func is torch.Tensor.multinomial) and args[0].device.type != "cpu":
+            return host_multinomial(*args, **kwargs)
+        return func(*args, **kwargs)
+
+
+def _builder(prev):
+    """`_get_logits_processor` building the stock list on the host (its tensors there), wrapped."""
+    signature = inspect.signature(prev)
+    wrap = _processor_list_class()
+
+    def build(self, *args, **kwargs):
+        bound = signature.bind(*args, **kwargs)
+        if "device" in signature.parameters:
+            bound.arguments["device"] = "cpu"
+        config = bound.arguments.get("generation_config")
+        if config is not None:
+            # generate() put the special tokens on the inputs' device (`_eos_token_tensor`, ...); the processors keep
+            # them (MinLength compares the vocabulary with the EOS ids): a shallow copy holds host copies instead
+            config = copy.copy(config)
+            for name, value in vars(config).items():
+                if isinstance(value, torch.Tensor):
+                    setattr(config, name, to_host(value))
+            bound.arguments["generation_config"] = config
+        if isinstance(bound.arguments.get("encoder_input_ids"), torch.Tensor):
+            # EncoderRepetitionPenalty / EncoderNoRepeatNGram keep them to compare with the host copies
+            bound.arguments["encoder_input_ids"] = to_host(bound.arguments["encoder_input_ids"])
+        return wrap(prev(*bound.args, **bound.kwargs))
+
+    return build
+
+
+def _generate(prev):
+    def generate(self, *args, **kwargs):
+        with _HostDraws():
+            return prev(*args, **kwargs)
+
+    return generate
+
+
+@register_adapter
+class HostLogits(Adapter):
+    name = "host_logits"
+    gap = "aten.masked_fill"
+    also = ("aten.gather", "aten.scatter", "aten.index_put", "aten.all", "aten.sort", "aten.multinomial")
+    applies_to = frozenset({"any model whose generate() builds transformers' logits processors (GenerationMixin)"})
+    order = 97  # touches generate only; after every forward patch
+    summary = "generate(): logits processors, warpers and multinomial sampling on the host, the forwards on the device"
+    patches_forward = False
+
+    def applicable(self, model: nn.Module) -> bool:
+        can = getattr(model, "can_generate", None)
+        return callable(getattr(model, "_get_logits_processor", None)) and callable(can) and bool(can())
+
+    def patch(self, model: nn.Module) -> Patch:
+        patch = Patch(self.name)
+        patch.override_method(
+            model,
+            "_get_logits_processor",
+            _builder(model._get_logits_processor),
+            f"{type(model).__name__}._get_logits_processor: the stock processors, run on host copies of the scores",
+        )
+        patch.override_method(
+            model,
+            "generate",
+            _generate(model.generate),
+            f"{type(model).__name__}.generate under a mode drawing torch.multinomial on the host",
+        )
+        return patch

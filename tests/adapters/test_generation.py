@@ -1,0 +1,165 @@
+"""host_logits: generate()'s logits processors, warpers and sampling on the host, the forwards on the device.
+
+Stock HF generation on a model moved with `Module.to("spyre")` stops on the first step that processes the logits
+(top-k's masked_fill, the repetition penalty's gather, a forced EOS's index_put, sampling's multinomial): none lowers
+on Spyre. With the adapter the same seeded runs give the CPU's tokens, and each processor's scores are bit-identical
+to the stock processor's on a CPU copy."""
+
+from __future__ import annotations
+
+import copy
+import warnings
+
+import pytest
+import torch
+import transformers
+from transformers import GenerationConfig
+
+import adapters
+import torch_spyre_emu
+from adapters.plan import stock_plan
+from models.zoo import build
+from torch_spyre_emu.errors import FallbackWarning, SpyreUnsupportedOpError
+
+
+@pytest.fixture(scope="module")
+def llama():
+    z = build("llama", "default", seed=0)
+    return z.model.eval(), z.inputs["input_ids"][:1, -8:]
+
+
+def _on_device(model):
+    model = copy.deepcopy(model).half()
+    handle = adapters.apply(model)
+    model.to("spyre")
+    return model, handle
+
+
+KW = dict(max_new_tokens=4, min_new_tokens=4, pad_token_id=0)
+# what they need of the stack: top-k's and top-p's masked_fill (top-p's sort and scatter too), sampling's
+# multinomial; the repetition penalty's gather and scatter, no-repeat n-grams' aten.all
+CASES = {
+    "top_k_top_p": dict(do_sample=True, top_k=5, top_p=0.9, temperature=0.7),
+    "penalties": dict(do_sample=False, repetition_penalty=1.3, no_repeat_ngram_size=2),
+}
+
+
+def test_seeded_sampling_and_penalties_on_the_device_draw_the_cpus_tokens(llama):
+    model, ids = llama
+    refs = {}
+    for name, kw in CASES.items():
+        torch.manual_seed(3)
+        refs[name] = model.generate(ids, **KW, **kw)
+    device_model, handle = _on_device(model)
+    try:
+        assert "host_logits" in handle.report.applied
+        for name, kw in CASES.items():
+            torch.manual_seed(3)
+            out = device_model.generate(ids.to("spyre"), **KW, **kw)
+            assert out.device.type == "spyre", name
+            assert torch.equal(out.cpu(), refs[name]), name
+    finally:
+        handle.remove()
+
+
+def test_without_the_adapter_the_stock_steps_stop_on_the_real_gaps(llama):
+    """The gap is the stack's: stock generate with device logits raises a typed error naming the op, and the
+    adapter retires once the table supports every op it bridges."""
+    model, ids = llama
+    model16 = copy.deepcopy(model).half()
+    with adapters.apply(model16, exclude=["host_logits"]):
+        model16.to("spyre")
+        for kw, op in [(CASES["top_k_top_p"], "masked_fill"), (CASES["penalties"], "gather")]:
+            with pytest.raises(SpyreUnsupportedOpError, match=op):
+                model16.generate(ids.to("spyre"), **KW, **kw)
+    adapter = adapters.get_adapter("host_logits")
+    assert not adapter.retired(torch_spyre_emu.capabilities())
+    with torch_spyre_emu.capabilities.override({g: "native" for g in adapter.gaps}):
+        assert adapter.retired(torch_spyre_emu.capabilities())
+
+
+def test_each_processor_gives_the_stock_scores_bit_identical(llama):
+    """Every processor and warper a generation config can ask for, built by the patched model for the device and
+    called with device tensors, against the stock list on CPU copies."""
+    model, _ = llama
+    gc = GenerationConfig(
+        do_sample=True, temperature=0.7, top_k=20, top_p=0.9, min_p=0.01, typical_p=0.95, epsilon_cutoff=1e-4,
+        repetition_penalty=1.3, no_repeat_ngram_size=2, forced_bos_token_id=5, forced_eos_token_id=2,
+        bad_words_ids=[[7], [8, 9]], suppress_tokens=[3], begin_suppress_tokens=[4], min_new_tokens=2,
+        eos_token_id=2, pad_token_id=0, max_length=20,
+    )  # fmt: skip
+    device_gc = copy.deepcopy(gc)
+    model._prepare_special_tokens(gc, True, device="cpu")  # as generate() does, on the inputs' device
+    stock = model._get_logits_processor(generation_config=gc, input_ids_seq_length=6, device="cpu")
+    device_model, handle = _on_device(model)
+    try:
+        device_model._prepare_special_tokens(device_gc, True, device=torch.device("spyre"))
+        procs = device_model._get_logits_processor(
+            generation_config=device_gc, input_ids_seq_length=6, device=torch.device("spyre")
+        )
+    finally:
+        handle.remove()
+    assert [type(p) for p in procs] == [type(p) for p in stock] and len(stock) >= 12
+    g = torch.Generator().manual_seed(0)
+    for length in (6, 7, 19):  # forced BOS at the first step, suppressions at the first, forced EOS at the last
+        ids = torch.randint(0, 64, (2, length), generator=g)
+        ids[:, -2:] = torch.tensor([8, 11])
+        scores = torch.randn(2, model.config.vocab_size, generator=g)
+        got = procs(ids.to("spyre"), scores.to("spyre"))
+        assert got.device.type == "spyre" and got.dtype == torch.float32
+        assert torch.equal(got.cpu(), stock(ids, scores.clone())), length
+
+
+def _seq2seq(model_type: str, cls: str):
+    z = build(model_type, "default", seed=0)
+    torch.manual_seed(0)
+    return getattr(transformers, cls)(z.model.config).eval(), z.inputs["input_ids"][:1]
+
+
+# a forced EOS at the last step (`scores[:, eos] = -inf` elsewhere: an index_put) in each generation config
+@pytest.mark.parametrize(
+    "model_type,cls",
+    [
+        ("marian", "MarianMTModel"),
+        pytest.param("pegasus", "PegasusForConditionalGeneration", marks=pytest.mark.slow),
+        pytest.param("mbart", "MBartForConditionalGeneration", marks=pytest.mark.slow),
+    ],
+)
+def test_translation_models_generate_on_the_device_as_on_the_cpu(model_type, cls):
+    model, ids = _seq2seq(model_type, cls)
+    assert model.generation_config.forced_eos_token_id is not None
+    kw = dict(max_new_tokens=3, do_sample=False)
+    ref = model.generate(ids, **kw)
+    device_model, handle = _on_device(model)
+    try:
+        out = device_model.generate(ids.to("spyre"), **kw)
+    finally:
+        handle.remove()
+    assert torch.equal(out.cpu(), ref)
+
+
+def test_the_adapter_claims_no_gap_of_a_forward_and_undoes_itself(llama):
+    model, _ = llama
+    model16 = copy.deepcopy(model).half()
+    masked_fill = type("Op", (), {"op": "aten.masked_fill", "capability": "aten.masked_fill"})()
+    plan = stock_plan(model16, [masked_fill])
+    assert "host_logits" not in plan.bridges["aten.masked_fill"]
+    with adapters.apply(model16) as handle:
+        assert "host_logits" in handle.report.applied
+        assert {"generate", "_get_logits_processor"} <= set(model16.__dict__)
+    assert not {"generate", "_get_logits_processor"} & set(model16.__dict__)
+
+
+def test_a_fallback_warning_under_an_adapters_mode_names_the_callers_line():
+    """The adapters' TorchFunctionModes only pass calls on: a FallbackWarning raised under one names the line that
+    called the op (the model's), not the mode's."""
+    from adapters.generation import _HostDraws
+    from adapters.rewrite import Reexpress
+
+    x = torch.arange(6.0).to("spyre")
+    for mode in (_HostDraws(), Reexpress([])):
+        with warnings.catch_warnings(record=True) as caught, mode:
+            warnings.simplefilter("always", FallbackWarning)
+            torch.cumsum(x, 0)  # a CPU island
+        fallback = [w for w in caught if issubclass(w.category, FallbackWarning)]
+        assert fallback and {w.filename for w in fallback} == {__file__}, type(mode).__name__
