@@ -1,18 +1,19 @@
-"""Greedy generation on the device, the real stack's flow, for the zoo's decoder LMs.
+"""Greedy generation on the device, the real stack's flow, for the zoo's decoder and encoder-decoder LMs.
 
 The sweep judges one forward. Generation adds what a forward never meets: the cache's updates, the logits
-processors, the stopping criteria, GenerationMixin's bookkeeping, all of it eager on spyre tensors. For each decoder
-LM type (the zoo's tiny random-weight model and inputs, models.zoo.recipes.build): CPU fp32 greedy generation of a
-few tokens is the reference; the same model in fp16 with the adapters applied on the CPU is moved with
-`Module.to("spyre")` and generates from the inputs on the device. Only the rows without padding are compared: the
-zoo's inputs pad one row on the right, where generation continues from a pad position.
+processors, the stopping criteria, GenerationMixin's bookkeeping, all of it eager on spyre tensors. For each LM type
+(the zoo's tiny random-weight model and inputs, models.zoo.recipes.build; an encoder-decoder type's seq2seq-LM class
+built from the zoo's config, seeded): CPU fp32 greedy generation of a few tokens is the reference; the same model in
+fp16 with the adapters applied on the CPU is moved with `Module.to("spyre")` and generates from the inputs on the
+device. A decoder LM's rows without padding are compared (the zoo's inputs pad one row on the right, where
+generation continues from a pad position); an encoder-decoder's every row (the decoder starts from its own token).
 
-Each record: `status` = `same` (every unpadded row's tokens equal the reference), `differs`, `error` (the device run
+Each record: `status` = `same` (every compared row's tokens equal the reference), `differs`, `error` (the device run
 raised: `class` and `blocking` as the sweep's classify_error gives them, `error`), `cpu_fails` (the reference itself
-raised: the model's own generate), `not_buildable`, `not_decoder_lm` or `timeout`; `rows`, `rows_same`, `wall_s`.
-Results are appended (and flushed) per model, so an interrupted probe resumes where it stopped.
+raised: the model's own generate), `not_buildable`, `not_lm` or `timeout`; `kind` (`decoder` or `seq2seq`), `rows`,
+`rows_same`, `wall_s`. Results are appended (and flushed) per model, so an interrupted probe resumes where it stopped.
 
-Run: .venv/bin/python -m models.zoo.generate_probe OUT.jsonl [--only llama,gpt2] [--new-tokens 3] [--timeout 240]
+Run: .venv/bin/python -m models.zoo.generate_probe OUT.jsonl [--only llama,t5] [--new-tokens 3] [--timeout 240]
 """
 
 from __future__ import annotations
@@ -33,60 +34,91 @@ class _Timeout(Exception):
     pass
 
 
-def _greedy(model, ids: torch.Tensor, mask: torch.Tensor | None, new_tokens: int) -> torch.Tensor:
+def _greedy(model, inputs: dict, new_tokens: int) -> torch.Tensor:
     """Greedy tokens; the attention mask is passed when the model's generate takes one."""
     kwargs = {"max_new_tokens": new_tokens, "do_sample": False}
-    if mask is not None:
-        try:
-            return model.generate(ids, attention_mask=mask, **kwargs)
-        except ValueError as e:
-            if "model_kwargs" not in str(e) or "attention_mask" not in str(e):
-                raise
-    return model.generate(ids, **kwargs)
+    try:
+        return model.generate(**inputs, **kwargs)
+    except ValueError as e:
+        if "attention_mask" not in inputs or "model_kwargs" not in str(e) or "attention_mask" not in str(e):
+            raise
+    return model.generate(**{k: v for k, v in inputs.items() if k != "attention_mask"}, **kwargs)
+
+
+def _lm(zm, model_type: str, seed: int):
+    """(kind, model, generate inputs, compared rows) of a zoo build, or None when the type is no LM here."""
+    from models.zoo import catalog
+
+    ids, mask = zm.inputs.get("input_ids"), zm.inputs.get("attention_mask")
+    if zm.is_decoder_lm and ids is not None:
+        rows = [r for r in range(ids.shape[0]) if mask is None or bool(mask[r].all())]
+        inputs = {"input_ids": ids} if mask is None else {"input_ids": ids, "attention_mask": mask}
+        return "decoder", zm.model, inputs, rows
+    name = catalog.seq2seq_lm_class_name(model_type)
+    if name is None or ids is None:
+        return None
+    if type(zm.model).__name__ != name:
+        import transformers
+
+        torch.manual_seed(seed)
+        model = getattr(transformers, name)(zm.model.config)
+    else:
+        model = zm.model
+    # the encoder's inputs; the decoder's own (decoder_input_ids, labels) are generate's to make
+    inputs = {k: v for k, v in zm.inputs.items() if not k.startswith("decoder_") and k != "labels"}
+    return "seq2seq", model, inputs, list(range(ids.shape[0]))
+
+
+def _to(inputs: dict, device: str) -> dict:
+    return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
 
 
 def probe_one(model_type: str, new_tokens: int = 3, seed: int = 0) -> dict:
     """One model type's record (see the module docstring); exceptions of the model become its record."""
     import adapters
-    from models.zoo.classify import _error, classify_error
+    from models.zoo.classify import _error, _half_inputs, classify_error
     from models.zoo.recipes import ZooBuildError, build
 
     rec: dict = {"model_type": model_type}
     try:
         zm = build(model_type, "default", seed)
+        lm = _lm(zm, model_type, seed)
     except ZooBuildError as e:
         return {**rec, "status": "not_buildable", "error": str(e).splitlines()[0]}
-    if not zm.is_decoder_lm or "input_ids" not in zm.inputs:
-        return {**rec, "status": "not_decoder_lm"}
-    ids, mask = zm.inputs["input_ids"], zm.inputs.get("attention_mask")
-    unpadded = [r for r in range(ids.shape[0]) if mask is None or bool(mask[r].all())]
-    rec["rows"] = len(unpadded)
+    except Exception as e:  # noqa: BLE001 - the seq2seq class refusing the zoo's config
+        return {**rec, "status": "not_buildable", "error": f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"}
+    if lm is None:
+        return {**rec, "status": "not_lm"}
+    kind, lm_model, inputs, rows = lm
+    rec.update(kind=kind, rows=len(rows))
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # FallbackWarnings of the model's CPU islands, transformers' notices
         try:
-            ref = _greedy(copy.deepcopy(zm.model).eval(), ids, mask, new_tokens)
+            ref = _greedy(copy.deepcopy(lm_model).eval(), inputs, new_tokens)
         except Exception as e:  # noqa: BLE001 - the model's own generate
             return {**rec, "status": "cpu_fails", "error": _error(e)}
-        model = copy.deepcopy(zm.model).half().eval()
+        model = copy.deepcopy(lm_model).half().eval()
         try:
             with adapters.apply(model):
                 model.to("spyre")
-                device_mask = None if mask is None else mask.to("spyre")
-                got = _greedy(model, ids.to("spyre"), device_mask, new_tokens).cpu()
+                device_inputs = _to(_half_inputs(inputs), "spyre")
+                got = _greedy(model, device_inputs, new_tokens).cpu()
         except Exception as e:  # noqa: BLE001 - the record says what stopped it
             cls, blocking = classify_error(e)
             return {**rec, "status": "error", "class": cls, "blocking": blocking, "error": _error(e)}
-    same = [r for r in unpadded if got.shape == ref.shape and torch.equal(got[r], ref[r])]
+    same = [r for r in rows if got.shape == ref.shape and torch.equal(got[r], ref[r])]
     rec["rows_same"] = len(same)
-    rec["status"] = "same" if len(same) == len(unpadded) else "differs"
+    rec["status"] = "same" if len(same) == len(rows) else "differs"
     return rec
 
 
-def decoder_lm_types() -> list[str]:
-    """The model types with a causal-LM class: the candidates (build decides which are decoder LMs)."""
+def lm_types() -> list[str]:
+    """The model types with a causal-LM or a seq2seq-LM class: the candidates (build and _lm decide which are LMs)."""
     from models.zoo import catalog
 
-    return [t for t in catalog.model_types() if catalog.causal_lm_class_name(t)]
+    return [
+        t for t in catalog.model_types() if catalog.causal_lm_class_name(t) or catalog.seq2seq_lm_class_name(t)
+    ]
 
 
 def _alarm(_signum, _frame):
@@ -117,7 +149,7 @@ def probe(out: Path, types: list[str], new_tokens: int, timeout_s: int) -> list[
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m models.zoo.generate_probe", description=__doc__.splitlines()[0])
     parser.add_argument("out", type=Path, help="JSONL results file (appended to; resumes)")
-    parser.add_argument("--only", default=None, help="comma-separated model types (default: every decoder LM)")
+    parser.add_argument("--only", default=None, help="comma-separated model types (default: every LM type)")
     parser.add_argument("--new-tokens", type=int, default=3, help="tokens to generate (default 3)")
     parser.add_argument("--timeout", type=int, default=240, help="seconds per model type (default 240)")
     args = parser.parse_args(argv)
@@ -125,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: --new-tokens and --timeout must be at least 1, got {args.new_tokens} and {args.timeout}",
               file=sys.stderr)  # fmt: skip
         return 2
-    types = [t.strip() for t in args.only.split(",") if t.strip()] if args.only else decoder_lm_types()
+    types = [t.strip() for t in args.only.split(",") if t.strip()] if args.only else lm_types()
     from models.zoo import catalog
 
     unknown = sorted(set(types) - set(catalog.model_types()))

@@ -1,5 +1,5 @@
-"""The generation probe: greedy tokens of a decoder LM moved to the device against CPU fp32, one record per type,
-appended as it goes and resumed."""
+"""The generation probe: greedy tokens of a decoder or encoder-decoder LM moved to the device against CPU fp32, one
+record per type, appended as it goes and resumed."""
 
 import json
 
@@ -8,15 +8,17 @@ from models.zoo import generate_probe
 
 def test_probe_records_each_type_and_resumes(tmp_path, capsys):
     out = tmp_path / "generate.jsonl"
-    assert generate_probe.main([str(out), "--only", "llama,hrm_text,bert"]) == 0
+    assert generate_probe.main([str(out), "--only", "llama,hrm_text,bert,marian"]) == 0
     records = {r["model_type"]: r for r in map(json.loads, out.read_text().splitlines())}
     assert records["llama"]["status"] == "same" and records["llama"]["rows_same"] == records["llama"]["rows"] >= 1
     # hrm_text's own generate breaks on the CPU (transformers' cache), so the device is not blamed
     assert records["hrm_text"]["status"] == "cpu_fails"
-    assert records["bert"]["status"] == "not_decoder_lm"
+    assert records["bert"]["status"] == "not_lm"
+    # MarianMTModel from the zoo's config; its forced EOS runs on the host (host_logits)
+    assert records["marian"]["kind"] == "seq2seq" and records["marian"]["status"] == "same"
     assert generate_probe.main([str(out), "--only", "llama"]) == 0  # already there: not run again
-    assert len(out.read_text().splitlines()) == 3
-    assert "3 records" in capsys.readouterr().out
+    assert len(out.read_text().splitlines()) == 4
+    assert "4 records" in capsys.readouterr().out
 
 
 def test_bad_arguments_are_one_line_errors(tmp_path, capsys):
