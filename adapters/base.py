@@ -78,7 +78,7 @@ class Adapter:
     applies_to  config class names, module class names or model_type strings it handles
     order       application order (lower first); adapters that change shapes go before those
                 that read them
-    patches_forward  False for an adapter that patches only generate() (host_logits): a forward's gaps are not
+    patches_forward  False for an adapter that patches only generate() (host_generate): a forward's gaps are not
                 its to claim in adapters.plan, and it leaves the forward's output as it is
     """
 

@@ -1,24 +1,27 @@
-"""host_logits: the next-token choice of transformers' `generate()` on the host.
+"""host_generate: the index work of transformers' `generate()` between the forwards, on the host.
 
 Each step of `GenerationMixin.generate` turns the last position's logits into the next token with stock index work:
 the logits processors and warpers (top-k, top-p and min-p: `masked_fill`, top-p's `sort` and `scatter`; repetition
 penalty: `gather` and `scatter`; forced BOS/EOS, suppressed tokens and bad words: `scores[:, ids] = -inf`, an
-`index_put`; no-repeat n-grams: `all`) and, when sampling, `torch.multinomial`. None of these lowers on Spyre and none
-has a CPU island in the real stack, so on a model moved with `Module.to("spyre")` greedy decoding with a
-generation config's forced tokens (Marian, Pegasus, mBART), a repetition penalty or any sampling stops on the first
-step. The forward passes are not the problem: they stay on the device.
+`index_put`; no-repeat n-grams: `all`) and, when sampling, `torch.multinomial`. Before the first step it derives a
+decoder's position ids from the attention mask (a cumsum, then `masked_fill` of the pad positions) and checks that
+the mask is all ones (`all`). None of these lowers on Spyre and none has a CPU island in the real stack, so on a
+model moved with `Module.to("spyre")` a decoder given its attention mask, greedy decoding with a generation config's
+forced tokens (Marian, Pegasus, mBART), a repetition penalty or any sampling stops before the first token. The
+forward passes are not the problem: they stay on the device.
 
 The patch (this model instance only; its forward is untouched):
 - `_get_logits_processor` builds the stock list with its own tensors (EOS ids, suppressed ids) on the host and returns
   it wrapped: a call with device tensors copies `input_ids` and `scores` to the host, runs the stock processors there
   and hands the scores back on their device in their dtype. An empty list (plain greedy) is not copied anywhere.
-- `generate` runs under a TorchFunctionMode whose only handler is `torch.multinomial` of a device tensor: it draws on
-  the host from the device's generator (`torch.spyre`'s, seeded by `torch.manual_seed` as the CPU's is), so a
-  seeded run samples as a seeded CPU run does from the same probabilities.
-The same functions on the same values: the scores a processor returns are bit-identical to the stock processor's
-on a CPU copy. The rest of the loop (argmax, the cache, stopping criteria, the bookkeeping) stays stock on the device.
+- `_prepare_position_ids_for_generation` (the model's own, where a VLM adds its rope index) runs on host copies.
+- `generate` runs under a TorchFunctionMode with two handlers, for device tensors: `torch.multinomial` draws on the
+  host from the device's generator (`torch.spyre`'s, seeded by `torch.manual_seed` as the CPU's), so a seeded run
+  samples as a seeded CPU run does from the same probabilities; `torch.all` reduces on the host.
+The same functions on the same values: what each returns is bit-identical to the stock code's on CPU copies. The
+rest of the loop (argmax, the cache, stopping criteria, the bookkeeping) stays stock on the device.
 
-Not bridged: beam search (its cache reorder and beam bookkeeping index the device tensors), a caller's own
+Not bridged: beam search (it floor-divides and reorders the cache on the device with index_select), a caller's own
 `logits_processor` that holds device tensors, classifier-free guidance (its processor runs the model on the host
 inputs), and Whisper's generate (`init_tokens[batch_idx_map]` before any step).
 """
@@ -34,7 +37,7 @@ import torch.utils._pytree as pytree
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
-from adapters._stack import device_generator, host, pass_through, to_host
+from adapters._stack import back_on, device_generator, host, on_host, pass_through, to_host
 from adapters.base import Adapter
 from adapters.patch import Patch
 from adapters.registry import register_adapter
@@ -68,15 +71,21 @@ def host_logits_processors(call, input_ids, scores, **kwargs):
 def host_multinomial(probs: torch.Tensor, num_samples: int, replacement: bool = False, *, generator=None, out=None):
     """torch.multinomial of device probabilities, drawn on the host from the device's generator."""
     if out is not None:
-        raise NotImplementedError("host_logits: torch.multinomial(..., out=) is not bridged; drop out=")
+        raise NotImplementedError("host_generate: torch.multinomial(..., out=) is not bridged; drop out=")
     gen = generator if generator is not None else device_generator(probs.device)
     draws = torch.multinomial(to_host(probs), num_samples, replacement, generator=gen)
     return draws.to(probs.device)
 
 
-class _HostDraws(TorchFunctionMode):
-    """torch.multinomial of a device tensor on the host; every other call unchanged. Flat: dynamo inlines this at
-    every torch call of a compiled forward that generate() runs under it."""
+# generate()'s own bookkeeping reduces device masks with torch.all (`(attention_mask == 1).all()` before a decoder's
+# prefill, beam search's finished flags): a check on the host, its 0-d result back on the device
+host_all = on_host(torch.all)
+
+
+class _HostSteps(TorchFunctionMode):
+    """torch.multinomial and torch.all of a device tensor on the host; every other call unchanged. Flat: dynamo
+    inlines this at every torch call of a compiled forward that generate() runs under it (an adapter's own mode,
+    entered at the forward, sees a forward's calls first)."""
 
     @pass_through
     def __torch_function__(self, func, types, args=(), kwargs=None):
@@ -84,6 +93,8 @@ class _HostDraws(TorchFunctionMode):
             kwargs = {}
         if (func is torch.multinomial or func is torch.Tensor.multinomial) and args[0].device.type != "cpu":
             return host_multinomial(*args, **kwargs)
+        if (func is torch.all or func is torch.Tensor.all) and args[0].device.type != "cpu":
+            return host_all(*args, **kwargs)
         return func(*args, **kwargs)
 
 
@@ -113,22 +124,44 @@ def _builder(prev):
     return build
 
 
+def _position_ids(prev):
+    """`_prepare_position_ids_for_generation` (the mask's cumsum, its pad positions masked_fill'ed; a VLM's rope
+    index on top) on host copies of its tensors, the position ids back on the inputs' device."""
+
+    def prepare(self, inputs_tensor, model_kwargs):
+        if inputs_tensor.device.type == "cpu":
+            return prev(inputs_tensor, model_kwargs)
+        return host_position_ids(prev, inputs_tensor, model_kwargs)
+
+    return prepare
+
+
+@host
+def host_position_ids(prepare, inputs_tensor, model_kwargs):
+    host_kwargs = {k: to_host(v) if isinstance(v, torch.Tensor) else v for k, v in model_kwargs.items()}
+    return back_on(prepare(to_host(inputs_tensor), host_kwargs), inputs_tensor.device)
+
+
 def _generate(prev):
+    @pass_through  # an error of the model's generate is the model's (models.zoo.classify), not this adapter's
     def generate(self, *args, **kwargs):
-        with _HostDraws():
+        with _HostSteps():
             return prev(*args, **kwargs)
 
     return generate
 
 
 @register_adapter
-class HostLogits(Adapter):
-    name = "host_logits"
+class HostGenerate(Adapter):
+    name = "host_generate"
     gap = "aten.masked_fill"
     also = ("aten.gather", "aten.scatter", "aten.index_put", "aten.all", "aten.sort", "aten.multinomial")
     applies_to = frozenset({"any model whose generate() builds transformers' logits processors (GenerationMixin)"})
     order = 97  # touches generate only; after every forward patch
-    summary = "generate(): logits processors, warpers and multinomial sampling on the host, the forwards on the device"
+    summary = (
+        "generate(): logits processors, warpers, multinomial draws, position ids and mask checks on the host, the"
+        " forwards on the device"
+    )
     patches_forward = False
 
     def applicable(self, model: nn.Module) -> bool:
@@ -143,6 +176,13 @@ class HostLogits(Adapter):
             _builder(model._get_logits_processor),
             f"{type(model).__name__}._get_logits_processor: the stock processors, run on host copies of the scores",
         )
+        if callable(getattr(model, "_prepare_position_ids_for_generation", None)):
+            patch.override_method(
+                model,
+                "_prepare_position_ids_for_generation",
+                _position_ids(model._prepare_position_ids_for_generation),
+                f"{type(model).__name__}._prepare_position_ids_for_generation on host copies",
+            )
         patch.override_method(
             model,
             "generate",

@@ -7,6 +7,7 @@ Nothing here touches a class or a library function: only attributes of this mode
 
 from __future__ import annotations
 
+import inspect
 import types
 from collections.abc import Callable
 
@@ -28,6 +29,23 @@ def _placement(module: nn.Module, parent: nn.Module) -> tuple[torch.device | Non
             floating = next((t.dtype for t in tensors if t.is_floating_point()), None)
             return tensors[0].device, floating
     return None, None
+
+
+def _with_signature_of(fn: Callable, old) -> Callable:
+    """A copy of the function `fn` (same code, closure and attributes: no extra frame) whose signature is `old`'s (a
+    bound method) with `self` first, for binding to the module; `fn` as it is when either is not a plain function."""
+    if not isinstance(fn, types.FunctionType) or not callable(old):
+        return fn
+    try:
+        sig = inspect.signature(old)
+    except (TypeError, ValueError):
+        return fn
+    copy = types.FunctionType(fn.__code__, fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
+    copy.__kwdefaults__, copy.__qualname__ = fn.__kwdefaults__, fn.__qualname__
+    copy.__dict__.update(fn.__dict__)
+    self_param = inspect.Parameter("self", inspect.Parameter.POSITIONAL_ONLY)
+    copy.__signature__ = sig.replace(parameters=[self_param, *sig.parameters.values()])
+    return copy
 
 
 class Patch:
@@ -63,7 +81,10 @@ class Patch:
         self.override_method(module, "forward", fn, what)
 
     def override_method(self, module: nn.Module, name: str, fn: Callable, what: str = "") -> None:
-        """Per-instance method (`fn` takes the module first): what `module.name(...)` calls from now on."""
+        """Per-instance method (`fn` takes the module first): what `module.name(...)` calls from now on. It answers
+        `inspect.signature` as the method it replaces: generate() accepts a model kwarg (pixel_values, an encoder's
+        input_features) only if forward's signature names it, and a wrapper's is (*args, **kwargs)."""
+        fn = _with_signature_of(fn, getattr(module, name, None))
         self.set_attr(module, name, types.MethodType(fn, module), what or f"{name} of {type(module).__name__}")
 
     def swap_class(self, obj: object, cls: type, what: str = "") -> None:

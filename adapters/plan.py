@@ -93,7 +93,7 @@ def stock_plan(model: nn.Module, before: list, only=None, exclude=None) -> Plan:
     """The plan's first half from the stock model's unsupported ops (`before`): which adapters claim each gap.
     `remaining` and `applied` are filled from a second walk with the adapters applied (plan() does both; the zoo's
     flow shares that walk's dynamo trace with its compiled runs: torch_spyre_emu.compiler.WalkThenRun)."""
-    # an adapter of generate() alone (host_logits) bridges nothing a forward meets
+    # an adapter of generate() alone (host_generate) bridges nothing a forward meets
     candidates = [a for a in select(only, exclude) if a.patches_forward and a.applicable(model)]
     result = Plan(type(model).__name__, list(before))
     for op in before:

@@ -1720,6 +1720,7 @@ class Reexpress(TorchFunctionMode):
 
     def __init__(self, rewrites: list[Rewrite]):
         super().__init__()
+        self.rewrites = rewrites  # the adapter's list: _wrapped_encoder asks whether its mode is already entered
         table: dict[object, tuple[Callable, ...]] = {}  # a func two rewrites share (x[k] = v) tries each
         for r in rewrites:
             for f, h in (*((f, r.handler) for f in r.funcs), *r.extra):
@@ -1966,6 +1967,33 @@ def _wrapped(prev: Callable, mode_rewrites: list[Rewrite]):
     return torch.compiler.disable(forward, recursive=False)
 
 
+def _wrapped_encoder(prev: Callable, mode_rewrites: list[Rewrite]):
+    """An encoder-decoder's encoder `prev` under the same mode when nothing entered it yet: generate() runs the encoder
+    itself (`model.get_encoder()(...)`), outside the top-level forward the mode wraps; inside that forward (a plain
+    call, the zoo's) the mode is already there and is not entered twice."""
+
+    def forward(self, *args, **kwargs):
+        if any(isinstance(m, Reexpress) and m.rewrites is mode_rewrites for m in _mode_stack()):
+            return prev(*args, **kwargs)
+        with Reexpress(mode_rewrites):
+            return prev(*args, **kwargs)
+
+    return torch.compiler.disable(forward, recursive=False)
+
+
+def _mode_stack() -> list:
+    return torch.overrides._get_current_function_mode_stack()
+
+
+def generate_encoder(model: nn.Module) -> nn.Module | None:
+    """The encoder an encoder-decoder's generate() calls directly, if the model is one."""
+    get = getattr(model, "get_encoder", None)
+    if not (getattr(getattr(model, "config", None), "is_encoder_decoder", False) and callable(get)):
+        return None
+    encoder = get()
+    return encoder if isinstance(encoder, nn.Module) and encoder is not model else None
+
+
 class ModeAdapter(Adapter):
     """An adapter whose bridge is a set of `Rewrite`s answered by the `Reexpress` mode around the model's final
     forward (this module's adapter, numeric_forms, interpolate): found by the structural scan (`uses`), switched on
@@ -1997,6 +2025,13 @@ class ModeAdapter(Adapter):
             prev = model.forward  # an earlier adapter's per-instance forward, else the class's
             what = f"{type(model).__name__}.forward under {self.kind}: " + "; ".join(f"{r.gap} -> {r.how}" for r in forms)
             patch.override_forward(model, _wrapped(prev, forms), what)
+            encoder = generate_encoder(model)
+            if encoder is not None:
+                patch.override_forward(
+                    encoder,
+                    _wrapped_encoder(encoder.forward, forms),
+                    f"{type(encoder).__name__}.forward (generate() calls it alone) under the same {self.kind}",
+                )
         return patch
 
 

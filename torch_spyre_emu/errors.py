@@ -85,14 +85,15 @@ def warn_fallback(op, fallback_device: str = "cpu", detail: str = "") -> None:
     )
 
 
-# code objects whose frames only pass a call on (the adapters' TorchFunctionModes): not the user's line
-_PASS_THROUGH: set = set()
+# code objects whose frames only pass a call on (the adapters' TorchFunctionModes and generate() wrappers): not the
+# user's line, and not where an error of the code they call comes from (models.zoo.classify)
+PASS_THROUGH_CODE: set = set()
 
 
 def pass_through(fn):
     """Mark `fn` as a frame warnings skip, as they skip torch's: a TorchFunctionMode's `__torch_function__` that
     calls the op it was given, so a FallbackWarning names the model's line rather than the mode's."""
-    _PASS_THROUGH.add(fn.__code__)
+    PASS_THROUGH_CODE.add(fn.__code__)
     return fn
 
 
@@ -105,7 +106,7 @@ def user_stacklevel() -> int:
     inside = _stack_dirs()
     frame, level = sys._getframe(1), 1
     while frame is not None and (
-        frame.f_code in _PASS_THROUGH or os.path.abspath(frame.f_code.co_filename).startswith(inside)
+        frame.f_code in PASS_THROUGH_CODE or os.path.abspath(frame.f_code.co_filename).startswith(inside)
     ):
         frame, level = frame.f_back, level + 1
     return level

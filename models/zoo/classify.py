@@ -80,10 +80,15 @@ def _unwrap(e: BaseException) -> BaseException:
 def _origin(e: BaseException) -> str | None:
     """The package of ours ('aiu_sim', 'torch_spyre_emu', 'adapters') nearest to where `e` was raised, walking
     outward from the raise and skipping library frames; None when no frame of ours is met before the caller's."""
-    frames = traceback.extract_tb(e.__traceback__)
-    for fr in reversed(frames):
-        fn = os.path.abspath(fr.filename)
-        if fn in _PASS_THROUGH:
+    from torch_spyre_emu.errors import PASS_THROUGH_CODE
+
+    codes, tb = [], e.__traceback__
+    while tb is not None:
+        codes.append(tb.tb_frame.f_code)
+        tb = tb.tb_next
+    for code in reversed(codes):
+        fn = os.path.abspath(code.co_filename)
+        if fn in _PASS_THROUGH or code in PASS_THROUGH_CODE:  # the adapters' wrappers around stock generate()
             continue
         for pkg, prefix in _OURS.items():
             if fn.startswith(prefix):

@@ -1,19 +1,26 @@
-"""Greedy generation on the device, the real stack's flow, for the zoo's decoder and encoder-decoder LMs.
+"""Generation on the device, the real stack's flow, for the zoo's decoder and encoder-decoder LMs.
 
 The sweep judges one forward. Generation adds what a forward never meets: the cache's updates, the logits
 processors, the stopping criteria, GenerationMixin's bookkeeping, all of it eager on spyre tensors. For each LM type
 (the zoo's tiny random-weight model and inputs, models.zoo.recipes.build; an encoder-decoder type's seq2seq-LM class
 built from the zoo's config, seeded): CPU fp32 greedy generation of a few tokens is the reference; the same model in
 fp16 with the adapters applied on the CPU is moved with `Module.to("spyre")` and generates from the inputs on the
-device. A decoder LM's rows without padding are compared (the zoo's inputs pad one row on the right, where
-generation continues from a pad position); an encoder-decoder's every row (the decoder starts from its own token).
+device. A decoder's rows without padding are compared (the zoo's inputs pad one row on the right, where generation
+continues from a pad position: the audio LMs of the seq2seq mapping too); an encoder-decoder's every row (its decoder
+starts from its own token).
 
 Each record: `status` = `same` (every compared row's tokens equal the reference), `differs`, `error` (the device run
 raised: `class` and `blocking` as the sweep's classify_error gives them, `error`), `cpu_fails` (the reference itself
-raised: the model's own generate), `not_buildable`, `not_lm` or `timeout`; `kind` (`decoder` or `seq2seq`), `rows`,
-`rows_same`, `wall_s`. Results are appended (and flushed) per model, so an interrupted probe resumes where it stopped.
+raised: the model's own generate), `not_buildable`, `not_lm` or `timeout`; `mode` (`greedy` or `sample`), `kind`
+(`decoder` or `seq2seq`), `rows`, `rows_same`, `wall_s`. Results are appended (and flushed) per model, so an
+interrupted probe resumes where it stopped (one file per mode).
+
+With `--sample` both runs sample (top-k 8, top-p 0.9, temperature 0.8) after the same `torch.manual_seed`, which
+seeds the device's generator as the CPU's: the warpers and the draw run on host copies of the device's scores (the
+host_generate adapter), so a token differs only where fp16 moved a probability across a draw.
 
 Run: .venv/bin/python -m models.zoo.generate_probe OUT.jsonl [--only llama,t5] [--new-tokens 3] [--timeout 240]
+     [--sample]
 """
 
 from __future__ import annotations
@@ -34,9 +41,15 @@ class _Timeout(Exception):
     pass
 
 
-def _greedy(model, inputs: dict, new_tokens: int) -> torch.Tensor:
-    """Greedy tokens; the attention mask is passed when the model's generate takes one."""
-    kwargs = {"max_new_tokens": new_tokens, "do_sample": False}
+# --sample: seeded top-k/top-p sampling (the logits warpers and the draw: the host_generate adapter's work)
+SAMPLING = {"do_sample": True, "top_k": 8, "top_p": 0.9, "temperature": 0.8}
+
+
+def _generate(model, inputs: dict, new_tokens: int, sample: bool, seed: int) -> torch.Tensor:
+    """Greedy tokens, or seeded sampled ones; the attention mask is passed when the model's generate takes one."""
+    # one beam whatever the generation config says (FSMT's says 5): beam search is not what is probed
+    kwargs = {"max_new_tokens": new_tokens, "num_beams": 1, **(SAMPLING if sample else {"do_sample": False})}
+    torch.manual_seed(seed)  # seeds the device's generator too: both runs draw the same numbers
     try:
         return model.generate(**inputs, **kwargs)
     except ValueError as e:
@@ -51,9 +64,8 @@ def _lm(zm, model_type: str, seed: int):
 
     ids, mask = zm.inputs.get("input_ids"), zm.inputs.get("attention_mask")
     if zm.is_decoder_lm and ids is not None:
-        rows = [r for r in range(ids.shape[0]) if mask is None or bool(mask[r].all())]
         inputs = {"input_ids": ids} if mask is None else {"input_ids": ids, "attention_mask": mask}
-        return "decoder", zm.model, inputs, rows
+        return "decoder", zm.model, inputs, _unpadded(mask, ids.shape[0])
     name = catalog.seq2seq_lm_class_name(model_type)
     if name is None or ids is None:
         return None
@@ -66,20 +78,31 @@ def _lm(zm, model_type: str, seed: int):
         model = zm.model
     # the encoder's inputs; the decoder's own (decoder_input_ids, labels) are generate's to make
     inputs = {k: v for k, v in zm.inputs.items() if not k.startswith("decoder_") and k != "labels"}
-    return "seq2seq", model, inputs, list(range(ids.shape[0]))
+    if getattr(model.config, "is_encoder_decoder", False):
+        gc = model.generation_config
+        if gc.decoder_start_token_id is None and gc.bos_token_id is None:
+            # T5's convention (its checkpoints' configs start the decoder at the pad id); the tiny configs leave it out
+            gc.decoder_start_token_id = model.config.pad_token_id
+        return "seq2seq", model, inputs, list(range(ids.shape[0]))
+    # the audio LMs of the seq2seq mapping (Qwen2-Audio, Granite Speech) decode from their own prompt
+    return "decoder", model, inputs, _unpadded(mask, ids.shape[0])
+
+
+def _unpadded(mask: torch.Tensor | None, rows: int) -> list[int]:
+    return [r for r in range(rows) if mask is None or bool(mask[r].all())]
 
 
 def _to(inputs: dict, device: str) -> dict:
     return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
 
 
-def probe_one(model_type: str, new_tokens: int = 3, seed: int = 0) -> dict:
+def probe_one(model_type: str, new_tokens: int = 3, seed: int = 0, sample: bool = False) -> dict:
     """One model type's record (see the module docstring); exceptions of the model become its record."""
     import adapters
     from models.zoo.classify import _error, _half_inputs, classify_error
     from models.zoo.recipes import ZooBuildError, build
 
-    rec: dict = {"model_type": model_type}
+    rec: dict = {"model_type": model_type, "mode": "sample" if sample else "greedy"}
     try:
         zm = build(model_type, "default", seed)
         lm = _lm(zm, model_type, seed)
@@ -94,7 +117,7 @@ def probe_one(model_type: str, new_tokens: int = 3, seed: int = 0) -> dict:
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # FallbackWarnings of the model's CPU islands, transformers' notices
         try:
-            ref = _greedy(copy.deepcopy(lm_model).eval(), inputs, new_tokens)
+            ref = _generate(copy.deepcopy(lm_model).eval(), inputs, new_tokens, sample, seed)
         except Exception as e:  # noqa: BLE001 - the model's own generate
             return {**rec, "status": "cpu_fails", "error": _error(e)}
         model = copy.deepcopy(lm_model).half().eval()
@@ -102,7 +125,7 @@ def probe_one(model_type: str, new_tokens: int = 3, seed: int = 0) -> dict:
             with adapters.apply(model):
                 model.to("spyre")
                 device_inputs = _to(_half_inputs(inputs), "spyre")
-                got = _greedy(model, device_inputs, new_tokens).cpu()
+                got = _generate(model, device_inputs, new_tokens, sample, seed).cpu()
         except Exception as e:  # noqa: BLE001 - the record says what stopped it
             cls, blocking = classify_error(e)
             return {**rec, "status": "error", "class": cls, "blocking": blocking, "error": _error(e)}
@@ -125,7 +148,7 @@ def _alarm(_signum, _frame):
     raise _Timeout()
 
 
-def probe(out: Path, types: list[str], new_tokens: int, timeout_s: int) -> list[dict]:
+def probe(out: Path, types: list[str], new_tokens: int, timeout_s: int, sample: bool = False) -> list[dict]:
     """Probe `types` not yet in `out`, appending each record; returns every record in `out`."""
     done = {json.loads(line)["model_type"] for line in out.read_text().splitlines() if line} if out.exists() else set()
     signal.signal(signal.SIGALRM, _alarm)
@@ -134,7 +157,7 @@ def probe(out: Path, types: list[str], new_tokens: int, timeout_s: int) -> list[
             start = time.perf_counter()
             signal.alarm(timeout_s)
             try:
-                rec = probe_one(t, new_tokens)
+                rec = probe_one(t, new_tokens, sample=sample)
             except _Timeout:
                 rec = {"model_type": t, "status": "timeout"}
             finally:
@@ -152,6 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", default=None, help="comma-separated model types (default: every LM type)")
     parser.add_argument("--new-tokens", type=int, default=3, help="tokens to generate (default 3)")
     parser.add_argument("--timeout", type=int, default=240, help="seconds per model type (default 240)")
+    parser.add_argument("--sample", action="store_true", help=f"seeded sampling {SAMPLING} instead of greedy")
     args = parser.parse_args(argv)
     if args.new_tokens < 1 or args.timeout < 1:
         print(f"error: --new-tokens and --timeout must be at least 1, got {args.new_tokens} and {args.timeout}",
@@ -164,8 +188,15 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         print(f"error: unknown model type(s) {', '.join(unknown)}; see models.zoo.model_types()", file=sys.stderr)
         return 2
+    lines = args.out.read_text().splitlines() if args.out.exists() else []
+    modes = {json.loads(line).get("mode", "greedy") for line in lines if line}  # records before --sample: greedy
+    mode = "sample" if args.sample else "greedy"
+    if modes - {mode}:
+        print(f"error: {args.out} holds {', '.join(sorted(modes))} records; write {mode} records to another file",
+              file=sys.stderr)  # fmt: skip
+        return 2
     try:
-        records = probe(args.out, types, args.new_tokens, args.timeout)
+        records = probe(args.out, types, args.new_tokens, args.timeout, args.sample)
     except KeyboardInterrupt:
         print(f"interrupted: the records so far are in {args.out}; run the same command to resume", file=sys.stderr)
         return 130

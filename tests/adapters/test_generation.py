@@ -1,4 +1,4 @@
-"""host_logits: generate()'s logits processors, warpers and sampling on the host, the forwards on the device.
+"""host_generate: generate()'s logits processors, warpers and sampling on the host, the forwards on the device.
 
 Stock HF generation on a model moved with `Module.to("spyre")` stops on the first step that processes the logits
 (top-k's masked_fill, the repetition penalty's gather, a forced EOS's index_put, sampling's multinomial): none lowers
@@ -8,6 +8,7 @@ to the stock processor's on a CPU copy."""
 from __future__ import annotations
 
 import copy
+import inspect
 import warnings
 
 import pytest
@@ -26,6 +27,11 @@ from torch_spyre_emu.errors import FallbackWarning, SpyreUnsupportedOpError
 def llama():
     z = build("llama", "default", seed=0)
     return z.model.eval(), z.inputs["input_ids"][:1, -8:]
+
+
+def _with_mask(ids: torch.Tensor) -> dict:
+    # generate() itself then checks `(attention_mask == 1).all()` on the mask's device (aten.all: no lowering)
+    return {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
 
 
 def _on_device(model):
@@ -49,13 +55,13 @@ def test_seeded_sampling_and_penalties_on_the_device_draw_the_cpus_tokens(llama)
     refs = {}
     for name, kw in CASES.items():
         torch.manual_seed(3)
-        refs[name] = model.generate(ids, **KW, **kw)
+        refs[name] = model.generate(**_with_mask(ids), **KW, **kw)
     device_model, handle = _on_device(model)
     try:
-        assert "host_logits" in handle.report.applied
+        assert "host_generate" in handle.report.applied
         for name, kw in CASES.items():
             torch.manual_seed(3)
-            out = device_model.generate(ids.to("spyre"), **KW, **kw)
+            out = device_model.generate(**{k: v.to("spyre") for k, v in _with_mask(ids).items()}, **KW, **kw)
             assert out.device.type == "spyre", name
             assert torch.equal(out.cpu(), refs[name]), name
     finally:
@@ -67,12 +73,13 @@ def test_without_the_adapter_the_stock_steps_stop_on_the_real_gaps(llama):
     adapter retires once the table supports every op it bridges."""
     model, ids = llama
     model16 = copy.deepcopy(model).half()
-    with adapters.apply(model16, exclude=["host_logits"]):
+    with adapters.apply(model16, exclude=["host_generate"]):
         model16.to("spyre")
-        for kw, op in [(CASES["top_k_top_p"], "masked_fill"), (CASES["penalties"], "gather")]:
-            with pytest.raises(SpyreUnsupportedOpError, match=op):
+        # greedy too: generate() derives the position ids from the mask it makes (cumsum, then masked_fill)
+        for kw in [dict(do_sample=False), *CASES.values()]:
+            with pytest.raises(SpyreUnsupportedOpError, match="aten.masked_fill"):
                 model16.generate(ids.to("spyre"), **KW, **kw)
-    adapter = adapters.get_adapter("host_logits")
+    adapter = adapters.get_adapter("host_generate")
     assert not adapter.retired(torch_spyre_emu.capabilities())
     with torch_spyre_emu.capabilities.override({g: "native" for g in adapter.gaps}):
         assert adapter.retired(torch_spyre_emu.capabilities())
@@ -141,23 +148,26 @@ def test_translation_models_generate_on_the_device_as_on_the_cpu(model_type, cls
 def test_the_adapter_claims_no_gap_of_a_forward_and_undoes_itself(llama):
     model, _ = llama
     model16 = copy.deepcopy(model).half()
+    stock = {name: inspect.signature(getattr(model16, name)) for name in ("forward", "generate")}
     masked_fill = type("Op", (), {"op": "aten.masked_fill", "capability": "aten.masked_fill"})()
     plan = stock_plan(model16, [masked_fill])
-    assert "host_logits" not in plan.bridges["aten.masked_fill"]
+    assert "host_generate" not in plan.bridges["aten.masked_fill"]
     with adapters.apply(model16) as handle:
-        assert "host_logits" in handle.report.applied
+        assert "host_generate" in handle.report.applied
         assert {"generate", "_get_logits_processor"} <= set(model16.__dict__)
+        # the wrappers answer inspect.signature as the stock methods (generate() checks its kwargs against forward's)
+        assert {name: inspect.signature(getattr(model16, name)) for name in stock} == stock
     assert not {"generate", "_get_logits_processor"} & set(model16.__dict__)
 
 
 def test_a_fallback_warning_under_an_adapters_mode_names_the_callers_line():
     """The adapters' TorchFunctionModes only pass calls on: a FallbackWarning raised under one names the line that
     called the op (the model's), not the mode's."""
-    from adapters.generation import _HostDraws
+    from adapters.generation import _HostSteps
     from adapters.rewrite import Reexpress
 
     x = torch.arange(6.0).to("spyre")
-    for mode in (_HostDraws(), Reexpress([])):
+    for mode in (_HostSteps(), Reexpress([])):
         with warnings.catch_warnings(record=True) as caught, mode:
             warnings.simplefilter("always", FallbackWarning)
             torch.cumsum(x, 0)  # a CPU island

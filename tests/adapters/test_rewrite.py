@@ -766,7 +766,7 @@ def test_retires_per_op_and_whole():
 def test_order_is_after_the_forward_replacing_adapters():
     from adapters.registry import all_adapters
 
-    forward = [a for a in all_adapters() if a.patches_forward]  # host_logits patches generate() alone
+    forward = [a for a in all_adapters() if a.patches_forward]  # host_generate patches generate() alone
     assert forward[-1].name == "rewrite" or all(a.order <= rewrite.ExactRewrite.order for a in forward)
 
 

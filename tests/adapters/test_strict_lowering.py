@@ -168,7 +168,7 @@ def test_each_adapter_removes_its_gap(model_name):
         if not adapter.applicable(model) or (adapter.retired(caps) and adapter.name not in _UNDETECTED):
             continue
         if not adapter.patches_forward:
-            continue  # host_logits bridges generate()'s steps, not a forward's: tests/adapters/test_generation.py
+            continue  # host_generate bridges generate()'s steps, not a forward's: tests/adapters/test_generation.py
         problem = _gap_left(model_name, adapter.name)
         if adapter.name in _UNDETECTED or (model_name, adapter.name) in _NOT_REACHED:
             if problem is None or not problem.startswith("stock "):

@@ -14,11 +14,21 @@ def test_probe_records_each_type_and_resumes(tmp_path, capsys):
     # hrm_text's own generate breaks on the CPU (transformers' cache), so the device is not blamed
     assert records["hrm_text"]["status"] == "cpu_fails"
     assert records["bert"]["status"] == "not_lm"
-    # MarianMTModel from the zoo's config; its forced EOS runs on the host (host_logits)
+    # MarianMTModel from the zoo's config; its forced EOS runs on the host (host_generate)
     assert records["marian"]["kind"] == "seq2seq" and records["marian"]["status"] == "same"
     assert generate_probe.main([str(out), "--only", "llama"]) == 0  # already there: not run again
     assert len(out.read_text().splitlines()) == 4
     assert "4 records" in capsys.readouterr().out
+
+
+def test_seeded_sampling_draws_the_cpus_tokens_and_modes_keep_their_files(tmp_path, capsys):
+    greedy, sampled = tmp_path / "greedy.jsonl", tmp_path / "sample.jsonl"
+    assert generate_probe.main([str(sampled), "--only", "llama", "--sample", "--new-tokens", "4"]) == 0
+    (record,) = map(json.loads, sampled.read_text().splitlines())
+    assert (record["mode"], record["status"]) == ("sample", "same")
+    assert generate_probe.main([str(sampled), "--only", "llama"]) == 2  # greedy records into the sample file
+    assert "holds sample records" in capsys.readouterr().err
+    assert not greedy.exists()
 
 
 def test_bad_arguments_are_one_line_errors(tmp_path, capsys):
