@@ -173,3 +173,33 @@ def test_a_fallback_warning_under_an_adapters_mode_names_the_callers_line():
             torch.cumsum(x, 0)  # a CPU island
         fallback = [w for w in caught if issubclass(w.category, FallbackWarning)]
         assert fallback and {w.filename for w in fallback} == {__file__}, type(mode).__name__
+
+
+def test_an_encoder_decoder_generates_with_its_encoder_under_the_rewrite_mode():
+    """generate() runs an encoder-decoder's encoder itself (`get_encoder()(...)`), outside the top-level forward the
+    rewrite adapter's mode wraps: M2M100's sinusoidal positions (`weights.index_select`) then met the device. The mode
+    wraps the encoder too, entered once when the top-level forward runs it."""
+    model, ids = _seq2seq("m2m_100", "M2M100ForConditionalGeneration")
+    kw = dict(max_new_tokens=3, do_sample=False, num_beams=1)
+    ref = model.generate(ids, **kw)
+    device_model, handle = _on_device(model)
+    try:
+        assert "forward" in device_model.get_encoder().__dict__
+        out = device_model.generate(ids.to("spyre"), **kw)
+    finally:
+        handle.remove()
+    assert "forward" not in model.get_encoder().__dict__
+    assert torch.equal(out.cpu(), ref)
+
+
+def test_an_error_of_the_models_generate_is_not_blamed_on_the_adapter(llama):
+    """The adapter's generate wrapper only passes the call on: the sweep's classifier attributes what the stock
+    generate raises to the model (a misspelt kwarg here), not to the adapters."""
+    from models.zoo.classify import classify_error
+
+    model, ids = llama
+    model16 = copy.deepcopy(model).half()
+    with adapters.apply(model16):
+        with pytest.raises(ValueError, match="not used by the model") as info:
+            model16.generate(ids, max_new_tokens=2, no_such_kwarg=1)
+    assert classify_error(info.value)[0] != "adapter_error"
