@@ -66,7 +66,6 @@ def host_logits_processors(call, input_ids, scores, **kwargs):
     return out.to(device=scores.device, dtype=scores.dtype)
 
 
-
 @host
 def host_multinomial(probs: torch.Tensor, num_samples: int, replacement: bool = False, *, generator=None, out=None):
     """torch.multinomial of device probabilities, drawn on the host from the device's generator."""
@@ -131,13 +130,14 @@ def _position_ids(prev):
     def prepare(self, inputs_tensor, model_kwargs):
         if inputs_tensor.device.type == "cpu":
             return prev(inputs_tensor, model_kwargs)
-        return host_position_ids(prev, inputs_tensor, model_kwargs)
+        return host_generation_positions(prev, inputs_tensor, model_kwargs)
 
     return prepare
 
 
 @host
-def host_position_ids(prepare, inputs_tensor, model_kwargs):
+def host_generation_positions(prepare, inputs_tensor, model_kwargs):
+    """`prepare` (the model's `_prepare_position_ids_for_generation`) on host copies; the ids back on the device."""
     host_kwargs = {k: to_host(v) if isinstance(v, torch.Tensor) else v for k, v in model_kwargs.items()}
     return back_on(prepare(to_host(inputs_tensor), host_kwargs), inputs_tensor.device)
 
@@ -156,7 +156,7 @@ class HostGenerate(Adapter):
     name = "host_generate"
     gap = "aten.masked_fill"
     also = ("aten.gather", "aten.scatter", "aten.index_put", "aten.all", "aten.sort", "aten.multinomial")
-    applies_to = frozenset({"any model whose generate() builds transformers' logits processors (GenerationMixin)"})
+    applies_to = frozenset({"any model that can generate (transformers' GenerationMixin)"})
     order = 97  # touches generate only; after every forward patch
     summary = (
         "generate(): logits processors, warpers, multinomial draws, position ids and mask checks on the host, the"

@@ -12,12 +12,14 @@ starts from its own token).
 Each record: `status` = `same` (every compared row's tokens equal the reference), `differs`, `error` (the device run
 raised: `class` and `blocking` as the sweep's classify_error gives them, `error`), `cpu_fails` (the reference itself
 raised: the model's own generate), `not_buildable`, `not_lm` or `timeout`; `mode` (`greedy` or `sample`), `kind`
-(`decoder` or `seq2seq`), `rows`, `rows_same`, `wall_s`. Results are appended (and flushed) per model, so an
+(`decoder` or `seq2seq`), `rows`, `rows_same`, `wall_s`; a sampled `differs` has `cut_moved` (at the first step where
+each differing row parts, the warpers kept different tokens: a near-tie at the top-k / top-p cut). Results are appended (and flushed) per model, so an
 interrupted probe resumes where it stopped (one file per mode).
 
 With `--sample` both runs sample (top-k 8, top-p 0.9, temperature 0.8) after the same `torch.manual_seed`, which
 seeds the device's generator as the CPU's: the warpers and the draw run on host copies of the device's scores (the
-host_generate adapter), so a token differs only where fp16 moved a probability across a draw.
+host_generate adapter), so a token differs only where fp16 rounding moved a probability: across the top-k / top-p
+cut (`cut_moved`; the zoo's random weights give flat distributions, full of near-ties) or across a draw.
 
 Run: .venv/bin/python -m models.zoo.generate_probe OUT.jsonl [--only llama,t5] [--new-tokens 3] [--timeout 240]
      [--sample]
@@ -45,17 +47,33 @@ class _Timeout(Exception):
 SAMPLING = {"do_sample": True, "top_k": 8, "top_p": 0.9, "temperature": 0.8}
 
 
-def _generate(model, inputs: dict, new_tokens: int, sample: bool, seed: int) -> torch.Tensor:
-    """Greedy tokens, or seeded sampled ones; the attention mask is passed when the model's generate takes one."""
+def _generate(model, inputs: dict, new_tokens: int, sample: bool, seed: int):
+    """(tokens, each step's processed scores on the CPU) of greedy or seeded sampled generation; the attention mask
+    is passed when the model's generate takes one."""
     # one beam whatever the generation config says (FSMT's says 5): beam search is not what is probed
     kwargs = {"max_new_tokens": new_tokens, "num_beams": 1, **(SAMPLING if sample else {"do_sample": False})}
+    kwargs.update(output_scores=True, return_dict_in_generate=True)
     torch.manual_seed(seed)  # seeds the device's generator too: both runs draw the same numbers
     try:
-        return model.generate(**inputs, **kwargs)
+        out = model.generate(**inputs, **kwargs)
     except ValueError as e:
         if "attention_mask" not in inputs or "model_kwargs" not in str(e) or "attention_mask" not in str(e):
             raise
-    return model.generate(**{k: v for k, v in inputs.items() if k != "attention_mask"}, **kwargs)
+        torch.manual_seed(seed)
+        out = model.generate(**{k: v for k, v in inputs.items() if k != "attention_mask"}, **kwargs)
+    return out.sequences.cpu(), [s.cpu() for s in out.scores]
+
+
+def _cut_moved(ref, got, row: int) -> bool:
+    """At the first step where a sampled row's tokens part, did the warpers keep different tokens (a near-tie at the
+    top-k / top-p cut that fp16 rounding moved) rather than the same set with a different draw?"""
+    (ref_ids, ref_scores), (got_ids, got_scores) = ref, got
+    steps = len(ref_scores)
+    parted = (ref_ids[row, -steps:] != got_ids[row, -steps:]).nonzero()
+    if not len(parted) or len(got_scores) != steps:
+        return False
+    i = int(parted[0])
+    return not torch.equal(ref_scores[i][row].isfinite(), got_scores[i][row].isfinite())
 
 
 def _lm(zm, model_type: str, seed: int):
@@ -125,13 +143,15 @@ def probe_one(model_type: str, new_tokens: int = 3, seed: int = 0, sample: bool 
             with adapters.apply(model):
                 model.to("spyre")
                 device_inputs = _to(_half_inputs(inputs), "spyre")
-                got = _generate(model, device_inputs, new_tokens, sample, seed).cpu()
+                got = _generate(model, device_inputs, new_tokens, sample, seed)
         except Exception as e:  # noqa: BLE001 - the record says what stopped it
             cls, blocking = classify_error(e)
             return {**rec, "status": "error", "class": cls, "blocking": blocking, "error": _error(e)}
-    same = [r for r in rows if got.shape == ref.shape and torch.equal(got[r], ref[r])]
+    same = [r for r in rows if got[0].shape == ref[0].shape and torch.equal(got[0][r], ref[0][r])]
     rec["rows_same"] = len(same)
     rec["status"] = "same" if len(same) == len(rows) else "differs"
+    if sample and rec["status"] == "differs" and got[0].shape == ref[0].shape:
+        rec["cut_moved"] = all(_cut_moved(ref, got, r) for r in rows if r not in same)
     return rec
 
 

@@ -3,6 +3,8 @@ record per type, appended as it goes and resumed."""
 
 import json
 
+import torch
+
 from models.zoo import generate_probe
 
 
@@ -29,6 +31,20 @@ def test_seeded_sampling_draws_the_cpus_tokens_and_modes_keep_their_files(tmp_pa
     assert generate_probe.main([str(sampled), "--only", "llama"]) == 2  # greedy records into the sample file
     assert "holds sample records" in capsys.readouterr().err
     assert not greedy.exists()
+
+
+def test_a_sampled_difference_is_traced_to_a_moved_cut_or_a_draw():
+    inf = float("-inf")
+    ids = torch.tensor([[5, 1, 2], [5, 1, 2]])
+    kept = [torch.tensor([[0.5, 0.4, inf], [0.5, 0.4, inf]])] * 2
+    ref = (ids, kept)
+    other = ids.clone()
+    other[0, 2] = 3
+    # row 0 parts at the second new token: the same kept set there (a draw), then one where the cut moved
+    assert not generate_probe._cut_moved(ref, (other, kept), 0)
+    moved = [kept[0], torch.tensor([[0.5, inf, 0.4], [0.5, 0.4, inf]])]
+    assert generate_probe._cut_moved(ref, (other, moved), 0)
+    assert not generate_probe._cut_moved(ref, (ids, moved), 1)  # a row that does not part
 
 
 def test_bad_arguments_are_one_line_errors(tmp_path, capsys):
