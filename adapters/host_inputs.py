@@ -157,13 +157,15 @@ def _own_names(fn) -> set[str]:
 
 
 def _self_calls(fn) -> set[str]:
-    """Attribute names the function loads from `self` (its first argument)."""
+    """Attribute names the function loads from `self` (its first argument; a cell when a nested function closes
+    over it: LongT5's local attention reads `self` with LOAD_DEREF)."""
     out = set()
     for f in structure.chain(fn)[-1:]:
         ins = list(dis.get_instructions(f.__code__))
         first = f.__code__.co_varnames[0] if f.__code__.co_argcount else None
         for a, b in zip(ins, ins[1:], strict=False):
-            if a.opname == "LOAD_FAST" and a.argval == first and b.opname in ("LOAD_ATTR", "LOAD_METHOD"):
+            loads_first = a.opname in ("LOAD_FAST", "LOAD_DEREF") and a.argval == first
+            if loads_first and b.opname in ("LOAD_ATTR", "LOAD_METHOD"):
                 out.add(b.argval)
     return out
 

@@ -639,3 +639,15 @@ def test_integer_division_forms_left_to_stock_and_retirement():
         assert handler(args, kwargs) is adapters.rewrite._PASS
     with torch_spyre_emu.capabilities.override({"aten.floor_divide": "native", "aten.remainder": "native"}) as c:
         assert not {"aten.floor_divide", "aten.remainder"} & {r.gap for r in adapters.rewrite.active_rewrites(c)}
+
+
+def test_a_forward_that_closes_over_self_still_has_its_position_helpers_found():
+    """LongT5's local attention reads `self` as a cell (a nested function closes over it: LOAD_DEREF, not LOAD_FAST);
+    its forward -> compute_bias -> _relative_position_bucket was missed, and generation on the device met int64's
+    minimum in the bucket ids."""
+    from adapters.host_inputs import position_helpers
+
+    z = build("longt5", "default", seed=0)
+    local = [m for m in z.model.modules() if type(m).__name__ == "LongT5LocalAttention"]
+    assert local and "self" in type(local[0]).forward.__code__.co_cellvars
+    assert all("_relative_position_bucket" in position_helpers(m)[1] for m in local)
