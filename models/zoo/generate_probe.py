@@ -39,8 +39,9 @@ from pathlib import Path
 import torch
 
 
-class _Timeout(Exception):
-    pass
+class _Timeout(BaseException):
+    """The wall limit (SIGALRM). Not an Exception: probe_one's except clauses, which record the model's errors,
+    must let it through to `probe`, which records a timeout."""
 
 
 # --sample: seeded top-k/top-p sampling (the logits warpers and the draw: the host_generate adapter's work)

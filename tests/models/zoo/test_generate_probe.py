@@ -53,3 +53,11 @@ def test_bad_arguments_are_one_line_errors(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 2 and all(line.startswith("error: ") for line in err)
     assert not (tmp_path / "x.jsonl").exists()
+
+
+def test_a_model_past_the_wall_limit_is_a_timeout_not_its_error(tmp_path):
+    """SIGALRM fires inside the device run, where probe_one records the model's own exceptions: the timeout must
+    pass through them."""
+    out = tmp_path / "t.jsonl"
+    (record,) = generate_probe.probe(out, ["llama"], new_tokens=200, timeout_s=1)
+    assert record["status"] == "timeout", record
