@@ -91,8 +91,9 @@ PASS_THROUGH_CODE: set = set()
 
 
 def pass_through(fn):
-    """Mark `fn` as a frame warnings skip, as they skip torch's: a TorchFunctionMode's `__torch_function__` that
-    calls the op it was given, so a FallbackWarning names the model's line rather than the mode's."""
+    """Mark `fn` as a frame that only passes a call on (a TorchFunctionMode's `__torch_function__` calling the op it
+    was given, an adapter's wrapper around stock generate()): warnings skip it as they skip torch's, so a
+    FallbackWarning names the model's line, and the zoo's classifier does not take it for where an error arose."""
     PASS_THROUGH_CODE.add(fn.__code__)
     return fn
 
