@@ -91,8 +91,9 @@ def test_committed_outputs_come_from_the_committed_code(name):
 
 
 # the two longest (~80 s and ~50 s in reduced mode) are slow, and since 2026-12-07 whatif_llama8b (~15 s; the
-# what-if study's API has its own tests); their committed outputs are still checked above
-SLOW_TO_RUN = {"precision_smollm2.ipynb", "adapters_tour.ipynb", "whatif_llama8b.ipynb"}
+# what-if study's API has its own tests) and writing_an_adapter (~19 s; the adapter layer has tests/adapters);
+# their committed outputs are still checked above; run_on_spyre keeps a notebook run in the default suite
+SLOW_TO_RUN = {"precision_smollm2.ipynb", "adapters_tour.ipynb", "whatif_llama8b.ipynb", "writing_an_adapter.ipynb"}
 
 
 @pytest.mark.parametrize("name", slow_where(EXPECTED, SLOW_TO_RUN))
