@@ -187,6 +187,6 @@ class HostGenerate(Adapter):
             model,
             "generate",
             _generate(model.generate),
-            f"{type(model).__name__}.generate under a mode drawing torch.multinomial on the host",
+            f"{type(model).__name__}.generate under a mode running torch.multinomial and torch.all on the host",
         )
         return patch

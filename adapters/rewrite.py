@@ -1720,7 +1720,7 @@ class Reexpress(TorchFunctionMode):
 
     def __init__(self, rewrites: list[Rewrite]):
         super().__init__()
-        self.rewrites = rewrites  # the adapter's list: _wrapped_encoder asks whether its mode is already entered
+        self.rewrites = rewrites  # the adapter's list: _wrapped asks whether its mode is already entered
         table: dict[object, tuple[Callable, ...]] = {}  # a func two rewrites share (x[k] = v) tries each
         for r in rewrites:
             for f, h in (*((f, r.handler) for f in r.funcs), *r.extra):
@@ -1955,34 +1955,21 @@ def uses(model: nn.Module, rewrites=REWRITES, framework: bool = True) -> dict[st
 
 
 def _wrapped(prev: Callable, mode_rewrites: list[Rewrite]):
-    """`prev` run under the mode. The wrapper itself is not traced (torch.compiler.disable, recursive=False): the mode
-    is entered before dynamo starts on `prev`'s frame, so it is part of every frame's initial state (guarded by its
-    type) and a graph break inside the model (a host island) resumes under it, instead of dynamo giving up on a frame
-    whose `with` block it cannot resume."""
+    """`prev` run under the mode, unless the same rewrites' mode is entered already (an encoder-decoder's encoder is
+    wrapped too, since generate() runs it alone; called from the wrapped top-level forward, it is inside the mode).
+    The wrapper itself is not traced (torch.compiler.disable, recursive=False): the mode is entered before dynamo
+    starts on `prev`'s frame, so it is part of every frame's initial state (guarded by its type) and a graph break
+    inside the model (a host island) resumes under it, instead of dynamo giving up on a frame whose `with` block it
+    cannot resume."""
 
     def forward(self, *args, **kwargs):
-        with Reexpress(mode_rewrites):
-            return prev(*args, **kwargs)
-
-    return torch.compiler.disable(forward, recursive=False)
-
-
-def _wrapped_encoder(prev: Callable, mode_rewrites: list[Rewrite]):
-    """An encoder-decoder's encoder `prev` under the same mode when nothing entered it yet: generate() runs the encoder
-    itself (`model.get_encoder()(...)`), outside the top-level forward the mode wraps; inside that forward (a plain
-    call, the zoo's) the mode is already there and is not entered twice."""
-
-    def forward(self, *args, **kwargs):
-        if any(isinstance(m, Reexpress) and m.rewrites is mode_rewrites for m in _mode_stack()):
+        stack = torch.overrides._get_current_function_mode_stack()
+        if any(isinstance(m, Reexpress) and m.rewrites is mode_rewrites for m in stack):
             return prev(*args, **kwargs)
         with Reexpress(mode_rewrites):
             return prev(*args, **kwargs)
 
     return torch.compiler.disable(forward, recursive=False)
-
-
-def _mode_stack() -> list:
-    return torch.overrides._get_current_function_mode_stack()
 
 
 def generate_encoder(model: nn.Module) -> nn.Module | None:
@@ -2029,7 +2016,7 @@ class ModeAdapter(Adapter):
             if encoder is not None:
                 patch.override_forward(
                     encoder,
-                    _wrapped_encoder(encoder.forward, forms),
+                    _wrapped(encoder.forward, forms),
                     f"{type(encoder).__name__}.forward (generate() calls it alone) under the same {self.kind}",
                 )
         return patch

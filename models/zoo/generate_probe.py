@@ -13,8 +13,8 @@ Each record: `status` = `same` (every compared row's tokens equal the reference)
 raised: `class` and `blocking` as the sweep's classify_error gives them, `error`), `cpu_fails` (the reference itself
 raised: the model's own generate), `not_buildable`, `not_lm` or `timeout`; `mode` (`greedy` or `sample`), `kind`
 (`decoder` or `seq2seq`), `rows`, `rows_same`, `wall_s`; a sampled `differs` has `cut_moved` (at the first step where
-each differing row parts, the warpers kept different tokens: a near-tie at the top-k / top-p cut). Results are appended (and flushed) per model, so an
-interrupted probe resumes where it stopped (one file per mode).
+each differing row parts, the warpers kept different tokens: a near-tie at the top-k / top-p cut). Results are
+appended (and flushed) per model, so an interrupted probe resumes where it stopped (one file per mode).
 
 With `--sample` both runs sample (top-k 8, top-p 0.9, temperature 0.8) after the same `torch.manual_seed`, which
 seeds the device's generator as the CPU's: the warpers and the draw run on host copies of the device's scores (the
@@ -37,6 +37,7 @@ import warnings
 from pathlib import Path
 
 import torch
+import torch.utils._pytree as pytree
 
 
 class _Timeout(BaseException):
@@ -111,8 +112,8 @@ def _unpadded(mask: torch.Tensor | None, rows: int) -> list[int]:
     return [r for r in range(rows) if mask is None or bool(mask[r].all())]
 
 
-def _to(inputs: dict, device: str) -> dict:
-    return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
+def _mode(sample: bool) -> str:
+    return "sample" if sample else "greedy"
 
 
 def probe_one(model_type: str, new_tokens: int = 3, seed: int = 0, sample: bool = False) -> dict:
@@ -121,7 +122,7 @@ def probe_one(model_type: str, new_tokens: int = 3, seed: int = 0, sample: bool 
     from models.zoo.classify import _error, _half_inputs, classify_error
     from models.zoo.recipes import ZooBuildError, build
 
-    rec: dict = {"model_type": model_type, "mode": "sample" if sample else "greedy"}
+    rec: dict = {"model_type": model_type, "mode": _mode(sample)}
     try:
         zm = build(model_type, "default", seed)
         lm = _lm(zm, model_type, seed)
@@ -143,7 +144,7 @@ def probe_one(model_type: str, new_tokens: int = 3, seed: int = 0, sample: bool 
         try:
             with adapters.apply(model):
                 model.to("spyre")
-                device_inputs = _to(_half_inputs(inputs), "spyre")
+                device_inputs = pytree.tree_map_only(torch.Tensor, lambda t: t.to("spyre"), _half_inputs(inputs))
                 got = _generate(model, device_inputs, new_tokens, sample, seed)
         except Exception as e:  # noqa: BLE001 - the record says what stopped it
             cls, blocking = classify_error(e)
@@ -180,7 +181,7 @@ def probe(out: Path, types: list[str], new_tokens: int, timeout_s: int, sample: 
             try:
                 rec = probe_one(t, new_tokens, sample=sample)
             except _Timeout:
-                rec = {"model_type": t, "status": "timeout"}
+                rec = {"model_type": t, "mode": _mode(sample), "status": "timeout"}  # main() reads the mode back
             finally:
                 signal.alarm(0)
             rec["wall_s"] = round(time.perf_counter() - start, 1)
@@ -211,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     lines = args.out.read_text().splitlines() if args.out.exists() else []
     modes = {json.loads(line).get("mode", "greedy") for line in lines if line}  # records before --sample: greedy
-    mode = "sample" if args.sample else "greedy"
+    mode = _mode(args.sample)
     if modes - {mode}:
         print(f"error: {args.out} holds {', '.join(sorted(modes))} records; write {mode} records to another file",
               file=sys.stderr)  # fmt: skip

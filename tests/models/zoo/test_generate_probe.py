@@ -59,5 +59,7 @@ def test_a_model_past_the_wall_limit_is_a_timeout_not_its_error(tmp_path):
     """SIGALRM fires inside the device run, where probe_one records the model's own exceptions: the timeout must
     pass through them."""
     out = tmp_path / "t.jsonl"
-    (record,) = generate_probe.probe(out, ["llama"], new_tokens=200, timeout_s=1)
-    assert record["status"] == "timeout", record
+    (record,) = generate_probe.probe(out, ["llama"], new_tokens=200, timeout_s=1, sample=True)
+    assert (record["status"], record["mode"]) == ("timeout", "sample"), record
+    # the file resumes in its mode (a timeout record without one read as greedy and the sample file was refused)
+    assert generate_probe.main([str(out), "--only", "llama", "--sample"]) == 0
