@@ -18,12 +18,18 @@ The patch (this model instance only; its forward is untouched):
 - `generate` runs under a TorchFunctionMode with two handlers, for device tensors: `torch.multinomial` draws on the
   host from the device's generator (`torch.spyre`'s, seeded by `torch.manual_seed` as the CPU's), so a seeded run
   samples as a seeded CPU run does from the same probabilities; `torch.all` reduces on the host.
+- Beam search (`num_beams > 1`, greedy or sampled) keeps its running beams on the device and picks them with
+  floor division, modulo and `take_along_dim` in five helpers it calls through `self` (`_get_top_k_continuations`
+  and the rest: `BEAM_HELPERS`): they run on host copies, a sampled beam search drawing from the device's generator;
+  the cache reorder between steps (`index_select` of every layer's rows: no lowering either) picks its rows on the
+  host, through `_reorder_cache`, which beam search prefers when a model has one (the model's own, XLNet's or RAG's,
+  runs inside). generate() looks `_beam_search` itself up on the class, so the loop is stock.
 The same functions on the same values: what each returns is bit-identical to the stock code's on CPU copies. The
-rest of the loop (argmax, the cache, stopping criteria, the bookkeeping) stays stock on the device.
+rest of the loop (argmax, the forwards, the cache, stopping criteria) stays stock on the device.
 
-Not bridged: beam search (it floor-divides and reorders the cache on the device with index_select), a caller's own
-`logits_processor` that holds device tensors, classifier-free guidance (its processor runs the model on the host
-inputs), and Whisper's generate (`init_tokens[batch_idx_map]` before any step).
+Not bridged: a caller's own `logits_processor` that holds device tensors, classifier-free guidance (its processor
+runs the model on the host inputs), assisted decoding, and Whisper's generate (`init_tokens[batch_idx_map]` before
+any step).
 """
 
 from __future__ import annotations
@@ -37,7 +43,7 @@ import torch.utils._pytree as pytree
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
-from adapters._stack import back_on, device_generator, host, on_host, pass_through, to_host
+from adapters._stack import back_on, device_generator, device_of, host, on_host, pass_through, to_host
 from adapters.base import Adapter
 from adapters.patch import Patch
 from adapters.registry import register_adapter
@@ -142,6 +148,78 @@ def host_generation_positions(prepare, inputs_tensor, model_kwargs):
     return back_on(prepare(to_host(inputs_tensor), host_kwargs), inputs_tensor.device)
 
 
+# Beam search. generate() looks `_beam_search` up on the class (the instance cannot replace it); the loop keeps its
+# state on the inputs' device and calls its bookkeeping through `self`, so these helpers, which floor-divide and
+# take_along_dim the beams, run on host copies (their results back on the device): the stock functions on the same
+# values. The rest of the loop (the forwards, log_softmax, the stopping criteria) stays on the device.
+BEAM_HELPERS = (
+    "_get_top_k_continuations",  # a sampled beam search draws here: from the device's generator, as host_multinomial
+    "_get_running_beams_for_next_iteration",
+    "_update_finished_beams",
+    "_check_early_stop_heuristic",
+    "_beam_search_has_unfinished_sequences",
+)
+
+
+class _DrawFrom(TorchFunctionMode):
+    """torch.multinomial without a generator draws from `generator` (entered only around one host helper)."""
+
+    def __init__(self, generator: torch.Generator | None):
+        super().__init__()
+        self.generator = generator
+
+    @pass_through
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if (func is torch.multinomial or func is torch.Tensor.multinomial) and kwargs.get("generator") is None:
+            kwargs = {**kwargs, "generator": self.generator}
+        return func(*args, **kwargs)
+
+
+def _beam_helper(prev):
+    """`prev` (a bound beam-search helper, or a static one) on host copies when its tensors live on a device."""
+    stock = on_host(prev)
+
+    def helper(*args, **kwargs):
+        device = device_of(args, kwargs)
+        if device is None or device.type == "cpu":
+            return prev(*args, **kwargs)
+        with _DrawFrom(device_generator(device)):
+            return stock(*args, **kwargs)
+
+    return helper
+
+
+# the cache's own reorder (every Cache layer, XLNet's mems, RAG's) picks the beams' rows with index_select
+host_index_select = on_host(torch.index_select)
+
+
+class _HostIndexSelect(TorchFunctionMode):
+    """index_select of a device tensor on the host (entered only around a cache reorder)."""
+
+    @pass_through
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if kwargs is None:
+            kwargs = {}
+        if (func is torch.index_select or func is torch.Tensor.index_select) and args[0].device.type != "cpu":
+            return host_index_select(*args, **kwargs)
+        return func(*args, **kwargs)
+
+
+def _reorder(prev):
+    """What beam search calls as `self._reorder_cache(cache, beam_idx)` when the model has it: `prev` (the model's
+    own: XLNet, RAG) or the cache's `reorder_cache`, with its row picks on the host."""
+
+    def reorder(cache, beam_idx):
+        with _HostIndexSelect():
+            if prev is not None:
+                return prev(cache, beam_idx)
+            cache.reorder_cache(beam_idx)
+            return cache
+
+    return reorder
+
+
 def _generate(prev):
     @pass_through  # an error of the model's generate is the model's (models.zoo.classify), not this adapter's
     def generate(self, *args, **kwargs):
@@ -155,12 +233,21 @@ def _generate(prev):
 class HostGenerate(Adapter):
     name = "host_generate"
     gap = "aten.masked_fill"
-    also = ("aten.gather", "aten.scatter", "aten.index_put", "aten.all", "aten.sort", "aten.multinomial")
+    also = (
+        "aten.gather",
+        "aten.scatter",
+        "aten.index_put",
+        "aten.all",
+        "aten.sort",
+        "aten.multinomial",
+        "aten.floor_divide",
+        "aten.index_select",
+    )
     applies_to = frozenset({"any model that can generate (transformers' GenerationMixin)"})
     order = 97  # touches generate only; after every forward patch
     summary = (
-        "generate(): logits processors, warpers, multinomial draws, position ids and mask checks on the host, the"
-        " forwards on the device"
+        "generate(): logits processors, warpers, multinomial draws, position ids, mask checks and beam search's"
+        " bookkeeping on the host, the forwards on the device"
     )
     patches_forward = False
 
@@ -183,6 +270,19 @@ class HostGenerate(Adapter):
                 _position_ids(model._prepare_position_ids_for_generation),
                 f"{type(model).__name__}._prepare_position_ids_for_generation on host copies",
             )
+        for name in BEAM_HELPERS:
+            if not callable(getattr(model, name, None)):
+                continue
+            # a plain function in the instance's dict: `self.name(...)` calls it without self (the stock one, bound
+            # or static, is inside)
+            what = f"{type(model).__name__}.{name} (beam search) on host copies"
+            patch.set_attr(model, name, _beam_helper(getattr(model, name)), what)
+        patch.set_attr(
+            model,
+            "_reorder_cache",
+            _reorder(getattr(model, "_reorder_cache", None)),
+            f"{type(model).__name__}._reorder_cache: beam search's cache reorder picks its rows on the host",
+        )
         patch.override_method(
             model,
             "generate",

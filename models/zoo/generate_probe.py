@@ -11,7 +11,7 @@ starts from its own token).
 
 Each record: `status` = `same` (every compared row's tokens equal the reference), `differs`, `error` (the device run
 raised: `class` and `blocking` as the sweep's classify_error gives them, `error`), `cpu_fails` (the reference itself
-raised: the model's own generate), `not_buildable`, `not_lm` or `timeout`; `mode` (`greedy` or `sample`), `kind`
+raised: the model's own generate), `not_buildable`, `not_lm` or `timeout`; `mode` (`greedy`, `sample`, `beam`), `kind`
 (`decoder` or `seq2seq`), `rows`, `rows_same`, `wall_s`; a sampled `differs` has `cut_moved` (at the first step where
 each differing row parts, the warpers kept different tokens: a near-tie at the top-k / top-p cut). Results are
 appended (and flushed) per model, so an interrupted probe resumes where it stopped (one file per mode).
@@ -21,8 +21,13 @@ seeds the device's generator as the CPU's: the warpers and the draw run on host 
 host_generate adapter), so a token differs only where fp16 rounding moved a probability: across the top-k / top-p
 cut (`cut_moved`; the zoo's random weights give flat distributions, full of near-ties) or across a draw.
 
+With `--mode beam` both runs are a greedy beam search of three beams: the running beams' bookkeeping (floor
+division, take_along_dim) and the cache's reorder each step (index_select of every layer's rows) on the host, the
+forwards on the device (host_generate again); a token differs where fp16 moved a beam's accumulated score across
+another's.
+
 Run: .venv/bin/python -m models.zoo.generate_probe OUT.jsonl [--only llama,t5] [--new-tokens 3] [--timeout 240]
-     [--sample]
+     [--mode greedy|sample|beam] (`--sample` is `--mode sample`)
 """
 
 from __future__ import annotations
@@ -45,16 +50,20 @@ class _Timeout(BaseException):
     must let it through to `probe`, which records a timeout."""
 
 
-# --sample: seeded top-k/top-p sampling (the logits warpers and the draw: the host_generate adapter's work)
+# sample: seeded top-k/top-p sampling (the logits warpers and the draw: the host_generate adapter's work)
 SAMPLING = {"do_sample": True, "top_k": 8, "top_p": 0.9, "temperature": 0.8}
+# the generate() arguments of each mode; the beams are set whatever the generation config says (FSMT's says 5)
+MODES = {
+    "greedy": {"do_sample": False, "num_beams": 1},
+    "sample": {**SAMPLING, "num_beams": 1},
+    "beam": {"do_sample": False, "num_beams": 3},
+}
 
 
-def _generate(model, inputs: dict, new_tokens: int, sample: bool, seed: int):
-    """(tokens, each step's processed scores on the CPU) of greedy or seeded sampled generation; the attention mask
-    is passed when the model's generate takes one."""
-    # one beam whatever the generation config says (FSMT's says 5): beam search is not what is probed
-    kwargs = {"max_new_tokens": new_tokens, "num_beams": 1, **(SAMPLING if sample else {"do_sample": False})}
-    kwargs.update(output_scores=True, return_dict_in_generate=True)
+def _generate(model, inputs: dict, new_tokens: int, mode: str, seed: int):
+    """(tokens, each step's processed scores on the CPU) of `mode`'s generation; the attention mask is passed when
+    the model's generate takes one."""
+    kwargs = {"max_new_tokens": new_tokens, **MODES[mode], "output_scores": True, "return_dict_in_generate": True}
     torch.manual_seed(seed)  # seeds the device's generator too: both runs draw the same numbers
     try:
         out = model.generate(**inputs, **kwargs)
@@ -112,17 +121,13 @@ def _unpadded(mask: torch.Tensor | None, rows: int) -> list[int]:
     return [r for r in range(rows) if mask is None or bool(mask[r].all())]
 
 
-def _mode(sample: bool) -> str:
-    return "sample" if sample else "greedy"
-
-
-def probe_one(model_type: str, new_tokens: int = 3, seed: int = 0, sample: bool = False) -> dict:
+def probe_one(model_type: str, new_tokens: int = 3, seed: int = 0, mode: str = "greedy") -> dict:
     """One model type's record (see the module docstring); exceptions of the model become its record."""
     import adapters
     from models.zoo.classify import _error, _half_inputs, classify_error
     from models.zoo.recipes import ZooBuildError, build
 
-    rec: dict = {"model_type": model_type, "mode": _mode(sample)}
+    rec: dict = {"model_type": model_type, "mode": mode}
     try:
         zm = build(model_type, "default", seed)
         lm = _lm(zm, model_type, seed)
@@ -137,7 +142,7 @@ def probe_one(model_type: str, new_tokens: int = 3, seed: int = 0, sample: bool 
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # FallbackWarnings of the model's CPU islands, transformers' notices
         try:
-            ref = _generate(copy.deepcopy(lm_model).eval(), inputs, new_tokens, sample, seed)
+            ref = _generate(copy.deepcopy(lm_model).eval(), inputs, new_tokens, mode, seed)
         except Exception as e:  # noqa: BLE001 - the model's own generate
             return {**rec, "status": "cpu_fails", "error": _error(e)}
         model = copy.deepcopy(lm_model).half().eval()
@@ -145,14 +150,14 @@ def probe_one(model_type: str, new_tokens: int = 3, seed: int = 0, sample: bool 
             with adapters.apply(model):
                 model.to("spyre")
                 device_inputs = pytree.tree_map_only(torch.Tensor, lambda t: t.to("spyre"), _half_inputs(inputs))
-                got = _generate(model, device_inputs, new_tokens, sample, seed)
+                got = _generate(model, device_inputs, new_tokens, mode, seed)
         except Exception as e:  # noqa: BLE001 - the record says what stopped it
             cls, blocking = classify_error(e)
             return {**rec, "status": "error", "class": cls, "blocking": blocking, "error": _error(e)}
     same = [r for r in rows if got[0].shape == ref[0].shape and torch.equal(got[0][r], ref[0][r])]
     rec["rows_same"] = len(same)
     rec["status"] = "same" if len(same) == len(rows) else "differs"
-    if sample and rec["status"] == "differs" and got[0].shape == ref[0].shape:
+    if mode == "sample" and rec["status"] == "differs" and got[0].shape == ref[0].shape:
         rec["cut_moved"] = all(_cut_moved(ref, got, r) for r in rows if r not in same)
     return rec
 
@@ -170,7 +175,7 @@ def _alarm(_signum, _frame):
     raise _Timeout()
 
 
-def probe(out: Path, types: list[str], new_tokens: int, timeout_s: int, sample: bool = False) -> list[dict]:
+def probe(out: Path, types: list[str], new_tokens: int, timeout_s: int, mode: str = "greedy") -> list[dict]:
     """Probe `types` not yet in `out`, appending each record; returns every record in `out`."""
     done = {json.loads(line)["model_type"] for line in out.read_text().splitlines() if line} if out.exists() else set()
     signal.signal(signal.SIGALRM, _alarm)
@@ -179,9 +184,9 @@ def probe(out: Path, types: list[str], new_tokens: int, timeout_s: int, sample: 
             start = time.perf_counter()
             signal.alarm(timeout_s)
             try:
-                rec = probe_one(t, new_tokens, sample=sample)
+                rec = probe_one(t, new_tokens, mode=mode)
             except _Timeout:
-                rec = {"model_type": t, "mode": _mode(sample), "status": "timeout"}  # main() reads the mode back
+                rec = {"model_type": t, "mode": mode, "status": "timeout"}  # main() reads the mode back
             finally:
                 signal.alarm(0)
             rec["wall_s"] = round(time.perf_counter() - start, 1)
@@ -197,7 +202,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", default=None, help="comma-separated model types (default: every LM type)")
     parser.add_argument("--new-tokens", type=int, default=3, help="tokens to generate (default 3)")
     parser.add_argument("--timeout", type=int, default=240, help="seconds per model type (default 240)")
-    parser.add_argument("--sample", action="store_true", help=f"seeded sampling {SAMPLING} instead of greedy")
+    parser.add_argument("--mode", choices=sorted(MODES), default=None, help="greedy (default), sample or beam")
+    parser.add_argument("--sample", action="store_true", help=f"--mode sample: seeded sampling {SAMPLING}")
     args = parser.parse_args(argv)
     if args.new_tokens < 1 or args.timeout < 1:
         print(f"error: --new-tokens and --timeout must be at least 1, got {args.new_tokens} and {args.timeout}",
@@ -212,13 +218,16 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     lines = args.out.read_text().splitlines() if args.out.exists() else []
     modes = {json.loads(line).get("mode", "greedy") for line in lines if line}  # records before --sample: greedy
-    mode = _mode(args.sample)
+    if args.sample and args.mode not in (None, "sample"):
+        print(f"error: --sample is --mode sample; it contradicts --mode {args.mode}", file=sys.stderr)
+        return 2
+    mode = "sample" if args.sample else args.mode or "greedy"
     if modes - {mode}:
         print(f"error: {args.out} holds {', '.join(sorted(modes))} records; write {mode} records to another file",
               file=sys.stderr)  # fmt: skip
         return 2
     try:
-        records = probe(args.out, types, args.new_tokens, args.timeout, args.sample)
+        records = probe(args.out, types, args.new_tokens, args.timeout, mode)
     except KeyboardInterrupt:
         print(f"interrupted: the records so far are in {args.out}; run the same command to resume", file=sys.stderr)
         return 130

@@ -18,6 +18,7 @@ from transformers import GenerationConfig
 
 import adapters
 import torch_spyre_emu
+from adapters.generation import BEAM_HELPERS
 from adapters.plan import stock_plan
 from models.zoo import build
 from torch_spyre_emu.errors import FallbackWarning, SpyreUnsupportedOpError
@@ -117,6 +118,78 @@ def test_each_processor_gives_the_stock_scores_bit_identical(llama):
         assert torch.equal(got.cpu(), stock(ids, scores.clone())), length
 
 
+BEAMS = {
+    "sampled_beams": dict(num_beams=3, do_sample=True, top_k=8),
+    "returned_beams": dict(num_beams=4, num_return_sequences=2, length_penalty=0.5, early_stopping=True),
+}
+
+
+def test_beam_search_on_the_device_gives_the_cpus_beams(llama):
+    """Beam search floor-divides, take_along_dim's and index_select's (the cache reorder) on the device between the
+    forwards; with the adapter it keeps the CPU's beams, its scores within the fp16 forwards' error, and a sampled
+    beam search draws from the device's generator (the CPU's is reseeded differently in between)."""
+    model, ids = llama
+    kw = dict(max_new_tokens=4, min_new_tokens=4, pad_token_id=0)
+    refs = {}
+    for name, beams in BEAMS.items():
+        torch.manual_seed(3)
+        refs[name] = model.generate(**_with_mask(ids), **kw, **beams)
+    ref = model.generate(**_with_mask(ids), **kw, num_beams=2, return_dict_in_generate=True, output_scores=True)
+    device_model, handle = _on_device(model)
+    device_ids = {k: v.to("spyre") for k, v in _with_mask(ids).items()}
+    try:
+        for name, beams in BEAMS.items():
+            torch.manual_seed(3)
+            torch.default_generator.manual_seed(99)  # the device's generator keeps seed 3
+            out = device_model.generate(**device_ids, **kw, **beams)
+            assert out.device.type == "spyre", name
+            assert torch.equal(out.cpu(), refs[name]), name
+        out = device_model.generate(**device_ids, **kw, num_beams=2, return_dict_in_generate=True, output_scores=True)
+    finally:
+        handle.remove()
+    assert torch.equal(out.sequences.cpu(), ref.sequences) and torch.equal(out.beam_indices.cpu(), ref.beam_indices)
+    torch.testing.assert_close(out.sequences_scores.cpu(), ref.sequences_scores, atol=1e-2, rtol=0)
+
+
+def test_each_beam_helper_and_the_cache_reorder_give_the_stock_results(llama):
+    """Without the adapter beam search's helpers and its cache reorder stop on the stack's gaps (floor_divide,
+    index_select); patched, each returns on the device what the stock one returns on CPU copies."""
+    from transformers import DynamicCache
+
+    model, _ = llama
+    g = torch.Generator().manual_seed(0)
+    batch, beams, vocab, length = 2, 3, model.config.vocab_size, 12
+    state = dict(
+        accumulated_log_probs=torch.randn(batch, beams * vocab, generator=g),
+        running_sequences=torch.randint(0, vocab, (batch, beams, length), generator=g),
+        running_beam_indices=torch.randint(0, batch * beams, (batch, beams, length - 6), generator=g).int(),
+    )
+    steps = dict(cur_len=7, decoder_prompt_len=6, do_sample=False, beams_to_keep=2 * beams, num_beams=beams)
+    stock = model._get_top_k_continuations(**state, **steps, batch_size=batch)
+    cache = DynamicCache(config=model.config)
+    # DL16 values: exact on the device
+    k, v = (torch.randn(batch * beams, 2, 5, 16, generator=g).half().to("spyre").cpu() for _ in range(2))
+    beam_idx = torch.tensor([2, 2, 0, 4, 3, 3])
+    cache.update(k, v, 0)
+    cache.reorder_cache(beam_idx)
+    model16 = copy.deepcopy(model).half()
+    device_state = {k: v.to("spyre") for k, v in state.items()}
+    with pytest.raises(SpyreUnsupportedOpError, match="aten.floor_divide"):
+        model16._get_top_k_continuations(**device_state, **steps, batch_size=batch)
+    device_cache = DynamicCache(config=model.config)
+    device_cache.update(k.to("spyre"), v.to("spyre"), 0)
+    with pytest.raises(SpyreUnsupportedOpError, match="aten.index_select"):
+        device_cache.reorder_cache(beam_idx.to("spyre"))
+    with adapters.apply(model16, only=["host_generate"]):
+        got = model16._get_top_k_continuations(**device_state, **steps, batch_size=batch)
+        assert all(t.device.type == "spyre" for t in got)
+        assert all(torch.equal(a.cpu(), b) for a, b in zip(got, stock, strict=True))
+        reordered = model16._reorder_cache(device_cache, beam_idx.to("spyre"))
+    layer = reordered.layers[0]
+    assert layer.keys.device.type == "spyre"
+    assert torch.equal(layer.keys.cpu(), cache.layers[0].keys) and torch.equal(layer.values.cpu(), cache.layers[0].values)
+
+
 def _seq2seq(model_type: str, cls: str):
     z = build(model_type, "default", seed=0)
     torch.manual_seed(0)
@@ -135,14 +208,16 @@ def _seq2seq(model_type: str, cls: str):
 def test_translation_models_generate_on_the_device_as_on_the_cpu(model_type, cls):
     model, ids = _seq2seq(model_type, cls)
     assert model.generation_config.forced_eos_token_id is not None
-    kw = dict(max_new_tokens=3, do_sample=False)
-    ref = model.generate(ids, **kw)
+    kws = [dict(max_new_tokens=3, do_sample=False, num_beams=1), dict(max_new_tokens=3, do_sample=False, num_beams=3)]
+    refs = [model.generate(ids, **kw) for kw in kws]
     device_model, handle = _on_device(model)
     try:
-        out = device_model.generate(ids.to("spyre"), **kw)
+        outs = [device_model.generate(ids.to("spyre"), **kw) for kw in kws]
     finally:
         handle.remove()
-    assert torch.equal(out.cpu(), ref)
+    for kw, out, ref in zip(kws, outs, refs, strict=True):
+        # beam search reorders the encoder-decoder cache (self- and cross-attention layers) each step
+        assert torch.equal(out.cpu(), ref), kw
 
 
 def test_the_adapter_claims_no_gap_of_a_forward_and_undoes_itself(llama):
@@ -154,10 +229,12 @@ def test_the_adapter_claims_no_gap_of_a_forward_and_undoes_itself(llama):
     assert "host_generate" not in plan.bridges["aten.masked_fill"]
     with adapters.apply(model16) as handle:
         assert "host_generate" in handle.report.applied
-        assert {"generate", "_get_logits_processor"} <= set(model16.__dict__)
+        patched = {"generate", "_get_logits_processor", "_reorder_cache", *BEAM_HELPERS}
+        assert patched <= set(model16.__dict__)
         # the wrappers answer inspect.signature as the stock methods (generate() checks its kwargs against forward's)
         assert {name: inspect.signature(getattr(model16, name)) for name in stock} == stock
-    assert not {"generate", "_get_logits_processor"} & set(model16.__dict__)
+    assert not patched & set(model16.__dict__)
+    assert not hasattr(model16, "_reorder_cache")  # beam search then takes the cache's own reorder, as stock
 
 
 def test_a_fallback_warning_under_an_adapters_mode_names_the_callers_line():

@@ -33,6 +33,14 @@ def test_seeded_sampling_draws_the_cpus_tokens_and_modes_keep_their_files(tmp_pa
     assert not greedy.exists()
 
 
+def test_beam_mode_keeps_the_cpus_beams_for_an_encoder_decoder(tmp_path):
+    """Three greedy beams: the beams' bookkeeping and the encoder-decoder cache's reorder on the host each step."""
+    out = tmp_path / "beam.jsonl"
+    assert generate_probe.main([str(out), "--only", "marian", "--mode", "beam"]) == 0
+    (record,) = map(json.loads, out.read_text().splitlines())
+    assert (record["mode"], record["kind"], record["status"]) == ("beam", "seq2seq", "same")
+
+
 def test_a_sampled_difference_is_traced_to_a_moved_cut_or_a_draw():
     inf = float("-inf")
     ids = torch.tensor([[5, 1, 2], [5, 1, 2]])
@@ -50,8 +58,9 @@ def test_a_sampled_difference_is_traced_to_a_moved_cut_or_a_draw():
 def test_bad_arguments_are_one_line_errors(tmp_path, capsys):
     assert generate_probe.main([str(tmp_path / "x.jsonl"), "--new-tokens", "0"]) == 2
     assert generate_probe.main([str(tmp_path / "x.jsonl"), "--only", "no_such_type"]) == 2
+    assert generate_probe.main([str(tmp_path / "x.jsonl"), "--sample", "--mode", "beam"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 2 and all(line.startswith("error: ") for line in err)
+    assert len(err) == 3 and all(line.startswith("error: ") for line in err)
     assert not (tmp_path / "x.jsonl").exists()
 
 
@@ -59,7 +68,7 @@ def test_a_model_past_the_wall_limit_is_a_timeout_not_its_error(tmp_path):
     """SIGALRM fires inside the device run, where probe_one records the model's own exceptions: the timeout must
     pass through them."""
     out = tmp_path / "t.jsonl"
-    (record,) = generate_probe.probe(out, ["llama"], new_tokens=200, timeout_s=1, sample=True)
+    (record,) = generate_probe.probe(out, ["llama"], new_tokens=200, timeout_s=1, mode="sample")
     assert (record["status"], record["mode"]) == ("timeout", "sample"), record
     # the file resumes in its mode (a timeout record without one read as greedy and the sample file was refused)
     assert generate_probe.main([str(out), "--only", "llama", "--sample"]) == 0
