@@ -24,12 +24,13 @@ The patch (this model instance only; its forward is untouched):
   the cache reorder between steps (`index_select` of every layer's rows: no lowering either) picks its rows on the
   host, through `_reorder_cache`, which beam search prefers when a model has one (the model's own, XLNet's or RAG's,
   runs inside). generate() looks `_beam_search` itself up on the class, so the loop is stock.
+- Whisper's own generate picks each row's start tokens with `init_tokens[batch_idx_map]` (`aten.index`) before the
+  first step, in `_prepare_decoder_input_ids`: on host copies too (`HOST_HELPERS`).
 The same functions on the same values: what each returns is bit-identical to the stock code's on CPU copies. The
 rest of the loop (argmax, the forwards, the cache, stopping criteria) stays stock on the device.
 
 Not bridged: a caller's own `logits_processor` that holds device tensors, classifier-free guidance (its processor
-runs the model on the host inputs), assisted decoding, and Whisper's generate (`init_tokens[batch_idx_map]` before
-any step).
+runs the model on the host inputs), assisted decoding, and Whisper's long-form (> 30 s) transcription.
 """
 
 from __future__ import annotations
@@ -159,6 +160,9 @@ BEAM_HELPERS = (
     "_check_early_stop_heuristic",
     "_beam_search_has_unfinished_sequences",
 )
+# Whisper's own generate (WhisperGenerationMixin) picks each row's start tokens with `init_tokens[batch_idx_map]`
+# (aten.index) before the first step, through this static helper; the rest of its short-form path is stock generate
+HOST_HELPERS = (*BEAM_HELPERS, "_prepare_decoder_input_ids")
 
 
 class _DrawFrom(TorchFunctionMode):
@@ -176,8 +180,8 @@ class _DrawFrom(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
-def _beam_helper(prev):
-    """`prev` (a bound beam-search helper, or a static one) on host copies when its tensors live on a device."""
+def _host_helper(prev):
+    """`prev` (a bound generate helper, or a static one) on host copies when its tensors live on a device."""
     stock = on_host(prev)
 
     def helper(*args, **kwargs):
@@ -270,13 +274,13 @@ class HostGenerate(Adapter):
                 _position_ids(model._prepare_position_ids_for_generation),
                 f"{type(model).__name__}._prepare_position_ids_for_generation on host copies",
             )
-        for name in BEAM_HELPERS:
+        for name in HOST_HELPERS:
             if not callable(getattr(model, name, None)):
                 continue
             # a plain function in the instance's dict: `self.name(...)` calls it without self (the stock one, bound
             # or static, is inside)
-            what = f"{type(model).__name__}.{name} (beam search) on host copies"
-            patch.set_attr(model, name, _beam_helper(getattr(model, name)), what)
+            what = f"{type(model).__name__}.{name} on host copies"
+            patch.set_attr(model, name, _host_helper(getattr(model, name)), what)
         patch.set_attr(
             model,
             "_reorder_cache",

@@ -77,6 +77,12 @@ def seq2seq_lm_class_name(model_type: str) -> str | None:
     return _first(_mappings().MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES.get(model_type))
 
 
+def speech_seq2seq_class_name(model_type: str) -> str | None:
+    """The speech-to-text class (WhisperForConditionalGeneration, Speech2TextForConditionalGeneration, ...) of a
+    type, if it has one."""
+    return _first(_mappings().MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES.get(model_type))
+
+
 def is_encoder_like(model_type: str) -> bool:
     """Types with a masked-LM or seq2seq head: their causal-LM class (BertLMHeadModel, BartForCausalLM) is a
     variant, not how the model is called."""

@@ -46,6 +46,7 @@ CLASSES = (
     "out_of_memory",
 )
 FP16_UNCLEAN = "not fp16-clean on CPU"
+NONFINITE_DRAW = "probability tensor contains either `inf`, `nan` or element < 0"  # torch.multinomial's refusal
 TOP_SPOTS = 8  # entries of sim.top
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -181,6 +182,10 @@ def classify_error(e: BaseException) -> tuple[str, list[dict]]:
                 "message": first,
             }
         ]
+    if isinstance(e, RuntimeError) and str(e).startswith(NONFINITE_DRAW):
+        # a draw from the device's probabilities (generate's multinomial, on the host under host_generate) met a
+        # NaN/inf the CPU reference did not: the device's numerics, whichever frame called the draw
+        return "numeric_mismatch", []
     origin = _origin(e)
     if origin == "adapters":
         return "adapter_error", []

@@ -2,10 +2,10 @@
 
 The sweep judges one forward. Generation adds what a forward never meets: the cache's updates, the logits
 processors, the stopping criteria, GenerationMixin's bookkeeping, all of it eager on spyre tensors. For each LM type
-(the zoo's tiny random-weight model and inputs, models.zoo.recipes.build; an encoder-decoder type's seq2seq-LM class
-built from the zoo's config, seeded): CPU fp32 greedy generation of a few tokens is the reference; the same model in
-fp16 with the adapters applied on the CPU is moved with `Module.to("spyre")` and generates from the inputs on the
-device. A decoder's rows without padding are compared (the zoo's inputs pad one row on the right, where generation
+(the zoo's tiny random-weight model and inputs, models.zoo.recipes.build; an encoder-decoder type's seq2seq-LM or
+speech-to-text class built from the zoo's config, seeded): CPU fp32 greedy generation of a few tokens is the
+reference; the same model in fp16 with the adapters applied on the CPU is moved with `Module.to("spyre")` and
+generates from the inputs on the device. A decoder's rows without padding are compared (the zoo's inputs pad one row on the right, where generation
 continues from a pad position: the audio LMs of the seq2seq mapping too); an encoder-decoder's every row (its decoder
 starts from its own token).
 
@@ -95,8 +95,8 @@ def _lm(zm, model_type: str, seed: int):
     if zm.is_decoder_lm and ids is not None:
         inputs = {"input_ids": ids} if mask is None else {"input_ids": ids, "attention_mask": mask}
         return "decoder", zm.model, inputs, _unpadded(mask, ids.shape[0])
-    name = catalog.seq2seq_lm_class_name(model_type)
-    if name is None or ids is None:
+    name = catalog.seq2seq_lm_class_name(model_type) or catalog.speech_seq2seq_class_name(model_type)
+    if name is None:
         return None
     if type(zm.model).__name__ != name:
         import transformers
@@ -112,7 +112,10 @@ def _lm(zm, model_type: str, seed: int):
         if gc.decoder_start_token_id is None and gc.bos_token_id is None:
             # T5's convention (its checkpoints' configs start the decoder at the pad id); the tiny configs leave it out
             gc.decoder_start_token_id = model.config.pad_token_id
-        return "seq2seq", model, inputs, list(range(ids.shape[0]))
+        # every row: the decoder starts from its own token (a speech model's encoder takes features, not ids)
+        return "seq2seq", model, inputs, list(range(next(iter(inputs.values())).shape[0]))
+    if ids is None:
+        return None
     # the audio LMs of the seq2seq mapping (Qwen2-Audio, Granite Speech) decode from their own prompt
     return "decoder", model, inputs, _unpadded(mask, ids.shape[0])
 
@@ -163,12 +166,12 @@ def probe_one(model_type: str, new_tokens: int = 3, seed: int = 0, mode: str = "
 
 
 def lm_types() -> list[str]:
-    """The model types with a causal-LM or a seq2seq-LM class: the candidates (build and _lm decide which are LMs)."""
+    """The model types with a causal-LM, seq2seq-LM or speech-to-text class: the candidates (build and _lm decide
+    which are LMs)."""
     from models.zoo import catalog
 
-    return [
-        t for t in catalog.model_types() if catalog.causal_lm_class_name(t) or catalog.seq2seq_lm_class_name(t)
-    ]
+    classes = (catalog.causal_lm_class_name, catalog.seq2seq_lm_class_name, catalog.speech_seq2seq_class_name)
+    return [t for t in catalog.model_types() if any(name(t) for name in classes)]
 
 
 def _alarm(_signum, _frame):

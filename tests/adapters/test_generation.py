@@ -280,3 +280,39 @@ def test_an_error_of_the_models_generate_is_not_blamed_on_the_adapter(llama):
         with pytest.raises(ValueError, match="not used by the model") as info:
             model16.generate(ids, max_new_tokens=2, no_such_kwarg=1)
     assert classify_error(info.value)[0] != "adapter_error"
+
+
+def test_a_draw_from_the_devices_nan_probabilities_is_a_numerics_finding():
+    """LongT5's fp16 encoder gives NaN on the device (its -1e10 mask is -inf in fp16): the sampled generation's draw,
+    run on the host by the adapter, refuses the probabilities as stock multinomial does, and the sweep's classifier
+    records the device's numerics, not an adapter error."""
+    from adapters.generation import _HostSteps
+    from models.zoo.classify import classify_error
+
+    probs = torch.tensor([[float("nan"), 1.0]]).to("spyre")
+    with pytest.raises(RuntimeError, match="inf`, `nan` or element < 0") as info, _HostSteps():
+        torch.multinomial(probs, 1)
+    assert classify_error(info.value) == ("numeric_mismatch", [])
+
+
+@pytest.mark.parametrize("beams", [1, pytest.param(2, marks=pytest.mark.slow)])
+def test_whisper_transcribes_on_the_device_as_on_the_cpu(beams):
+    """Whisper's own generate picks each row's start tokens with `init_tokens[batch_idx_map]` (aten.index) before
+    the first step: on the host under the adapter; greedy and beam search then give the CPU's tokens."""
+    z = build("whisper", "default", seed=0)
+    torch.manual_seed(0)
+    model = transformers.WhisperForConditionalGeneration(z.model.config).eval()
+    feats = z.inputs["input_features"]
+    kw = dict(max_new_tokens=3, num_beams=beams)
+    ref = model.generate(input_features=feats, **kw)
+    model16 = copy.deepcopy(model).half()
+    with adapters.apply(model16, exclude=["host_generate"]):
+        model16.to("spyre")
+        with pytest.raises(SpyreUnsupportedOpError, match="aten.index"):
+            model16.generate(input_features=feats.half().to("spyre"), **kw)
+    device_model, handle = _on_device(model)
+    try:
+        out = device_model.generate(input_features=feats.half().to("spyre"), **kw)
+    finally:
+        handle.remove()
+    assert out.device.type == "spyre" and torch.equal(out.cpu(), ref)

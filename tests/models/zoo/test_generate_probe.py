@@ -41,6 +41,15 @@ def test_beam_mode_keeps_the_cpus_beams_for_an_encoder_decoder(tmp_path):
     assert (record["mode"], record["kind"], record["status"]) == ("beam", "seq2seq", "same")
 
 
+def test_a_speech_model_is_probed_as_an_encoder_decoder_from_its_features():
+    from models.zoo.recipes import build
+
+    kind, model, inputs, rows = generate_probe._lm(build("whisper", "default", 0), "whisper", 0)
+    assert (kind, type(model).__name__) == ("seq2seq", "WhisperForConditionalGeneration")
+    assert "input_features" in inputs and not {"decoder_input_ids", "input_ids"} & set(inputs) and rows == [0, 1]
+    assert "whisper" in generate_probe.lm_types() and "speech_to_text" in generate_probe.lm_types()
+
+
 def test_a_sampled_difference_is_traced_to_a_moved_cut_or_a_draw():
     inf = float("-inf")
     ids = torch.tensor([[5, 1, 2], [5, 1, 2]])
