@@ -24,7 +24,7 @@ cut (`cut_moved`; the zoo's random weights give flat distributions, full of near
 With `--mode beam` both runs are a greedy beam search of three beams: the running beams' bookkeeping (floor
 division, take_along_dim) and the cache's reorder each step (index_select of every layer's rows) on the host, the
 forwards on the device (host_generate again); a token differs where fp16 moved a beam's accumulated score across
-another's.
+another's: a differing record has `beam_scores` (each differing row's best beam score, CPU and device).
 
 Run: .venv/bin/python -m models.zoo.generate_probe OUT.jsonl [--only llama,t5] [--new-tokens 3] [--timeout 240]
      [--mode greedy|sample|beam] (`--sample` is `--mode sample`)
@@ -72,13 +72,14 @@ def _generate(model, inputs: dict, new_tokens: int, mode: str, seed: int):
             raise
         torch.manual_seed(seed)
         out = model.generate(**{k: v for k, v in inputs.items() if k != "attention_mask"}, **kwargs)
-    return out.sequences.cpu(), [s.cpu() for s in out.scores]
+    beam_scores = getattr(out, "sequences_scores", None)  # beam mode: each returned beam's length-normalised score
+    return out.sequences.cpu(), [s.cpu() for s in out.scores], None if beam_scores is None else beam_scores.cpu()
 
 
 def _cut_moved(ref, got, row: int) -> bool:
     """At the first step where a sampled row's tokens part, did the warpers keep different tokens (a near-tie at the
     top-k / top-p cut that fp16 rounding moved) rather than the same set with a different draw?"""
-    (ref_ids, ref_scores), (got_ids, got_scores) = ref, got
+    (ref_ids, ref_scores, _), (got_ids, got_scores, _) = ref, got
     steps = len(ref_scores)
     parted = (ref_ids[row, -steps:] != got_ids[row, -steps:]).nonzero()
     if not len(parted) or len(got_scores) != steps:
@@ -162,6 +163,11 @@ def probe_one(model_type: str, new_tokens: int = 3, seed: int = 0, mode: str = "
     rec["status"] = "same" if len(same) == len(rows) else "differs"
     if mode == "sample" and rec["status"] == "differs" and got[0].shape == ref[0].shape:
         rec["cut_moved"] = all(_cut_moved(ref, got, r) for r in rows if r not in same)
+    if mode == "beam" and rec["status"] == "differs" and got[2] is not None:
+        # the best beam's score on each side, per differing row: close scores are a near-tie fp16 moved
+        differing = [r for r in rows if r not in same]
+        rec["beam_scores"] = {"cpu": [round(float(ref[2][r]), 5) for r in differing],
+                              "device": [round(float(got[2][r]), 5) for r in differing]}  # fmt: skip
     return rec
 
 

@@ -54,14 +54,14 @@ def test_a_sampled_difference_is_traced_to_a_moved_cut_or_a_draw():
     inf = float("-inf")
     ids = torch.tensor([[5, 1, 2], [5, 1, 2]])
     kept = [torch.tensor([[0.5, 0.4, inf], [0.5, 0.4, inf]])] * 2
-    ref = (ids, kept)
+    ref = (ids, kept, None)
     other = ids.clone()
     other[0, 2] = 3
     # row 0 parts at the second new token: the same kept set there (a draw), then one where the cut moved
-    assert not generate_probe._cut_moved(ref, (other, kept), 0)
+    assert not generate_probe._cut_moved(ref, (other, kept, None), 0)
     moved = [kept[0], torch.tensor([[0.5, inf, 0.4], [0.5, 0.4, inf]])]
-    assert generate_probe._cut_moved(ref, (other, moved), 0)
-    assert not generate_probe._cut_moved(ref, (ids, moved), 1)  # a row that does not part
+    assert generate_probe._cut_moved(ref, (other, moved, None), 0)
+    assert not generate_probe._cut_moved(ref, (ids, moved, None), 1)  # a row that does not part
 
 
 def test_bad_arguments_are_one_line_errors(tmp_path, capsys):
