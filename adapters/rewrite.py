@@ -34,7 +34,7 @@ unsupported, and retire by themselves on the default table.)
 | `x.prod(dim)`, `x.prod()` (int64, at most 16 factors: an image grid's `grid_thw.prod(-1)`) | `x.select(dim, 0) * x.select(dim, 1) * ...` | select (a view), mul |
 | `x // 2^k`, `torch.floor_divide`, `torch.div(..., rounding_mode="floor")` (a float x: a position table's `dim_t // 2`) | `floor(floor(x) * 2^-k) * ((x - x) + 1)` (`floor_div`) | floor, mul, sub, add |
 | `x // d`, `x % d`, floor_divide, remainder, `div(..., rounding_mode="floor")` of integer tensors (DeepSeek-V4's `(position_ids + 1) // rate`, CANINE's hash buckets) | the stock op on the host (index arithmetic, as hf-adapters keep it), the result back on the operand's device: a graph break, bit-identical | nothing on the device |
-| `x.flip(dims)`, `torch.flip` of an integer or bool tensor (prims.rev, Inductor's flip: Muse Glimmer's and Muse Spark's vision `position_ids.flip(-1) + 1`) | the stock op on the host (index work), the result back on x's device: a graph break, bit-identical | nothing on the device |
+| `x.flip(dims)`, `torch.flip` of an integer or bool tensor (prims.rev, Inductor's flip: Muse Glimmer's and Muse Spark's vision `position_ids.flip(-1) + 1`), or of a float tensor in an eager call (Longformer's and LED's `new_ones(...).tril().flip(...)` window masks, which Inductor folds when compiled) | the stock op on the host (index work), the result back on x's device: a graph break, bit-identical | nothing on the device |
 | `torch.randint(low, high, size, ...)` (DiffusionGemma's random canvas, Informer's key sample) | the stock draw made on the host (a graph break) from the generator the stock call draws from: the global CPU one, the one named, or for a spyre device torch.spyre's (`_stack.device_generator`), the result on the device; the same numbers, the generator advanced alike | nothing on the device |
 | `F.fold(x, size, k, stride=k)` of patches tiling the output exactly (MobileViTv2) | `reshape` to (N, C, kh, kw, Lh, Lw), `permute` to (N, C, Lh, kh, Lw, kw), `reshape`: one input element per output element | view, permute |
 | `torch.bucketize(x, b, right=r)` (1-D b, at most 1024 boundaries: Idefics3's patch positions) | `sum(b < x)` (`b <= x` for right=True) over b as float16 ones, `where(x != x, len(b), count)`, cast to int64 / int32 | lt / le, ne, where, sum, the casts |
@@ -68,7 +68,7 @@ index tensor, a window write of a negative-step slice, a write into a view the m
 select, unfold, ... called as methods, or made outside the forward: stock, so the stack still reports the scatter),
 an in-place op with alpha= or rounding_mode=, an `all` over an empty reduction (amin of nothing is an error, `all` of nothing is True), a
 logsumexp of an empty tensor, a scatter of a src tensor, with reduce=, of an index narrower than x off its dim, or
-an empty index, a flip of a float tensor or with out=, a randint with out=, an integer-index store with a step or partial slice, None or a bool beside its index tensors, or
+an empty index, a flip of a float tensor under compile or with out=, a randint with out=, an integer-index store with a step or partial slice, None or a bool beside its index tensors, or
 of nothing, an index_select with a multi-dim or empty index, a gather with sparse_grad, an index that is not int64
 or is empty, a prod of another dtype than int64, with dtype=, of no or of more than 16 factors, a bucketize with
 out=, of boundaries that are not 1-D or number over 1024 (or none), of bool or complex tensors, an as_strided of a
@@ -598,14 +598,17 @@ def _int_division_on_host(stock, rounding_mode: str | None = None):
 def _index_flip_on_host(stock):
     """A Reexpress handler: `stock` (torch.flip: `(x, dims)`; Tensor.flip's dims, also varargs, taken as a tuple) run by
     `_stack.on_host` when x is an integer or bool tensor (index and mask work: a vision model's `position_ids.flip(-1)`),
-    the result back on x's device; a float x and out= stay stock. Bit-identical: the stock op on the same values."""
+    the result back on x's device; so does a float x in an eager call (Longformer's and LED's sliding-window masks,
+    `new_ones(...).tril().flip(...)` in the scores' dtype: compiled, Inductor folds that constant; eager, each op meets
+    the device). A float x under compile and out= stay stock. Bit-identical: the stock op on the same values."""
     run = _stack.on_host(stock)
 
     def handler(args, kwargs):
         x = _arg(args, kwargs, 0, "input", "self", default=None)
         if "out" in kwargs or not isinstance(x, torch.Tensor) or x.layout != torch.strided:
             return _PASS
-        if not (_stack.integer_tensor(x) or x.dtype == torch.bool) or kwargs.keys() - {"input", "self", "dims"}:
+        index_work = _stack.integer_tensor(x) or x.dtype == torch.bool
+        if not (index_work or not torch.compiler.is_compiling()) or kwargs.keys() - {"input", "self", "dims"}:
             return _PASS
         dims = kwargs["dims"] if "dims" in kwargs else args[1] if len(args) == 2 else tuple(args[1:])
         return run(x, tuple(dims) if isinstance(dims, list | tuple) else (dims,))
@@ -1590,7 +1593,8 @@ REWRITES: tuple[Rewrite, ...] = (
         frozenset({"flip"}),
         _index_flip_on_host(torch.flip),
         (),
-        "flip of an integer or bool tensor on the host (index work), the result back on the device",
+        "flip of an integer or bool tensor, or of any tensor in an eager call, on the host, the result back on the"
+        " device",
     ),
     Rewrite(
         "aten.randint",

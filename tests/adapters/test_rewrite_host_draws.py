@@ -69,20 +69,45 @@ def test_integer_flip_on_a_model_moved_to_the_device():
     assert all(torch.equal(a, b.cpu()) for a, b in zip(ref[1:], out[1:], strict=True))
 
 
-def test_flip_forms_left_to_stock():
+def test_flip_forms_left_to_stock(monkeypatch):
     fn, method = _handler("prims.rev", torch.flip), _handler("prims.rev", torch.Tensor.flip)
     i = torch.arange(12).reshape(3, 4)
     assert torch.equal(fn((i, [0, 1]), {}), i.flip(0, 1)) and torch.equal(method((i, 1), {}), i.flip(1))
     assert torch.equal(method((i, 0, 1), {}), torch.flip(i, (0, 1)))
     assert torch.equal(method((i > 5,), {"dims": (1,)}), (i > 5).flip(1))  # a bool mask: index work too
+    f = torch.randn(3, 4)
+    assert torch.equal(fn((f, [0]), {}), f.flip(0))  # a float tensor in an eager call: on the host too
     for handler, args, kwargs in [
-        (fn, (torch.randn(3, 4), [0]), {}),  # a float tensor: not index work, the stack still reports it
         (fn, (i, [0]), {"out": torch.empty(3, 4, dtype=torch.long)}),
         (fn, ([1, 2], [0]), {}),
     ]:
         assert handler(args, kwargs) is _PASS
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    assert fn((f, [0]), {}) is _PASS  # compiled, a float flip is the graph's (the stack reports or folds it)
+    assert torch.equal(fn((i, [0]), {}), i.flip(0))
     with torch_spyre_emu.capabilities.override({"prims.rev": "native"}) as c:
         assert "prims.rev" not in {r.gap for r in adapters.rewrite.active_rewrites(c)}
+
+
+class _WindowMask(nn.Module):  # Longformer's and LED's _mask_invalid_locations: a 0/1 mask in the scores' dtype
+    def forward(self, scores):
+        beginning = scores.new_ones(4, 5).tril().flip(dims=[0])
+        ending = beginning[None, :, None, :].flip(dims=(1, 3))
+        return scores[:, :4, :, :5] * beginning[None, :, None, :] + ending
+
+
+def test_a_float_flip_in_an_eager_forward_on_the_device_runs_on_the_host():
+    """Stock, an eager forward of the model moved to the device stops on the fp16 flip of its window mask (prims.rev;
+    compiled, Inductor folds the constant); patched, the flips run on the host and the output is the CPU's."""
+    model, scores = _WindowMask(), torch.randn(2, 6, 3, 7).half()
+    ref = model(scores.float())
+    stock = copy.deepcopy(model).to("spyre")
+    with pytest.raises(SpyreUnsupportedOpError, match="prims.rev|aten.flip"):
+        stock(scores.to("spyre"))
+    with adapters.apply(model, only=["rewrite"]):
+        out = model.to("spyre")(scores.to("spyre"))
+    assert out.device.type == "spyre"
+    torch.testing.assert_close(out.cpu().float(), ref, atol=2e-3, rtol=2e-3)  # the product's fp16 rounding only
 
 
 # -- randint --------------------------------------------------------------------------------------------------------
