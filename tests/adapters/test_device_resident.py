@@ -22,8 +22,10 @@ TYPES = ["llama", "phi3", "gptj", "falcon", "cohere", "deepseek_v3", "jetmoe", "
 
 # the heaviest few run in the slow suite (the default suite's time, 2026-12-06); every rotary form keeps a default row
 # but GPT-J's and Cohere's (their rewrites have CPU tests in tests/adapters/test_rope_*.py)
-SLOW_GREEDY = {"gptj", "cohere", "llama4_text"}
-SLOW_EAGER = {"wavlm", "table-transformer", "internvl"}  # convnext, detr and llava keep their kinds
+# 2026-12-07 (stop 55): jetmoe (test_moe.py runs its dense blocks, strict lowering included) and detr (its sine
+# position embedding's host form: test_host_inputs.py) too
+SLOW_GREEDY = {"gptj", "cohere", "llama4_text", "jetmoe"}
+SLOW_EAGER = {"wavlm", "table-transformer", "internvl", "detr"}  # convnext and llava keep their kinds
 
 
 @pytest.mark.parametrize("model_type", slow_where(TYPES, SLOW_GREEDY))

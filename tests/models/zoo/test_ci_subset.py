@@ -4,7 +4,7 @@ EXPECTED is each type's class as it is today (default variant), so a regression 
 stack or the adapters moves a model to a better class, update its row in the same commit (and say so); a move to a
 worse class is a regression to fix. The full sweep is a command (`spyre-emu sweep`), not a test.
 
-3 of the 25 run in the default suite, the other 22 are marked slow (`pytest -m slow`): all 25 took 690 s of the
+2 of the 25 run in the default suite, the other 23 are marked slow (`pytest -m slow`): all 25 took 690 s of the
 default suite's 2,840 worker-seconds on the 2-core machine (2026-12-03), which put the suite over its 15 minutes.
 Slow are the heaviest (mamba ~100 s, t5 ~75 s, gemma3_text ~35 s, clip ~30 s: vit keeps its im2col island), three
 Llama copies (mistral, qwen2, granite) whose path llama's row keeps (host masks, RMSNorm and RoPE matched by
@@ -18,8 +18,9 @@ test_fused_split.py). Since 2026-12-07 later (the suite at 11.2 min alone, CI 16
 (~30 s: host_clamp_guard has tests/adapters/test_host_inputs.py; whisper's row keeps an encoder-decoder) and mixtral
 (~24 s: moe_dense has tests/adapters/test_moe.py, strict lowering of the patched blocks included). Since
 2026-12-07 (CI 15.5-16.3 min with its install on slow hours) also whisper (~30 s: encoder-decoders run on the device
-in tests/adapters/test_generation.py, Marian's and M2M100's generation; vit's row keeps a pass_fallback class).
-Default rows: decoder LMs (llama), encoders (bert), vision (vit).
+in tests/adapters/test_generation.py, Marian's and M2M100's generation; vit's row keeps a pass_fallback class) and
+bert (~15 s: test_acceptance runs MiniLM, a BERT encoder, on the device against CPU fp32). Default rows: decoder LMs
+(llama), vision (vit).
 """
 
 from __future__ import annotations
@@ -76,6 +77,7 @@ SLOW = {
     *("gpt2", "phi3"),  # 2026-12-07: llama's row keeps the decoder-LM path; fused_split has its own tests
     *("bart", "mixtral"),  # 2026-12-07 later: whisper's row keeps an encoder-decoder; moe_dense has test_moe.py
     "whisper",  # 2026-12-07, stop 55: test_generation runs encoder-decoders on the device; vit keeps pass_fallback
+    "bert",  # 2026-12-07, stop 55: an encoder on the device: test_acceptance's MiniLM (a BERT); test_audit's bert
 }
 
 

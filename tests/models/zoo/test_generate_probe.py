@@ -33,12 +33,13 @@ def test_seeded_sampling_draws_the_cpus_tokens_and_modes_keep_their_files(tmp_pa
     assert not greedy.exists()
 
 
-def test_beam_mode_keeps_the_cpus_beams_for_an_encoder_decoder(tmp_path):
-    """Three greedy beams: the beams' bookkeeping and the encoder-decoder cache's reorder on the host each step."""
+def test_beam_mode_keeps_the_cpus_beams(tmp_path):
+    """Three greedy beams: the beams' bookkeeping and the cache's reorder on the host each step (an encoder-decoder's
+    too: tests/adapters/test_generation.py)."""
     out = tmp_path / "beam.jsonl"
-    assert generate_probe.main([str(out), "--only", "marian", "--mode", "beam"]) == 0
+    assert generate_probe.main([str(out), "--only", "llama", "--mode", "beam"]) == 0
     (record,) = map(json.loads, out.read_text().splitlines())
-    assert (record["mode"], record["kind"], record["status"]) == ("beam", "seq2seq", "same")
+    assert (record["mode"], record["kind"], record["status"]) == ("beam", "decoder", "same")
 
 
 def test_a_speech_model_is_probed_as_an_encoder_decoder_from_its_features():
