@@ -244,8 +244,10 @@ class HostGenerate(Adapter):
         "aten.all",
         "aten.sort",
         "aten.multinomial",
-        "aten.floor_divide",
-        "aten.index_select",
+        "aten.floor_divide",  # beam search: the beams' topk_indices // vocab_size
+        "aten.remainder",  # and % vocab_size
+        "aten.index_select",  # the cache reorder
+        "aten.index",  # Whisper's init_tokens[batch_idx_map]
     )
     applies_to = frozenset({"any model that can generate (transformers' GenerationMixin)"})
     order = 97  # touches generate only; after every forward patch
