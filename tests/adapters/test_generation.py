@@ -316,3 +316,21 @@ def test_whisper_transcribes_on_the_device_as_on_the_cpu(beams):
     finally:
         handle.remove()
     assert out.device.type == "spyre" and torch.equal(out.cpu(), ref)
+
+
+@pytest.mark.slow  # ~25 s: the compiles
+def test_beam_search_of_a_compiled_model_gives_the_cpus_beams(llama):
+    """model.compile(): the forwards run as compiled graphs, beam search's host steps between them."""
+    model, ids = llama
+    kw = dict(max_new_tokens=4, min_new_tokens=4, pad_token_id=0, num_beams=3)
+    torch.manual_seed(3)
+    refs = [model.generate(**_with_mask(ids), **kw), model.generate(**_with_mask(ids), **kw, do_sample=True, top_k=8)]
+    device_model, handle = _on_device(model)
+    device_model.compile()
+    try:
+        torch.manual_seed(3)
+        device_ids = {k: v.to("spyre") for k, v in _with_mask(ids).items()}
+        outs = [device_model.generate(**device_ids, **kw), device_model.generate(**device_ids, **kw, do_sample=True, top_k=8)]
+    finally:
+        handle.remove()
+    assert all(torch.equal(out.cpu(), ref) for out, ref in zip(outs, refs, strict=True))
