@@ -5,9 +5,9 @@ processors, the stopping criteria, GenerationMixin's bookkeeping, all of it eage
 (the zoo's tiny random-weight model and inputs, models.zoo.recipes.build; an encoder-decoder type's seq2seq-LM or
 speech-to-text class built from the zoo's config, seeded): CPU fp32 greedy generation of a few tokens is the
 reference; the same model in fp16 with the adapters applied on the CPU is moved with `Module.to("spyre")` and
-generates from the inputs on the device. A decoder's rows without padding are compared (the zoo's inputs pad one row on the right, where generation
-continues from a pad position: the audio LMs of the seq2seq mapping too); an encoder-decoder's every row (its decoder
-starts from its own token).
+generates from the inputs on the device. A decoder's rows without padding are compared (the zoo's inputs pad one row
+on the right, where generation continues from a pad position: the audio LMs of the seq2seq mapping too); an
+encoder-decoder's every row (its decoder starts from its own token).
 
 Each record: `status` = `same` (every compared row's tokens equal the reference), `differs`, `error` (the device run
 raised: `class` and `blocking` as the sweep's classify_error gives them, `error`), `cpu_fails` (the reference itself
@@ -114,7 +114,8 @@ def _lm(zm, model_type: str, seed: int):
             # T5's convention (its checkpoints' configs start the decoder at the pad id); the tiny configs leave it out
             gc.decoder_start_token_id = model.config.pad_token_id
         # every row: the decoder starts from its own token (a speech model's encoder takes features, not ids)
-        return "seq2seq", model, inputs, list(range(next(iter(inputs.values())).shape[0]))
+        batch = next(v for v in inputs.values() if isinstance(v, torch.Tensor)).shape[0]  # inputs hold use_cache too
+        return "seq2seq", model, inputs, list(range(batch))
     if ids is None:
         return None
     # the audio LMs of the seq2seq mapping (Qwen2-Audio, Granite Speech) decode from their own prompt
