@@ -67,6 +67,7 @@ How they recognise their targets (by structure, not by class name):
 from __future__ import annotations
 
 import dis
+import functools
 import inspect
 import re
 import types
@@ -113,8 +114,13 @@ def _globals_named(fn, name: str, obj) -> bool:
 
 
 def _source(fn) -> str:
+    return _code_source(structure.chain(fn)[-1].__code__)
+
+
+@functools.cache  # one read per code object: a model's modules of one class share their forward's
+def _code_source(code: types.CodeType) -> str:
     try:
-        return inspect.getsource(structure.chain(fn)[-1])
+        return inspect.getsource(code)
     except (OSError, TypeError):
         return ""
 
@@ -156,18 +162,21 @@ def _own_names(fn) -> set[str]:
     return structure._global_names(structure.chain(fn)[-1].__code__)
 
 
-def _self_calls(fn) -> set[str]:
+def _self_calls(fn) -> frozenset[str]:
     """Attribute names the function loads from `self` (its first argument; a cell when a nested function closes
     over it: LongT5's local attention reads `self` with LOAD_DEREF)."""
-    out = set()
-    for f in structure.chain(fn)[-1:]:
-        ins = list(dis.get_instructions(f.__code__))
-        first = f.__code__.co_varnames[0] if f.__code__.co_argcount else None
-        for a, b in zip(ins, ins[1:], strict=False):
-            loads_first = a.opname in ("LOAD_FAST", "LOAD_DEREF") and a.argval == first
-            if loads_first and b.opname in ("LOAD_ATTR", "LOAD_METHOD"):
-                out.add(b.argval)
-    return out
+    return _first_arg_attributes(structure.chain(fn)[-1].__code__)
+
+
+@functools.cache  # code objects are immutable; every module of a class asks again
+def _first_arg_attributes(code: types.CodeType) -> frozenset[str]:
+    ins = list(dis.get_instructions(code))
+    first = code.co_varnames[0] if code.co_argcount else None
+    return frozenset(
+        b.argval
+        for a, b in zip(ins, ins[1:], strict=False)
+        if a.opname in ("LOAD_FAST", "LOAD_DEREF") and a.argval == first and b.opname in ("LOAD_ATTR", "LOAD_METHOD")
+    )
 
 
 def position_helpers(module: nn.Module) -> tuple[dict[int, object], dict[str, object]]:
@@ -241,12 +250,13 @@ def _first_input(fn, method: bool = False) -> bool:
     return code.co_argcount > first and code.co_varnames[first] in _POSITION_INPUTS
 
 
-def _loaded_globals(code: types.CodeType) -> set[str]:
+@functools.cache  # code objects are immutable
+def _loaded_globals(code: types.CodeType) -> frozenset[str]:
     names = {i.argval for i in dis.get_instructions(code) if i.opname == "LOAD_GLOBAL"}
     for const in code.co_consts:
         if isinstance(const, types.CodeType):
             names |= _loaded_globals(const)
-    return names
+    return frozenset(names)
 
 
 def gathers_token_types(module: nn.Module) -> bool:

@@ -1925,6 +1925,26 @@ def _distribution_code(code: types.CodeType) -> tuple[types.FunctionType, ...]:
 _FRAMEWORK = ("transformers.modeling_utils", "transformers.generation.", "transformers.integrations.", "transformers.utils.")
 
 
+def _class_uses(klass: type, names: frozenset[str], framework: bool) -> set[str]:
+    """The `names` the methods of `klass` and of its model base classes use (their helpers included)."""
+    found: set[str] = set()
+    for cls in klass.__mro__:
+        if cls.__module__.split(".")[0] in ("torch", "builtins"):
+            continue  # torch.nn's own modules: their ops are the stack's business, not a model's code
+        if not framework and cls.__module__.startswith(_FRAMEWORK):
+            continue
+        for value in vars(cls).values():
+            if isinstance(value, staticmethod | classmethod):
+                value = value.__func__  # XLNet's rel_shift is a staticmethod
+            if not isinstance(value, types.FunctionType):
+                continue
+            for f in _helpers(value):
+                found |= _code_uses(f.__code__, names)
+                for g in _distribution_code(f.__code__):
+                    found |= _code_uses(g.__code__, names)
+    return found
+
+
 def uses(model: nn.Module, rewrites=REWRITES, framework: bool = True) -> dict[str, list[str]]:
     """capability -> paths of the modules whose own code (not torch.nn's) calls the op the way its rewrite recognises
     (a subscript for aten.index). `framework=False` leaves out the methods of transformers' framework classes
@@ -1935,22 +1955,11 @@ def uses(model: nn.Module, rewrites=REWRITES, framework: bool = True) -> dict[st
         for n in r.names or {"[]=" if r.handler in _STORES else "[]"}:
             by_name.setdefault(n, set()).add(r.gap)
     out: dict[str, list[str]] = {}
+    by_class: dict[type, set[str]] = {}  # a model repeats a few classes (one per layer): each class scanned once
     for path, m in model.named_modules():
-        found: set[str] = set()
-        for cls in type(m).__mro__:
-            if cls.__module__.split(".")[0] in ("torch", "builtins"):
-                continue  # torch.nn's own modules: their ops are the stack's business, not a model's code
-            if not framework and cls.__module__.startswith(_FRAMEWORK):
-                continue
-            for value in vars(cls).values():
-                if isinstance(value, staticmethod | classmethod):
-                    value = value.__func__  # XLNet's rel_shift is a staticmethod
-                if not isinstance(value, types.FunctionType):
-                    continue
-                for f in _helpers(value):
-                    found |= _code_uses(f.__code__, names)
-                    for g in _distribution_code(f.__code__):
-                        found |= _code_uses(g.__code__, names)
+        if type(m) not in by_class:
+            by_class[type(m)] = _class_uses(type(m), names, framework)
+        found = by_class[type(m)]
         gaps = {gap for n in found for gap in by_name.get(n, ())}
         gaps |= {r.gap for r in rewrites if r.modules and isinstance(m, r.modules)}
         for gap in sorted(gaps):
