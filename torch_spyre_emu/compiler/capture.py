@@ -264,6 +264,44 @@ def _fresh_dispatch_state():
     return torch._C._ForceDispatchKeyGuard(*_DEFAULT_DISPATCH_KEYS)
 
 
+# make_fx's tracer (torch.fx's Tracer.trace) sets nn.Module.__call__ and __getattr__ to wrappers around each trace and
+# back after it. A write to a class attribute makes Python invalidate the method caches of all its subclasses: once a
+# process has imported transformers' ~500 model families (a zoo sweep, the test suite) nn.Module has ~8,000, and each
+# of the four writes per trace took ~5 ms (an eager op's first compile: 25 ms -> 84 ms). For make_fx's tracer
+# (PythonKeyTracer: its call_module calls the module, its getattr returns the attribute) both wrappers are identities,
+# so our traces skip them; any other trace (torch.fx.symbolic_trace, another thread) patches as before.
+_TRACING = threading.local()
+
+
+def _install_module_patch_skip() -> None:
+    from torch.fx._symbolic_trace import _Patcher
+
+    original = _Patcher.patch_method
+    if getattr(original, "_spyre_skip", False):
+        return
+
+    def patch_method(self, cls, name, new_fn, deduplicate=True):
+        if cls is torch.nn.Module and getattr(_TRACING, "make_fx", False):
+            return None
+        return original(self, cls, name, new_fn, deduplicate)
+
+    patch_method._spyre_skip = True
+    _Patcher.patch_method = patch_method
+
+
+_install_module_patch_skip()
+
+
+def _make_fx(fn: Callable, table: dict, fakes: Sequence[object]) -> fx.GraphModule:
+    """make_fx(fn)(*fakes): a functional trace through `table`, nn_module_stack kept from the nodes it replays."""
+    previous = getattr(_TRACING, "make_fx", False)
+    _TRACING.make_fx = True
+    try:
+        return make_fx(fn, decomposition_table=table, tracing_mode="real", record_module_stack=True)(*fakes)
+    finally:
+        _TRACING.make_fx = previous
+
+
 def capture(
     fn: Callable | fx.GraphModule, inputs: Sequence[object], decompositions: dict | None = None
 ) -> fx.GraphModule:
@@ -291,9 +329,7 @@ def capture(
     functional = torch.func.functionalize(run, remove="mutations")
     try:
         with _fresh_dispatch_state(), mode, torch.no_grad():
-            gm = make_fx(
-                functional, decomposition_table=table, tracing_mode="real", record_module_stack=True
-            )(*fakes)
+            gm = _make_fx(functional, table, fakes)
     except (
         SyntaxError
     ) as e:  # torch.fx writes Python source; an overload named like a keyword cannot be written
@@ -471,7 +507,7 @@ def retrace(gm: fx.GraphModule, table: dict) -> fx.GraphModule:
             return fx.Interpreter(gm).run(*args)
 
     with mode, torch.no_grad():
-        new = make_fx(run, decomposition_table=table, tracing_mode="real", record_module_stack=True)(*fakes)
+        new = _make_fx(run, table, fakes)
     drop_leftover_inplace(new)
     new.meta.update(consts)
     new.meta["fake_mode"] = mode
