@@ -44,6 +44,13 @@ def test_bench_sim_runs():
 
 
 @pytest.mark.slow
+def test_bench_task_builder_runs():
+    """It also checks that the task builder's graphs are identical to the reference builder's."""
+    out = _bench("benchmarks/bench_task_builder.py", "--quick", "--repeats", "1", timeout=1200)
+    assert "identical: all" in out and "per-kernel old/new" in out
+
+
+@pytest.mark.slow
 def test_bench_stack_runs():
     out = _bench("benchmarks/bench_stack.py", "--repeats", "1", timeout=1200)
     assert "forward ratio emulated/CPU fp32" in out and "compile_blocks (target <= 2)" in out

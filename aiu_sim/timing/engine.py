@@ -49,9 +49,30 @@ class EngineResult:
 
 
 class TaskGraph:
-    """Builder for a task DAG. Tasks are added in any order that names predecessors before successors."""
+    """Builder for a task DAG. Tasks are added in any order that names predecessors before successors: one at a
+    time (add, add_uses) or many at once from arrays (extend: tasks.py's builder)."""
+
+    _FIELDS = {
+        "n_uses": np.int64,
+        "use_res": np.int64,
+        "use_dur": np.float64,
+        "use_bytes": np.float64,
+        "n_preds": np.int64,
+        "pred_idx": np.int64,
+        "latency": np.float64,
+        "dram_read": np.float64,
+        "dram_write": np.float64,
+        "kind": np.int8,
+    }
 
     def __init__(self) -> None:
+        # Finished runs of tasks, in task order, as arrays (per task: use and predecessor counts, not pointers).
+        self._blocks: list[dict[str, np.ndarray]] = []
+        self._sealed = 0  # tasks in _blocks
+        self._new_tail()
+
+    def _new_tail(self) -> None:
+        """The tasks added one at a time since the last block, as Python lists (pointers count from the tail)."""
         self._use_ptr = [0]
         self.use_res: list[int] = []
         self.use_dur: list[float] = []
@@ -64,7 +85,7 @@ class TaskGraph:
         self.kind: list[int] = []
 
     def __len__(self) -> int:
-        return len(self.latency)
+        return self._sealed + len(self.latency)
 
     def add(
         self,
@@ -92,8 +113,8 @@ class TaskGraph:
         dram_read: float = 0.0,
         dram_write: float = 0.0,
     ) -> int:
-        """Like add, with the uses as three parallel sequences (the builder's fast path)."""
-        tid = len(self.latency)
+        """Like add, with the uses as three parallel sequences."""
+        tid = len(self)
         self.use_res.extend(res)
         self.use_dur.extend(dur)
         self.use_bytes.extend(nbytes)
@@ -110,18 +131,72 @@ class TaskGraph:
         self.kind.append(kind)
         return tid
 
+    def extend(self, **columns) -> None:
+        """Append tasks from arrays, as add_uses would one by one. The columns, by name (TaskGraph._FIELDS): per
+        task kind, n_uses, n_preds, latency, dram_read and dram_write; use_res, use_dur and use_bytes, the uses of
+        all the tasks concatenated in task order; pred_idx, their predecessors (task ids) likewise."""
+        if columns.keys() != self._FIELDS.keys():
+            raise TypeError(f"TaskGraph.extend takes the columns {list(self._FIELDS)}, got {list(columns)}")
+        block = {name: np.asarray(columns[name], dtype=dtype) for name, dtype in self._FIELDS.items()}
+        succ = len(self) + np.repeat(np.arange(len(block["n_preds"])), block["n_preds"])
+        bad = (block["pred_idx"] < 0) | (block["pred_idx"] >= succ)
+        if bad.any():
+            k = int(np.argmax(bad))
+            raise EngineError(
+                f"task {succ[k]} depends on task {block['pred_idx'][k]}, which does not exist yet"
+            )
+        self._seal()
+        self._blocks.append(block)
+        self._sealed += len(block["latency"])
+
+    def _seal(self) -> None:
+        """Turn the tasks added one at a time into a block (so a block can follow them)."""
+        if not self.latency:
+            return
+        tail = {
+            "n_uses": np.diff(self._use_ptr),
+            "use_res": self.use_res,
+            "use_dur": self.use_dur,
+            "use_bytes": self.use_bytes,
+            "n_preds": np.diff(self._pred_ptr),
+            "pred_idx": self._pred_idx,
+            "latency": self.latency,
+            "dram_read": self.dram_read,
+            "dram_write": self.dram_write,
+            "kind": self.kind,
+        }
+        self._blocks.append(
+            {name: np.asarray(tail[name], dtype=dtype) for name, dtype in self._FIELDS.items()}
+        )
+        self._sealed += len(self.latency)
+        self._new_tail()
+
     def arrays(self) -> dict[str, np.ndarray]:
+        """The graph as the engine's arrays (CSR pointers for uses and predecessors). Read-only: they may be the
+        graph's own."""
+        self._seal()
+        if len(self._blocks) == 1:
+            cols = self._blocks[0]
+        else:  # an empty graph, or blocks to join
+            cols = {
+                name: np.concatenate([np.zeros(0, dtype)] + [blk[name] for blk in self._blocks])
+                for name, dtype in self._FIELDS.items()
+            }
+        ptr = {}
+        for count in ("n_uses", "n_preds"):
+            ptr[count] = np.zeros(len(cols[count]) + 1, dtype=np.int64)
+            np.cumsum(cols[count], out=ptr[count][1:])
         return {
-            "use_ptr": np.asarray(self._use_ptr, dtype=np.int64),
-            "use_res": np.asarray(self.use_res, dtype=np.int64),
-            "use_dur": np.asarray(self.use_dur, dtype=np.float64),
-            "use_bytes": np.asarray(self.use_bytes, dtype=np.float64),
-            "pred_ptr": np.asarray(self._pred_ptr, dtype=np.int64),
-            "pred_idx": np.asarray(self._pred_idx, dtype=np.int64),
-            "latency": np.asarray(self.latency, dtype=np.float64),
-            "dram_read": np.asarray(self.dram_read, dtype=np.float64),
-            "dram_write": np.asarray(self.dram_write, dtype=np.float64),
-            "kind": np.asarray(self.kind, dtype=np.int8),
+            "use_ptr": ptr["n_uses"],
+            "use_res": cols["use_res"],
+            "use_dur": cols["use_dur"],
+            "use_bytes": cols["use_bytes"],
+            "pred_ptr": ptr["n_preds"],
+            "pred_idx": cols["pred_idx"],
+            "latency": cols["latency"],
+            "dram_read": cols["dram_read"],
+            "dram_write": cols["dram_write"],
+            "kind": cols["kind"],
         }
 
 

@@ -81,6 +81,49 @@ def test_dependency_on_a_task_that_does_not_exist_is_an_error():
         g.add(0, [(0, 1.0, 0)], [3])
 
 
+def test_extend_appends_the_same_tasks_as_add_uses_one_by_one():
+    """TaskGraph.extend (the task builder's bulk append) between tasks added one at a time."""
+    tasks = [  # kind, uses, preds, latency, dram read, dram write
+        (0, [(0, 1.0, 8.0), (1, 2.0, 8.0)], [], 0.5, 8.0, 0.0),
+        (1, [(2, 3.0, 0.0)], [0, None], 0.0, 0.0, 0.0),
+        (2, [(1, 0.25, 4.0)], [1, 0], 1.0, 0.0, 4.0),
+        (0, [(0, 1.5, 2.0), (2, 0.5, 2.0), (1, 1.0, 2.0)], [2], 0.0, 2.0, 0.0),
+    ]
+    one_by_one = engine.TaskGraph()
+    for kind, uses, preds, lat, rd, wr in tasks:
+        one_by_one.add(kind, uses, preds, lat, rd, wr)
+    mixed = engine.TaskGraph()
+    mixed.add(*tasks[0])
+    bulk = tasks[1:3]
+    mixed.extend(
+        kind=[t[0] for t in bulk],
+        n_uses=[len(t[1]) for t in bulk],
+        use_res=[u[0] for t in bulk for u in t[1]],
+        use_dur=[u[1] for t in bulk for u in t[1]],
+        use_bytes=[u[2] for t in bulk for u in t[1]],
+        n_preds=[1, 2],
+        pred_idx=[0, 1, 0],
+        latency=[t[3] for t in bulk],
+        dram_read=[t[4] for t in bulk],
+        dram_write=[t[5] for t in bulk],
+    )
+    assert len(mixed) == 3
+    assert mixed.add(*tasks[3]) == 3
+    want, got = one_by_one.arrays(), mixed.arrays()
+    assert want.keys() == got.keys()
+    for key in want:
+        assert got[key].dtype == want[key].dtype and np.array_equal(got[key], want[key]), key
+    with pytest.raises(engine.EngineError, match="task 4 depends on task 4"):
+        mixed.extend(**_one_task(pred=4))
+
+
+def _one_task(pred: int) -> dict:
+    return dict(
+        kind=[0], n_uses=[1], use_res=[0], use_dur=[1.0], use_bytes=[0.0], n_preds=[1], pred_idx=[pred],
+        latency=[0.0], dram_read=[0.0], dram_write=[0.0],
+    )  # fmt: skip
+
+
 def test_ring_paths_take_the_shorter_direction_from_the_memory_node():
     res = ResourceMap(preset("spyre"))
     assert res.ring_nodes == 33
