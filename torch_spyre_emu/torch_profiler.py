@@ -194,12 +194,64 @@ class launch(contextlib.AbstractContextManager):
         self._launch.prelude = prelude
 
 
+# --- torch 2.13's dangling Python-frame names ----------------------------------------------------------------------
+
+# With `with_stack=True`, torch's Python tracer keeps pointers into the code objects it saw; a code object freed before
+# the trace is parsed (a module imported inside the window: the emulator's first device op imports scipy, numba's
+# type system and more; a `compile()`d function dropped again) leaves an event whose name is freed memory, and
+# `_KinetoEvent.name()` raises UnicodeDecodeError, which killed key_averages() and export_chrome_trace(). The same
+# happens on the CPU alone (`import pandas` in the window); the emulator only makes it likely. Such events keep
+# this name instead (kineto's JSON file keeps the bytes it wrote; merging reads them with replacement characters).
+UNREADABLE_NAME = "<unreadable Python frame name>"
+
+
+class _ReadableEvent:
+    """A kineto event whose name() and stack() never raise on undecodable bytes."""
+
+    __slots__ = ("_event",)
+
+    def __init__(self, event):
+        self._event = event
+
+    def __getattr__(self, name):
+        return getattr(self._event, name)
+
+    def name(self) -> str:
+        try:
+            return self._event.name()
+        except UnicodeDecodeError:
+            return UNREADABLE_NAME
+
+    def stack(self) -> list[str]:
+        try:
+            return self._event.stack()
+        except UnicodeDecodeError:
+            return [UNREADABLE_NAME]
+
+
+class _ReadableResult:
+    """A kineto result whose events() are _ReadableEvents (everything else is the result's own)."""
+
+    def __init__(self, result):
+        self._result = result
+        self._events = None
+
+    def __getattr__(self, name):
+        return getattr(self._result, name)
+
+    def events(self) -> list[_ReadableEvent]:
+        if self._events is None:
+            self._events = [_ReadableEvent(e) for e in self._result.events()]
+        return self._events
+
+
 # --- placing the runs on the host clock ----------------------------------------------------------------------------
 
 
 def placements(capture: _Capture, result) -> list[Placed]:
     """The device steps of the capture's runs, matched in order with the launch ranges kineto recorded in `result`."""
-    if capture._placed is not None and capture._placed[0] == id(result):
+    key = id(getattr(result, "_result", result))  # kineto's result, whichever _ReadableResult wraps it
+    if capture._placed is not None and capture._placed[0] == key:
         return capture._placed[1]
     trace_start = result.trace_start_ns()
     ranges = sorted(
@@ -235,7 +287,7 @@ def placements(capture: _Capture, result) -> list[Placed]:
                 )
             start += report.total_us * 1e3
         free_at[run.card] = start
-    capture._placed = (id(result), out)
+    capture._placed = (key, out)
     return out
 
 
@@ -488,7 +540,7 @@ def _launch_flow_starts(doc_events: list[dict], placed_ids: set[int]) -> list[di
 def merge_into_trace(capture: _Capture, result, path: str) -> None:
     """Add the device process to the Chrome trace kineto wrote at `path` (.json or .json.gz)."""
     opener = gzip.open if str(path).endswith(".gz") else open
-    with opener(path, "rt") as f:
+    with opener(path, "rt", errors="replace") as f:  # kineto writes dangling frame names as they are (above)
         doc = json.load(f)
     events = doc.get("traceEvents") if isinstance(doc, dict) else doc
     base_ns = int(doc.get("baseTimeNanoseconds", 0)) if isinstance(doc, dict) else 0
@@ -512,9 +564,21 @@ def _wants_device(prof) -> bool:
     return prof.use_device is not None and prof.use_device == torch._C._get_privateuse1_backend_name()
 
 
+@functools.cache
+def _import_record_function_modules() -> None:
+    """Run torch's first record_function now, before the trace starts. Its first use imports a module
+    (torch.profiler._cupti_monitor); imported inside a `with_stack=True` window, that module's code object is freed
+    while torch's Python tracer still refers to it, and parsing the trace then fails with a UnicodeDecodeError on
+    the dangling name (torch 2.13). Each program run opens a `launch_kernel:` range, so the first profile of a
+    process with spyre work in it would meet that."""
+    with torch.autograd.profiler.record_function("spyre:import"):
+        pass
+
+
 def _start_trace(original):
     @functools.wraps(original)
     def _start_trace(self):
+        _import_record_function_modules()
         capture = _Capture(self.use_device, bool(self.profile_memory)) if _wants_device(self) else None
         if capture is not None:
             self._spyre_capture = capture
@@ -550,6 +614,7 @@ def _exit(original):
 def _parse(original):
     @functools.wraps(original)
     def _parse_kineto_results(self, result, *args, **kwargs):
+        result = _ReadableResult(result)
         parsed = original(self, result, *args, **kwargs)
         capture = getattr(self, "_spyre_capture", None)
         if capture is None or not (capture.launches or capture.memory):
@@ -569,7 +634,7 @@ def _export(original):
         out = original(self, path, *args, **kwargs)
         capture = getattr(self, "_spyre_capture", None)
         if capture is not None and (capture.launches or capture.memory) and self.kineto_results is not None:
-            merge_into_trace(capture, self.kineto_results, path)
+            merge_into_trace(capture, _ReadableResult(self.kineto_results), path)
         return out
 
     return export_chrome_trace

@@ -216,3 +216,23 @@ def test_the_cpu_backed_custom_ops_compile_as_cpu_islands(name):
         eager, compiled = _both(fn, x)
     assert compiled.device.type == "spyre" and torch.equal(compiled.cpu(), eager.cpu())
     assert any(str(w.message).startswith(f"spyre.{name} is falling back to cpu") for w in caught)
+
+
+def test_pin_memory_and_a_pinning_dataloader_work_as_on_a_card():
+    # torch's Python-backend hooks have no pinned allocator: with the emulator loaded, pin_memory() (and so every
+    # DataLoader(pin_memory=True), transformers' Trainer default) failed; a card gives page-locked host copies
+    from torch.utils.data import DataLoader, TensorDataset
+
+    x = torch.randn(3, 64)
+    pinned = x.pin_memory()
+    assert pinned.is_pinned() and not x.is_pinned()
+    assert pinned.device.type == "cpu" and torch.equal(pinned, x) and pinned.data_ptr() != x.data_ptr()
+    assert pinned.pin_memory() is pinned
+    assert torch.empty(2, 64, pin_memory=True).is_pinned()
+    data = torch.randn(8, 64, dtype=torch.float16)
+    batches = [b for (b,) in DataLoader(TensorDataset(data), batch_size=4, pin_memory=True)]
+    assert all(b.is_pinned() for b in batches)
+    moved = torch.cat([b.to("spyre", non_blocking=True).cpu() for b in batches])
+    assert torch.equal(moved, data.to("spyre").cpu())  # the same DL16 values as a pageable copy
+    with pytest.raises(SpyreDeviceError, match="cannot be pinned"):
+        torch.empty(2, 64, device="spyre", pin_memory=True)

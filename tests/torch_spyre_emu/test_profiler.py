@@ -363,3 +363,53 @@ def test_a_graphs_weight_preparation_runs_first_in_its_launch_on_the_first_call_
     assert len(ranges) == 2
     extra = ranges[0].device_time_total - ranges[1].device_time_total
     assert extra == pytest.approx(sum(e["dur"] for e in prep), abs=1e-2)
+
+
+def _generated(i):
+    """A function compiled from source; dropped after its call, its code object is freed inside the window."""
+    namespace = {}
+    exec(compile(f"def g{i}(x):\n    return x + {i}\n", f"<generated {i}>", "exec"), namespace)
+    return namespace[f"g{i}"]
+
+
+def test_with_stack_survives_python_frames_whose_code_was_freed(tmp_path):
+    # torch 2.13's Python tracer keeps pointers to the code objects it saw; a freed one's name reads as garbage
+    # (UnicodeDecodeError in _KinetoEvent.name()), which killed key_averages() and the export of the whole trace
+    x = _x(64, 128)
+    x + x
+    with profile(activities=DEVICE, with_stack=True) as prof:
+        x + x
+        for i in range(300):
+            _generated(f"{id(prof)}_{i}")(1)  # names never used before: each a new code object
+        gc.collect()
+        junk = [b"\xff" * n for n in range(8, 80) for _ in range(2000)]  # the freed names' memory, not UTF-8  # noqa: F841
+    names = {e.name for e in prof.events()}
+    assert torch_profiler.UNREADABLE_NAME in names  # the case happened
+    assert any(e.device_type == DeviceType.PrivateUse1 for e in prof.events())  # the kernels are still there
+    prof.export_chrome_trace(str(tmp_path / "trace.json"))
+    doc = json.loads((tmp_path / "trace.json").read_text(errors="replace"))
+    assert any(e.get("name") == "process_name" and "Spyre" in str(e.get("args")) for e in doc["traceEvents"])
+
+
+def test_the_first_with_stack_profile_of_a_process_parses(tmp_path):
+    # each run opens a record_function range; torch imports a module on its first one, and imported inside a
+    # with_stack window its freed module code gave a dangling frame name: the wrapper runs that first range earlier
+    script = tmp_path / "first.py"
+    script.write_text(
+        "import torch, torch_spyre_emu\n"
+        "from torch.profiler import ProfilerActivity, profile\n"
+        "m = torch.nn.Linear(64, 64).half().to('spyre')\n"
+        "x = torch.randn(8, 64, dtype=torch.float16).to('spyre')\n"
+        "torch.relu(m(x))\n"
+        "with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.PrivateUse1], with_stack=True) as p:\n"
+        "    torch.relu(m(x))\n"
+        "from torch_spyre_emu.torch_profiler import UNREADABLE_NAME\n"
+        "names = [e.name for e in p.events()]\n"
+        "print('unreadable', names.count(UNREADABLE_NAME), 'launches', sum(n.startswith('launch_kernel') for n in names))\n"
+    )
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "unreadable 0 launches 2" in out.stdout, out.stdout

@@ -264,6 +264,8 @@ def _empty(original):
     @functools.wraps(original)
     def empty(*size, device_layout=None, **kwargs):
         if device_layout is None:
+            if kwargs.get("pin_memory") and _is_spyre(None) and torch.device(kwargs.get("device") or "cpu").type == "cpu":
+                return torch.Tensor.pin_memory(original(*size, **{**kwargs, "pin_memory": False}))
             default = torch.get_default_device() if kwargs.get("device") is None else None
             if default is not None and default.type != "cpu":
                 # torch's device context (`with torch.device(...)`, set_default_device) picks factories by
@@ -296,6 +298,46 @@ def _str(original):
     return _spyre_str
 
 
+# Pinned host memory. A card's runtime gives page-locked host buffers (torch asks the device's hooks for a pinned
+# allocator); torch's Python-backend hooks cannot offer one, so with the emulator loaded every `pin_memory()`, and so
+# every DataLoader(pin_memory=True) (transformers' Trainer sets it by default), failed with torch's "register
+# PrivateUse1HooksInterface" error, where stock CPU torch (no accelerator) skips pinning and a card pins. Here a pinned
+# tensor is a CPU copy marked pinned: pinning changes how fast a copy runs, never its values, and the emulator times
+# host <-> card copies by its own model (aiu_sim.timing.simulate.host_copy_ns).
+_PINNED = "_spyre_pinned"
+
+
+def _is_spyre(device) -> bool:
+    if device is None:
+        accelerator = torch.accelerator.current_accelerator()
+        return accelerator is not None and accelerator.type == "spyre"
+    return torch.device(device).type == "spyre"
+
+
+def _pin_memory(original):
+    @functools.wraps(original)
+    def pin_memory(self, device=None):
+        if not _is_spyre(device) or self.device.type != "cpu":
+            return original(self) if device is None else original(self, device)
+        if getattr(self, _PINNED, False):
+            return self  # as torch: pinning a pinned tensor returns it
+        out = torch.empty_like(self, memory_format=torch.preserve_format).copy_(self)
+        setattr(out, _PINNED, True)
+        return out
+
+    return pin_memory
+
+
+def _is_pinned(original):
+    @functools.wraps(original)
+    def is_pinned(self, device=None):
+        if getattr(self, _PINNED, False) and _is_spyre(device):
+            return True
+        return original(self) if device is None else original(self, device)
+
+    return is_pinned
+
+
 def _reduce(original):
     # Pickling / torch.save: go through a CPU copy, like torch does for storage-less PrivateUse1 tensors.
     @functools.wraps(original)
@@ -325,6 +367,8 @@ def install() -> None:
     # one storage): install_storage_api gives spyre storages that clone
     device_storage.install_storage_api()
     torch.Tensor._reduce_ex_internal = _reduce(torch.Tensor._reduce_ex_internal)
+    torch.Tensor.pin_memory = _pin_memory(torch.Tensor.pin_memory)
+    torch.Tensor.is_pinned = _is_pinned(torch.Tensor.is_pinned)
     torch.Tensor.device_tensor_layout = _device_tensor_layout
     torch.Tensor.device_image = spyre_tensor.device_image
     numerics_host.set_int64_warning_gate(get_downcast_warning)
