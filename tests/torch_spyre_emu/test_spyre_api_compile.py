@@ -296,3 +296,43 @@ def test_compile_with_dynamic_true_passes_a_float_attribute_as_its_value():
         assert torch.allclose(got.cpu().float(), want, atol=0.02)
         model.eps = 2.0  # a new value: a new program, not the first one's
         assert torch.allclose(compiled(x.to("spyre")).cpu().float(), model.float().cpu()(x.float()), atol=0.02)
+
+
+def _item_break(x):
+    s = (x * 2).sum().item()  # a graph break: item() runs eagerly, with dynamo's frame callback still on
+    return x + s
+
+
+def _frames_traced(fn, x) -> list[str]:
+    """The frames dynamo starts tracing while torch.compile(fn)(x) runs (its INFO log: "start tracing NAME FILE")."""
+    import logging
+    import re
+
+    traced = []
+
+    class Record(logging.Handler):
+        def emit(self, record):
+            found = re.search(r"start tracing (\S+) (\S+?):\d+", record.getMessage())
+            if found:
+                traced.append(f"{found[1]} {found[2].rsplit('/', 1)[-1]}")
+
+    logger = logging.getLogger("torch._dynamo.symbolic_convert")
+    handler = Record()
+    logger.addHandler(handler)
+    torch._logging.set_logs(dynamo=logging.INFO)
+    try:
+        torch._dynamo.reset()
+        torch.compile(fn)(x)
+    finally:
+        torch._logging.set_logs()
+        logger.removeHandler(handler)
+    return traced
+
+
+def test_dynamo_never_traces_into_the_device_kernels_of_eager_ops_in_a_compiled_function():
+    # the dispatcher calls our kernels from an eagerly run op; dynamo compiled frames inside them (dataclass-made
+    # methods, file "<string>", and more), and one with read-only numpy fields crashed inside dynamo (a compiled GRU)
+    on_cpu = _frames_traced(_item_break, torch.randn(4, 64, dtype=torch.float16))
+    on_spyre = _frames_traced(_item_break, torch.randn(4, 64, dtype=torch.float16).to("spyre"))
+    assert any("resume_in__item_break" in f for f in on_spyre)  # the graph break happened
+    assert on_spyre == on_cpu, on_spyre  # the function's own frames, nothing of the device's

@@ -306,12 +306,13 @@ def install() -> None:
     if _libraries:
         return
     lib = torch.library.Library("aten", "IMPL")
+    kernel = op_dispatch.device_kernel
     for name, fn in _KERNELS.items():
-        lib.impl(name, fn, "PrivateUse1")
+        lib.impl(name, kernel(fn), "PrivateUse1")
     for name in WHOLE_OPS:
-        lib.impl(name, _whole(name), "PrivateUse1")
+        lib.impl(name, kernel(_whole(name)), "PrivateUse1")
         if name in _BACKWARD_MATH:  # CompositeImplicitAutograd ops: their autograd is ours to give
-            lib.impl(name, _differentiable_whole(name), "AutogradPrivateUse1")
+            lib.impl(name, kernel(_differentiable_whole(name)), "AutogradPrivateUse1")
     fallback = torch.library.Library("_", "IMPL")
-    fallback.fallback(op_dispatch.fallback, dispatch_key="PrivateUse1", with_keyset=True)
+    fallback.fallback(kernel(op_dispatch.fallback), dispatch_key="PrivateUse1", with_keyset=True)
     _libraries.extend([lib, fallback])

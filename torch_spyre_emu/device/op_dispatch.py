@@ -84,7 +84,7 @@ def register_fallback(ops, device: str = "cpu") -> None:
         def kernel(*args, op=op, **kwargs):
             return run_on_cpu(op, args, kwargs)
 
-        lib.impl(_impl_name(op), kernel, "PrivateUse1", allow_override=True)
+        lib.impl(_impl_name(op), device_kernel(kernel), "PrivateUse1", allow_override=True)
     _USER_FALLBACK_LIBS.extend(libs.values())
 
 
@@ -141,14 +141,34 @@ def _register_overload_fallbacks() -> torch.library.Library:
         def kernel(*args, op=op, hint=hint, **kwargs):
             return run_on_cpu(op, args, kwargs, f"{hint} (torch-spyre's ops/fallbacks.py registers it)")
 
-        lib.impl(_impl_name(op), kernel, "PrivateUse1")
+        lib.impl(_impl_name(op), device_kernel(kernel), "PrivateUse1")
     for op in EAGER_WHOLE_OVERLOADS:
 
         def whole(*args, op=op, **kwargs):
             return _with_torch_strides(op, args, kwargs, run_on_device(op, args, kwargs))
 
-        lib.impl(_impl_name(op), whole, "PrivateUse1")
+        lib.impl(_impl_name(op), device_kernel(whole), "PrivateUse1")
     return lib
+
+
+def device_kernel(fn):
+    """`fn` as a PrivateUse1 kernel: dynamo never traces into it. The dispatcher calls the kernels of eager device
+    ops also inside a compiled function's graph-broken region (a GRU's `_VF.gru` under torch.compile), where dynamo's
+    frame callback is on. Our modules are skipped by name (register.NOT_TRACED), but dataclass-generated methods
+    live in "<string>", so dynamo compiled each of them, and one with read-only numpy fields (the timing model's
+    task layout) tripped an assertion inside dynamo. 0.4 us per call. The disabled function is made at the first
+    call, not here: kernels register at import, and importing dynamo before tensor_api patches Tensor.to makes
+    dynamo take the patched method for the builtin it skips (a graph break at every `.to` in compiled code)."""
+    untraced = None
+
+    @functools.wraps(fn)
+    def kernel(*args, **kwargs):
+        nonlocal untraced
+        if untraced is None:
+            untraced = torch._dynamo.disable(fn, recursive=True)
+        return untraced(*args, **kwargs)
+
+    return kernel
 
 
 def _impl_name(op) -> str:
@@ -194,7 +214,7 @@ def _register_structured_kernels() -> torch.library.Library:
         def kernel(*args, op=op, **kwargs):
             return _with_torch_strides(op, args, kwargs, fallback(None, op, *args, **kwargs))
 
-        lib.impl(_impl_name(op), kernel, "PrivateUse1")
+        lib.impl(_impl_name(op), device_kernel(kernel), "PrivateUse1")
     return lib
 
 
