@@ -35,6 +35,7 @@ unsupported, and retire by themselves on the default table.)
 | `x // 2^k`, `torch.floor_divide`, `torch.div(..., rounding_mode="floor")` (a float x: a position table's `dim_t // 2`) | `floor(floor(x) * 2^-k) * ((x - x) + 1)` (`floor_div`) | floor, mul, sub, add |
 | `x // d`, `x % d`, floor_divide, remainder, `div(..., rounding_mode="floor")` of integer tensors (DeepSeek-V4's `(position_ids + 1) // rate`, CANINE's hash buckets) | the stock op on the host (index arithmetic, as hf-adapters keep it), the result back on the operand's device: a graph break, bit-identical | nothing on the device |
 | `x.flip(dims)`, `torch.flip` of an integer or bool tensor (prims.rev, Inductor's flip: Muse Glimmer's and Muse Spark's vision `position_ids.flip(-1) + 1`), or of a float tensor in an eager call (Longformer's and LED's `new_ones(...).tril().flip(...)` window masks, which Inductor folds when compiled) | the stock op on the host (index work), the result back on x's device: a graph break, bit-identical | nothing on the device |
+| `torch.erfinv` of a 0-d tensor in an eager call (Gemma-3n's activation-sparsity cutoff, `Normal(0, 1).icdf(torch.tensor(0.95, device=...))`: a constant from a Python number; compiled, constant folding meets it) | the stock op on the host, the result back on x's device: a graph break, bit-identical | nothing on the device |
 | `torch.randint(low, high, size, ...)` (DiffusionGemma's random canvas, Informer's key sample) | the stock draw made on the host (a graph break) from the generator the stock call draws from: the global CPU one, the one named, or for a spyre device torch.spyre's (`_stack.device_generator`), the result on the device; the same numbers, the generator advanced alike | nothing on the device |
 | `F.fold(x, size, k, stride=k)` of patches tiling the output exactly (MobileViTv2) | `reshape` to (N, C, kh, kw, Lh, Lw), `permute` to (N, C, Lh, kh, Lw, kw), `reshape`: one input element per output element | view, permute |
 | `torch.bucketize(x, b, right=r)` (1-D b, at most 1024 boundaries: Idefics3's patch positions) | `sum(b < x)` (`b <= x` for right=True) over b as float16 ones, `where(x != x, len(b), count)`, cast to int64 / int32 | lt / le, ne, where, sum, the casts |
@@ -84,7 +85,7 @@ How it recognises its target: by what the code calls. The methods of every modul
 transformers' or a user's, not torch.nn's) and the same-package helpers they call (`structure.reachable`) are
 scanned for the names these ops are called by (`masked_fill`, `masked_fill_`, `stack`, `new_full`, `glu`, `masked_scatter`, `all`,
 `logsumexp`, `isnan`, `nan_to_num`, `scatter`, `scatter_`, `index_select`, `gather`, `prod`, `floor_divide`, `div`, `bucketize`, `as_strided`,
-`flip`, `randint`, `max_pool1d/2d`,
+`flip`, `erfinv`, `randint`, `max_pool1d/2d`,
 `avg_pool1d/2d`, and the pooling classes by name: an `nn.MaxPool1d` built inside CANINE's forward calls
 `F.max_pool1d`), for subscripts (`x[...]`: an aten.index when the key holds an integer tensor or a list;
 `x[...] = y`: a scatter into a view), for the `//` and `%` operators and for in-place operators on a name (`x *= y`,
@@ -612,6 +613,24 @@ def _index_flip_on_host(stock):
             return _PASS
         dims = kwargs["dims"] if "dims" in kwargs else args[1] if len(args) == 2 else tuple(args[1:])
         return run(x, tuple(dims) if isinstance(dims, list | tuple) else (dims,))
+
+    return handler
+
+
+def _scalar_on_host(stock):
+    """A Reexpress handler: `stock` (a one-tensor math function: torch.erfinv) of a 0-d tensor, in an eager call, run
+    by `_stack.on_host`, the result back on the tensor's device: a constant a model derives from a Python number
+    (Gemma-3n's activation-sparsity cutoff, `Normal(0, 1).icdf(torch.tensor(sparsity, device=...))`, an erfinv).
+    Compiled, the graph's constant folding meets it; other ranks and out= stay stock. Bit-identical."""
+    run = _stack.on_host(stock)
+
+    def handler(args, kwargs):
+        x = _arg(args, kwargs, 0, "input", "self", default=None)
+        if len(args) + len(kwargs) != 1 or not isinstance(x, torch.Tensor) or x.dim() != 0:
+            return _PASS
+        if x.device.type == "cpu" or torch.compiler.is_compiling():
+            return _PASS
+        return run(x)
 
     return handler
 
@@ -1595,6 +1614,14 @@ REWRITES: tuple[Rewrite, ...] = (
         (),
         "flip of an integer or bool tensor, or of any tensor in an eager call, on the host, the result back on the"
         " device",
+    ),
+    Rewrite(
+        "aten.erfinv",
+        (torch.erfinv, torch.Tensor.erfinv, torch.special.erfinv),
+        frozenset({"erfinv"}),
+        _scalar_on_host(torch.erfinv),
+        (),
+        "erfinv of a 0-d tensor (a constant from a Python number: a normal quantile) in an eager call, on the host",
     ),
     Rewrite(
         "aten.randint",

@@ -1119,3 +1119,29 @@ def test_gemma4_audio_block_context_compiles_where_stock_fails():
         out = torch.compile(block_context)(k.to("spyre"))
     torch._dynamo.reset()
     _same(out.cpu(), ref)
+
+
+def test_a_normal_quantile_of_a_python_number_is_taken_on_the_host_in_eager_calls():
+    # Gemma-3n's MLP derives its activation-sparsity cutoff with Normal(0, 1).icdf(torch.tensor(0.95, device=...)),
+    # an erfinv of a 0-d device tensor: no lowering, so a device-resident forward (generate) stopped there
+    import transformers
+    from transformers.models.gemma3n import modeling_gemma3n
+
+    from torch_spyre_emu.errors import SpyreUnsupportedOpError
+
+    config = transformers.Gemma3nTextConfig(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=1, activation_sparsity_pattern=[0.95],
+        vocab_size=128, num_attention_heads=2, num_key_value_heads=1, head_dim=32,
+    )  # fmt: skip
+    x = torch.randn(2, 4, 64, dtype=torch.float16)
+    stock = modeling_gemma3n.Gemma3nTextMLP(config, layer_idx=0).half().eval()
+    want = stock(x)
+    with torch.no_grad(), pytest.raises(SpyreUnsupportedOpError, match="aten.erfinv"):
+        type(stock)(config, layer_idx=0).half().to("spyre")(x.to("spyre"))
+    adapters.apply(stock)
+    got = stock.to("spyre")(x.to("spyre")).cpu()
+    assert got.shape == want.shape
+    torch.testing.assert_close(got, want, atol=2e-3, rtol=2e-2)  # DL16 on the device, the cutoff bit-identical
+    assert torch.erfinv(torch.tensor(0.9)) == Reexpress(REWRITES).__torch_function__(
+        torch.erfinv, (), (torch.tensor(0.9),)
+    )  # a CPU tensor stays stock
