@@ -503,6 +503,7 @@ _OPS: list[OpEntry] = [
     _e("log2", "unsupported", (), "in no June op table, as a lowering or a CPU island: emulation assumption, a gap"),
     _e("acos", "unsupported", (), "in no June op table, as a lowering or a CPU island: emulation assumption, a gap"),
     _e("asinh", "unsupported", (), "in no June op table, as a lowering or a CPU island: emulation assumption, a gap"),
+    _e("erfinv", "unsupported", (), "in no June op table, as a lowering or a CPU island: emulation assumption, a gap"),
     # aten.flip is left out of the table on purpose: Inductor decomposes it, so the stack meets prims.rev
     OpEntry("prims.rev", "unsupported", (), "what aten.flip decomposes into; in no June op table: a gap", S17),
     *(
