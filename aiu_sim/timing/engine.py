@@ -66,26 +66,12 @@ class TaskGraph:
     }
 
     def __init__(self) -> None:
-        # Finished runs of tasks, in task order, as arrays (per task: use and predecessor counts, not pointers).
+        # Runs of tasks in task order, as arrays (per task: use and predecessor counts, not pointers).
         self._blocks: list[dict[str, np.ndarray]] = []
-        self._sealed = 0  # tasks in _blocks
-        self._new_tail()
-
-    def _new_tail(self) -> None:
-        """The tasks added one at a time since the last block, as Python lists (pointers count from the tail)."""
-        self._use_ptr = [0]
-        self.use_res: list[int] = []
-        self.use_dur: list[float] = []
-        self.use_bytes: list[float] = []
-        self._pred_ptr = [0]
-        self._pred_idx: list[int] = []
-        self.latency: list[float] = []
-        self.dram_read: list[float] = []
-        self.dram_write: list[float] = []
-        self.kind: list[int] = []
+        self._n = 0  # tasks so far
 
     def __len__(self) -> int:
-        return self._sealed + len(self.latency)
+        return self._n
 
     def add(
         self,
@@ -113,22 +99,13 @@ class TaskGraph:
         dram_read: float = 0.0,
         dram_write: float = 0.0,
     ) -> int:
-        """Like add, with the uses as three parallel sequences."""
+        """Like add, with the uses as three parallel sequences; a None predecessor is no predecessor."""
         tid = len(self)
-        self.use_res.extend(res)
-        self.use_dur.extend(dur)
-        self.use_bytes.extend(nbytes)
-        self._use_ptr.append(len(self.use_res))
-        for p in preds:
-            if p is not None:
-                if not 0 <= p < tid:
-                    raise EngineError(f"task {tid} depends on task {p}, which does not exist yet")
-                self._pred_idx.append(p)
-        self._pred_ptr.append(len(self._pred_idx))
-        self.latency.append(latency)
-        self.dram_read.append(dram_read)
-        self.dram_write.append(dram_write)
-        self.kind.append(kind)
+        preds = [p for p in preds if p is not None]
+        self.extend(
+            kind=[kind], n_uses=[len(res)], use_res=res, use_dur=dur, use_bytes=nbytes,
+            n_preds=[len(preds)], pred_idx=preds, latency=[latency], dram_read=[dram_read], dram_write=[dram_write],
+        )  # fmt: skip
         return tid
 
     def extend(self, **columns) -> None:
@@ -145,36 +122,12 @@ class TaskGraph:
             raise EngineError(
                 f"task {succ[k]} depends on task {block['pred_idx'][k]}, which does not exist yet"
             )
-        self._seal()
         self._blocks.append(block)
-        self._sealed += len(block["latency"])
-
-    def _seal(self) -> None:
-        """Turn the tasks added one at a time into a block (so a block can follow them)."""
-        if not self.latency:
-            return
-        tail = {
-            "n_uses": np.diff(self._use_ptr),
-            "use_res": self.use_res,
-            "use_dur": self.use_dur,
-            "use_bytes": self.use_bytes,
-            "n_preds": np.diff(self._pred_ptr),
-            "pred_idx": self._pred_idx,
-            "latency": self.latency,
-            "dram_read": self.dram_read,
-            "dram_write": self.dram_write,
-            "kind": self.kind,
-        }
-        self._blocks.append(
-            {name: np.asarray(tail[name], dtype=dtype) for name, dtype in self._FIELDS.items()}
-        )
-        self._sealed += len(self.latency)
-        self._new_tail()
+        self._n += len(block["latency"])
 
     def arrays(self) -> dict[str, np.ndarray]:
         """The graph as the engine's arrays (CSR pointers for uses and predecessors). Read-only: they may be the
         graph's own."""
-        self._seal()
         if len(self._blocks) == 1:
             cols = self._blocks[0]
         else:  # an empty graph, or blocks to join
