@@ -134,15 +134,16 @@ class TaskBuilder:
         x = np.empty((n_chunks, lay.n_values))
         x[:, ZERO] = 0.0
         x[:, ONE] = 1.0
-        written = _sum(p.writes.values(), n_chunks) > 0  # the chunk finishes output tiles
+        written = sum(p.writes.values(), np.zeros(n_chunks)) > 0  # the chunk finishes output tiles
         x[:, WRITTEN] = written
         x[:, LX_BYTES] = lx_bytes
         x[:, PSUM] = x[:, ADD_NS] = 0.0
         out_idx = range(self.n_in, len(self.k.args))
         if self.chains is not None:
-            psum = _sum(
+            # in order from 0, as the per-chunk sum of the task-at-a-time builder (the same floats)
+            psum = sum(
                 (p.writes[o] * PSUM_BYTES / elem_bytes(self._dtype(o)) for o in out_idx if o in p.writes),
-                n_chunks,
+                np.zeros(n_chunks),
             )
             lanes = self.cfg.sfp_lanes * r.corelets
             x[:, PSUM] = psum
@@ -150,9 +151,9 @@ class TaskBuilder:
         for g, per_chunk in enumerate(mcast.values()):
             x[:, lay.mcast_col + g] = per_chunk
         x[:, lay.load_col : lay.load_col + len(self.cores)] = private.T
-        stored = _sum(
+        stored = sum(
             (np.outer(p.stores[o], self.scale[o]) for o in out_idx if o in p.stores),
-            (n_chunks, len(self.cores)),
+            np.zeros((n_chunks, len(self.cores))),
         )
         x[:, lay.store_col : lay.store_col + len(lay.store_of)] = np.where(
             written[:, None], stored[:, lay.store_of], 0.0
@@ -414,14 +415,6 @@ def _make_layout(config, r, cores, keys, chain_list, unit) -> _Layout:
         compute_col=compute_col,
         lx_col=lx_col,
     )
-
-
-def _sum(terms, shape) -> np.ndarray:
-    """Elementwise sum of arrays in order from 0, as Python's sum() adds per-chunk values (the same floats)."""
-    total = np.zeros(shape)
-    for t in terms:
-        total = total + t
-    return total
 
 
 def chains(kernel: Kernel, buffers: dict[str, Buffer]) -> list[list[int]] | None:
