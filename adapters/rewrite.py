@@ -19,6 +19,10 @@ unsupported, and retire by themselves on the default table.)
 | `x[i, 1]`, `x[1, i]` (ints beside the integer tensors of the leading dims: GLM-4V's `image_shapes[seq_ids, 1]`) | the ints selected first (`x.select(d, 1)`, views), then the lookup above | select (a view), embedding |
 | `x[:, i]`, `x[..., i, :]` (one integer tensor on an inner dim, the others whole: LayoutLMv3's `bias.weight[:, buckets]`) | the lookup above on `x.movedim(d, 0)`, i's dims moved back to d | permute, embedding |
 | `x[..., [p, q], :]` (a constant list of positions of one dim) | `torch.cat([x.select(d, p).unsqueeze(d), ...], d)` | select (a view), cat |
+| `x[i, j, None]`, `x[i, None, :]` (Nones and whole slices after the index tensors: DBRX's routing weights) | the lookup above, then an unsqueeze per None | embedding, unsqueeze (a view) |
+| `x[mask]`, `x[mask, ...]` (a bool mask over the leading dims) of a device tensor in an eager call (shape.data_dependent: X-MOD's language rows, Idefics2's real images, LFM2-VL's image tokens) | the mask's positions found on the host (`mask.nonzero(as_tuple=True)`), then the lookup above by them; no position: stock's empty rows (`new_empty`) | embedding; nothing else on the device |
+| `nonzero`, `argwhere`, one-argument `torch.where`, `unique`, `unique_consecutive`, `repeat_interleave` by a tensor of counts (Kimi-K2.5's video patch index) of a device tensor in an eager call (shape.data_dependent: ViLT's patch sampling, Qwen3-ASR's valid frames, MoE experts loops' hit experts) | the stock op on the host (index work, as hf-adapters keep it), the results back on the device | nothing on the device |
+| `F.one_hot(index, num_classes)` of a device tensor in an eager call (aten.scatter: ATen's eager kernel scatters ones; MoE experts loops' masks, Gemma 4's pooling weights, Nemotron 3.5 ASR's prompt) | `(index[..., None] == 0..C-1).to(int64)`, the form compiled graphs get from Inductor's decomposition; the range check and num_classes=-1's width read on a host copy of the index | eq, the bool->int64 cast |
 | `x[:, i] = y`, `x[..., a:b] = y`, `x[..., i, :i] = y`, `x[..., a::k] = y` on a base of rank >= 3 (select_scatter / slice_scatter, #4441) | `x.copy_(where(window, y in the window, x))`, one where per written dim; a strided slice's y spread by unsqueeze + zero pad + reshape | where, copy, constant_pad_nd, view, slice |
 | a store or an in-place op (`v *= m`, `v[mask] = c`) into a view v of a base of rank >= 3 (`freq[0]`, `mask[:, 0, 0, :]`, a reshape of a slice: Cohere-Compass's M-RoPE, Longformer, Funnel) | the mode tags the views it sees made (subscripts of ints and slices, reshapes that are views); a write into a tagged view is the window write of its parent (a reshape's: the parent reshaped), up to an untagged tensor, written whole | the window write's, mul / add / sub / div |
 | `x[mask] = v` (index_put, #1880: a bool mask over leading dims, a number or one row v; the media-token blanking of multimodal models) | `x.copy_(where(mask, v, x))` (masked_fill_ by definition) | where, full, copy |
@@ -64,8 +68,9 @@ same row gather along its dim (index_select, like the other ops here, has no Spy
 capability table). So fp32, fp16 and
 integer results are bit-identical to stock.
 What is not rewritten (runs as stock, so the stack still reports it): out=, a non-bool mask, a fill value that
-stock refuses (overflow), an index key with a bool mask, None, a step or partial slice, or an Ellipsis before an
-index tensor, a window write of a negative-step slice, a write into a view the mode did not see made (narrow,
+stock refuses (overflow), an index key with a bool mask under compile (dynamo leaves it to eager code, which the
+bool-mask form meets) or beside other items than whole slices, None before an index tensor, a step or partial
+slice, or an Ellipsis before an index tensor, a window write of a negative-step slice, a write into a view the mode did not see made (narrow,
 select, unfold, ... called as methods, or made outside the forward: stock, so the stack still reports the scatter),
 an in-place op with alpha= or rounding_mode=, an `all` over an empty reduction (amin of nothing is an error, `all` of nothing is True), a
 logsumexp of an empty tensor, a scatter of a src tensor, with reduce=, of an index narrower than x off its dim, or
@@ -85,7 +90,8 @@ How it recognises its target: by what the code calls. The methods of every modul
 transformers' or a user's, not torch.nn's) and the same-package helpers they call (`structure.reachable`) are
 scanned for the names these ops are called by (`masked_fill`, `masked_fill_`, `stack`, `new_full`, `glu`, `masked_scatter`, `all`,
 `logsumexp`, `isnan`, `nan_to_num`, `scatter`, `scatter_`, `index_select`, `gather`, `prod`, `floor_divide`, `div`, `bucketize`, `as_strided`,
-`flip`, `erfinv`, `randint`, `max_pool1d/2d`,
+`flip`, `erfinv`, `randint`, `nonzero`, `argwhere`, `unique`, `unique_consecutive`, `repeat_interleave`, `one_hot`,
+`max_pool1d/2d`,
 `avg_pool1d/2d`, and the pooling classes by name: an `nn.MaxPool1d` built inside CANINE's forward calls
 `F.max_pool1d`), for subscripts (`x[...]`: an aten.index when the key holds an integer tensor or a list;
 `x[...] = y`: a scatter into a view), for the `//` and `%` operators and for in-place operators on a name (`x *= y`,
@@ -635,6 +641,42 @@ def _scalar_on_host(stock):
     return handler
 
 
+def _sized_on_host(stock, whole_call: bool = False):
+    """A Reexpress handler: `stock` (nonzero, argwhere, unique, unique_consecutive, and the one-argument torch.where,
+    which is nonzero(as_tuple=True)) of a device tensor in an eager call, run by `_stack.on_host`, its results back on
+    the tensor's device: results sized by the tensor's values (ViLT's patch sampling, Qwen3-ASR's valid frames,
+    Qwen4-Exp's visible tokens), index work hf-adapters keep on the CPU. Compiled, dynamo leaves a data-dependent size
+    to eager code (a graph break), which then meets this. out= stays stock; `whole_call`: only a call with the tensor
+    alone is this op (torch.where's three-argument select is not). Bit-identical."""
+    run = _stack.on_host(stock)
+
+    def handler(args, kwargs):
+        if "out" in kwargs or (whole_call and len(args) + len(kwargs) != 1):
+            return _PASS
+        x = _arg(args, kwargs, 0, "input", "self", "condition", default=None)
+        if not isinstance(x, torch.Tensor) or x.layout != torch.strided:
+            return _PASS
+        if x.device.type == "cpu" or torch.compiler.is_compiling():
+            return _PASS
+        return run(*args, **kwargs)
+
+    return handler
+
+
+_REPEAT_ON_HOST = _sized_on_host(torch.repeat_interleave)
+
+
+def repeat_interleave(args, kwargs):
+    """`repeat_interleave` by a tensor of counts (or of counts alone: `torch.repeat_interleave(counts)`), sized by
+    their values (ATen's kernel: a cumsum and a searchsorted; Kimi-K2.5's video patch index), as `_sized_on_host`;
+    an int count is a broadcast the stack runs, stock."""
+    x = _arg(args, kwargs, 0, "input", "self", default=None)
+    repeats = _arg(args, kwargs, 1, "repeats", default=None)
+    if not (isinstance(repeats, torch.Tensor) or (repeats is None and isinstance(x, torch.Tensor))):
+        return _PASS
+    return _REPEAT_ON_HOST(args, kwargs)
+
+
 @_stack.host
 def _draw_on_host(stock, args, kwargs):
     """`stock(*args, **kwargs)` (a random factory: torch.randint) outside the compiled graph. For the CPU it is the
@@ -735,7 +777,7 @@ def scatter(args, kwargs):
     value = _arg(args, kwargs, 3, "value")
     if not isinstance(x, torch.Tensor) or not isinstance(index, torch.Tensor) or not isinstance(dim, int):
         return _PASS
-    if x.is_complex() or x.layout != torch.strided or index.dtype != torch.int64 or x.dim() == 0:
+    if x.is_complex() or x.layout != torch.strided or index.dtype not in (torch.int64, torch.int32) or x.dim() == 0:
         return _PASS
     if isinstance(value, torch.Tensor) or not -x.dim() <= dim < x.dim() or index.dim() != x.dim():
         return _PASS
@@ -754,6 +796,29 @@ def scatter(args, kwargs):
     hits = index.movedim(dim, -1).unsqueeze(-1) == positions  # (..., K, T)
     hit = (hits.to(torch.float16).amax(-2) != 0).movedim(-1, dim)
     return torch.where(hit, torch.full((), v, dtype=x.dtype, device=x.device), x)
+
+
+def one_hot(args, kwargs):
+    """F.one_hot(index, num_classes) in an eager call: `(index[..., None] == 0..C-1)` as int64, the form the compiled
+    path already gets (Inductor's decomposition: an arange and an eq); ATen's eager kernel scatters ones into zeros
+    (aten.scatter, an indirect write). MoE experts loops' expert masks, Gemma 4's pooling weights, Nemotron 3.5
+    ASR's prompt features. num_classes=-1 reads the width from the index, as stock does; an index out of range stays
+    stock (its error). Exact. Compiled, and for non-int64 indices (stock's error), stock."""
+    if len(args) + len(kwargs) > 2 or kwargs.keys() - {"input", "tensor", "num_classes"}:
+        return _PASS
+    index = _arg(args, kwargs, 0, "input", "tensor", default=None)
+    n = _arg(args, kwargs, 1, "num_classes", default=-1)
+    if not isinstance(index, torch.Tensor) or index.device.type == "cpu" or torch.compiler.is_compiling():
+        return _PASS
+    if index.dtype != torch.int64 or index.layout != torch.strided or index.numel() == 0 or not isinstance(n, int):
+        return _PASS
+    host = _stack.to_host(index)  # the range check (stock's error) and the width read on one host copy
+    lo, hi = int(host.min()), int(host.max())
+    n = hi + 1 if n == -1 else n
+    if lo < 0 or hi >= n:
+        return _PASS
+    positions = torch.tensor(list(range(n)), dtype=torch.int64, device=index.device)
+    return (index.unsqueeze(-1) == positions).to(torch.int64)
 
 
 def scatter_(args, kwargs):
@@ -847,12 +912,34 @@ def _inner_index(x: torch.Tensor, key) -> tuple[int, torch.Tensor] | None:
     return tensors[0], items[tensors[0]]
 
 
+def _with_new_dims(x: torch.Tensor, items: list):
+    """`x[i, j, None]`, `x[i, None, :]` (index tensors on the leading dims, then Nones and whole slices: DBRX's
+    `top_k_weights[token_idx, idx, None]`): the lookup, then each None an unsqueeze where stock puts its new dim."""
+    k = 0
+    while k < len(items) and isinstance(items[k], torch.Tensor):
+        k += 1
+    rest = items[k:]
+    if k == 0 or any(not (i is None or (isinstance(i, slice) and i == slice(None))) for i in rest):
+        return _PASS
+    out = getitem((x, tuple(items[:k])), {})
+    if out is _PASS:
+        return _PASS
+    pos = out.dim() - (x.dim() - k)  # the first dim after the looked-up block
+    for i in rest:
+        if i is None:
+            out = out.unsqueeze(pos)
+        pos += 1
+    return out
+
+
 def getitem(args, kwargs):
     if kwargs or len(args) != 2:
         return _PASS
     x, key = args
     if not isinstance(x, torch.Tensor) or x.is_complex() or x.layout != torch.strided:
         return _PASS
+    if isinstance(key, tuple) and any(i is None for i in key):
+        return _with_new_dims(x, list(key))
     selected = _select_ints(x, key)
     if selected is not None:
         x, key = selected
@@ -895,6 +982,31 @@ def getitem(args, kwargs):
     rows = math.prod(sizes)
     table = x.reshape(rows, math.prod(rest) if rest else 1)
     return F.embedding(flat, table).reshape(*flat.shape, *rest)
+
+
+def mask_getitem(args, kwargs):
+    """`x[mask]`, `x[mask, ...]` (a bool mask over x's leading dims, the rest whole: multimodal models' media rows,
+    X-MOD's per-language rows) in an eager call: a result sized by the mask's values. The mask's positions are found
+    on the host (`mask.nonzero()`, index work) and the rows looked up by them as `x[i, j, ...]` (getitem: an
+    embedding lookup on the device), which is what stock's index does with a bool mask. Compiled, dynamo leaves the
+    data-dependent size to eager code, which then meets this. Bit-identical."""
+    if kwargs or len(args) != 2 or torch.compiler.is_compiling():
+        return _PASS
+    x, key = args
+    items = list(key) if isinstance(key, tuple) else [key]
+    if not isinstance(x, torch.Tensor) or x.device.type == "cpu" or not items:
+        return _PASS
+    mask = items[0]
+    if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool or mask.layout != torch.strided:
+        return _PASS
+    if mask.dim() == 0 or tuple(mask.shape) != tuple(x.shape[: mask.dim()]):
+        return _PASS  # a 0-d mask adds a dim; a mismatched one is stock's IndexError
+    if any(not (i is Ellipsis or (isinstance(i, slice) and i == slice(None))) for i in items[1:]):
+        return _PASS
+    positions = _stack.on_host(torch.nonzero)(mask, as_tuple=True)
+    if positions[0].numel() == 0:  # nothing selected: stock's empty result, made without a lookup
+        return x.new_empty((0, *x.shape[mask.dim() :]))
+    return getitem((x, positions), {})
 
 
 def gather(args, kwargs):
@@ -1531,12 +1643,48 @@ REWRITES: tuple[Rewrite, ...] = (
         "x.copy_(where(any index == position, value, x)) for a number scattered in place along a whole-width index",
     ),
     Rewrite(
+        "aten.scatter",
+        (torch.nn.functional.one_hot,),
+        frozenset({"one_hot"}),
+        one_hot,
+        ("aten.eq", "cast.bool->int64"),
+        "one_hot as index == 0..C-1 (the compiled path's decomposition) in an eager call on the device",
+    ),
+    Rewrite(
         "aten.index",
         (torch.Tensor.__getitem__,),
         frozenset(),  # a subscript, found by opcode (_SUBSCRIPT)
         getitem,
         ("aten.embedding", "aten.where", "aten.mul", "aten.add", "aten.select", "aten.cat"),
         "embedding lookup of the flattened leading dims; a constant list of positions: cat of selects",
+    ),
+    Rewrite(
+        "shape.data_dependent",
+        (torch.Tensor.__getitem__,),
+        frozenset(),  # a subscript, found by opcode (_SUBSCRIPT)
+        mask_getitem,
+        ("aten.embedding", "aten.where", "aten.mul", "aten.add"),
+        "x[mask] in an eager call: the mask's positions found on the host, the rows looked up as x[i, j]",
+    ),
+    Rewrite(
+        "shape.data_dependent",
+        (torch.nonzero, torch.Tensor.nonzero),
+        frozenset({"nonzero", "argwhere", "unique", "unique_consecutive", "repeat_interleave"}),
+        _sized_on_host(torch.nonzero),
+        (),
+        "nonzero, argwhere, one-argument where, unique, unique_consecutive and repeat_interleave by a tensor of counts"
+        " of a device tensor in an eager call, on the host, the results back on the device",
+        extra=(
+            (torch.argwhere, _sized_on_host(torch.argwhere)),
+            (torch.Tensor.argwhere, _sized_on_host(torch.argwhere)),
+            (torch.where, _sized_on_host(torch.where, whole_call=True)),  # where(c) is nonzero(c, as_tuple=True)
+            (torch.unique, _sized_on_host(torch.unique)),
+            (torch.Tensor.unique, _sized_on_host(torch.unique)),
+            (torch.unique_consecutive, _sized_on_host(torch.unique_consecutive)),
+            (torch.Tensor.unique_consecutive, _sized_on_host(torch.unique_consecutive)),
+            (torch.repeat_interleave, repeat_interleave),
+            (torch.Tensor.repeat_interleave, repeat_interleave),
+        ),
     ),
     Rewrite(
         "aten.gather",

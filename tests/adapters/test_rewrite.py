@@ -756,7 +756,7 @@ def test_retires_per_op_and_whole():
         assert "aten.index" not in {
             r.gap for r in active_rewrites(c)
         }  # never routed through an op it lacks too
-    covered = {g: (True if g.startswith("layout.") else "native") for g in rewrite.GAPS}  # features take a bool
+    covered = {g: (True if g in caps.features else "native") for g in rewrite.GAPS}  # features take a bool
     with torch_spyre_emu.capabilities.override(covered) as c:
         # what the table decides is retired; the window write still asks the stack (its rank >= 3 check stands)
         assert [r.handler for r in active_rewrites(c)] == [rewrite.setitem]

@@ -124,3 +124,17 @@ def test_calls_torch_rejects_keep_torchs_error():
         with pytest.raises(Exception, match=match):
             torch.compile(_sdpa)(*args, **kw)
     torch._dynamo.reset()
+
+
+def test_dropout_in_sdpa_is_a_typed_gap_eager_and_compiled():
+    """A training-mode SDPA (dropout_p > 0) needs random draws the stack cannot lower: the stack's typed error
+    naming the fix, not an untyped NotImplementedError from inside the decomposition (op_db's SDPA samples)."""
+    (q, k, v), _ = _case("narrow_v")
+    dev = [t.to("spyre") for t in (q, k, v)]
+    for fn in (_sdpa, torch.compile(_sdpa)):
+        torch._dynamo.reset()
+        with pytest.raises(SpyreUnsupportedOpError, match=r"dropout_p=0.5 .*model.eval\(\)"):
+            fn(*dev, dropout_p=0.5)
+    torch._dynamo.reset()
+    out = torch.compile(_sdpa)(*dev, dropout_p=0.0)  # inference is unaffected
+    torch.testing.assert_close(out.cpu(), F.scaled_dot_product_attention(q, k, v), atol=0.05, rtol=0.05)

@@ -22,6 +22,7 @@ import torch.fx as fx
 from torch_spyre_emu.compiler.capture import retrace
 from torch_spyre_emu.device import custom_ops
 from torch_spyre_emu.device.custom_ops import COMPILE_ONLY
+from torch_spyre_emu.errors import SpyreUnsupportedOpError
 
 aten = torch.ops.aten
 
@@ -53,7 +54,12 @@ def _repeat_heads(x: torch.Tensor, heads: int) -> torch.Tensor:
 def sdpa_math(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
     """softmax(Q K^T * scale + mask) V, the math path torch-spyre lowers SDPA to."""
     if dropout_p:
-        raise NotImplementedError("SDPA with dropout_p > 0 is training-only; call model.eval()")
+        # the math path's dropout needs a random mask (aten.bernoulli), which no Spyre lowering draws
+        raise SpyreUnsupportedOpError(
+            f"scaled_dot_product_attention with dropout_p={dropout_p} is unsupported on Spyre: its dropout mask "
+            "needs random draws (aten.bernoulli), which the stack cannot lower; run inference (model.eval(), or "
+            "dropout_p=0.0)"
+        )
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     k = _repeat_heads(k, q.shape[-3])
     v = _repeat_heads(v, q.shape[-3])
