@@ -166,6 +166,22 @@ def test_int64_out_of_range_is_a_spyre_error_and_an_int64_range_error():
     assert isinstance(caught.value, Int64RangeError) and "int32 range" in str(caught.value)
 
 
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_an_int64_result_out_of_range_is_the_same_typed_error(compiled):
+    """A cast of inf (or 3e10) to int64 runs as a CPU fallback whose result cannot land in the device's int32: the
+    same SpyreInt64RangeError as an upload, not aiu_sim's bare error (found by a cast fuzz, every dtype pair)."""
+    x = torch.tensor([1.0, float("inf"), 3e10]).to("spyre")
+
+    def fn(t):
+        return t.to(torch.int64)
+
+    torch._dynamo.reset()
+    with pytest.raises(SpyreError, match="int32 range") as caught:
+        (torch.compile(fn) if compiled else fn)(x)
+    assert isinstance(caught.value, Int64RangeError)
+    torch._dynamo.reset()
+
+
 # --- casts to bool and the CPU-backed custom ops, eager and compiled ---------------------------------------------
 
 
