@@ -25,6 +25,7 @@ Inductor's decompositions take them to expm1, log1p and an index with four index
 | `x.scatter_reduce(d, index, src, reduce)` (sum, mean, amax, amin; index shaped as src, and as x off d) | `where(index == position, src, identity)` reduced over the index (positions a host constant), x kept where no index names a position | amax/amin exact; sum/mean the order of additions |
 | `x.scatter_add(d, index, src)`, `scatter_add_` (GLM-5-Next's count of selected keys: int32) | scatter_reduce's sum with include_self (its definition) | integers exact; floats the order of additions |
 | `x.index_add(d, index, src)`, `index_add_` (alpha 1; Kimi-K2.5's temporal merge of video frames: Inductor decomposes it to index_put, #1880) | scatter_add with the index broadcast over src's other dims (its definition) | as scatter_add |
+| the same in an eager call on the device with every row named once (an experts loop's tokens for one expert: Step 3.7) | the named rows looked up (the rewrite's lookup), src added, stored back with `index_copy` (the duplicate check on a host copy of the index) | embedding, add, index_copy (CPU fallbacks) |
 | `F.embedding_bag(input, table, per_sample_weights=w, mode=...)` of a 2-D input (fixed-size bags: Kimi-K2.5's bicubic position-embedding resample) | `F.embedding(input, table)`, weighted, summed (mean: / N) over each bag in fp32, cast back; max: amax | the sum's order (stock fuses multiply-adds); max exact |
 | `F.grid_sample(x, grid, ...)` (4-D, any mode, padding, align_corners) | `x.reshape(N, C, Hi*Wi) @ M_n^T`, M_n the weights stock's own kernel gives the Hi*Wi one-hot images at grid n, built on the host | the matmul's fp32 sum; bilinear and nearest exact |
 
@@ -91,7 +92,7 @@ from torch._prims_common import get_computation_dtype
 from adapters import _stack
 from adapters.group_norm import channel_affine, group_norm_two_pass, standardise
 from adapters.registry import register_adapter
-from adapters.rewrite import _PASS, ModeAdapter, Rewrite, _arg, active_rewrites
+from adapters.rewrite import _PASS, ModeAdapter, Rewrite, _arg, active_rewrites, getitem
 
 
 def _unary(args, kwargs):
@@ -486,12 +487,33 @@ def index_add(args, kwargs, inplace: bool = False):
         return _PASS  # stock's shape errors
     if not torch.compiler.is_compiling() and index.numel() and (int(index.max()) >= x.shape[d] or int(index.min()) < 0):
         return _PASS  # stock's out-of-range error, in eager runs
+    if x.device.type != "cpu" and index.numel() and not torch.compiler.is_compiling():
+        out = _distinct_index_add(x, d, index, source, inplace)
+        if out is not _PASS:
+            return out
     where = [1] * x.dim()
     where[d] = index.numel()
     out = scatter_reduce((x, d, index.reshape(where).expand(source.shape), source, "sum"), {})
     if out is _PASS or not inplace:
         return out
     return x.copy_(out)
+
+
+def _distinct_index_add(x: torch.Tensor, d: int, index: torch.Tensor, source: torch.Tensor, inplace: bool):
+    """index_add whose index names each row at most once (an experts loop's tokens for one expert: Step 3.7's
+    `final.index_add_(0, token_idx, ...)`) in an eager call on the device: each named row of x gets one source row
+    added, so it is those rows looked up (the rewrite's lookup), the source added, and the rows stored back with
+    index_copy (a CPU fallback, #4239): stock's one addition per named row. The duplicate check reads the index on the
+    host (index work). Where the compare form would build rows x writes x width elements (Step 3.7: 35 M)."""
+    host = _stack.to_host(index)
+    if host.unique().numel() != host.numel() or source.dtype != x.dtype:
+        return _PASS  # several writes to a row add in an order; a dtype mismatch is stock's error
+    picked = getitem((x.movedim(d, 0), (index,)), {})
+    if picked is _PASS:
+        return _PASS
+    added = (picked + source.movedim(d, 0)).movedim(0, d)
+    index = index if index.dtype == torch.int64 else index.to(torch.int64)  # index_copy takes int64 only
+    return x.index_copy_(d, index, added) if inplace else x.index_copy(d, index, added)
 
 
 _BAG_ARGS = (

@@ -7,6 +7,8 @@ store whole on the device; a row store leaves only the index_copy fallback)."""
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -127,6 +129,38 @@ def test_index_add_is_scatter_add(dtype, dim):
         else:  # the same sums in another order
             tol = {torch.float32: 1e-4, torch.float16: 2.0, torch.bfloat16: 8.0}[dtype]
             torch.testing.assert_close(out, ref, atol=tol, rtol=2e-2)
+
+
+@pytest.mark.parametrize("dim", [0, 1])
+def test_index_add_of_distinct_rows_on_the_device_is_a_lookup_add_and_index_copy(dim, monkeypatch):
+    """An experts loop's `final.index_add_(0, token_idx, expert_out)` (Step 3.7: 187 writes into 370 rows of 512)
+    in an eager call on the device: every row named once, so the rows are looked up, added to and copied back
+    (index_copy, a CPU fallback): stock's one addition per row, in place and not; duplicates keep the compare
+    form (its result as before)."""
+    x = (_rand(37, 64, seed=1) * 10).half()
+    index = torch.randperm(x.shape[dim], generator=torch.Generator().manual_seed(2))[:19]
+    shape = [37, 64]
+    shape[dim] = 19
+    src = (_rand(*shape, seed=3) * 10).half()
+    dev = [t.to("spyre") for t in (x, index, src)]
+    held = [t.cpu() for t in dev]  # the device's DL16 values
+    ref = held[0].float().index_add(dim, held[1], held[2].float())
+    compare_form = numeric_forms.scatter_reduce
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        monkeypatch.setattr(numeric_forms, "scatter_reduce", None)  # the distinct rows never reach the compare form
+        out = numeric_forms.index_add((dev[0], dim, dev[1], dev[2]), {})
+        target = dev[0].clone()
+        inplace = numeric_forms.index_add((target, dim, dev[1], dev[2]), {}, inplace=True)
+        monkeypatch.setattr(numeric_forms, "scatter_reduce", compare_form)
+        dup = torch.cat([dev[1], dev[1][:3]])
+        dup_src = torch.cat([dev[2], dev[2].narrow(dim, 0, 3)], dim)
+        compare = numeric_forms.index_add((dev[0], dim, dup, dup_src), {})
+    assert inplace is target and out.device.type == "spyre"
+    for got in (out, inplace):
+        torch.testing.assert_close(got.cpu().float(), ref, atol=0.05, rtol=1e-2)
+    dup_ref = held[0].float().index_add(dim, dup.cpu(), dup_src.cpu().float())
+    torch.testing.assert_close(compare.cpu().float(), dup_ref, atol=0.1, rtol=1e-2)
 
 
 def test_index_add_left_to_stock():
