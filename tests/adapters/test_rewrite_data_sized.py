@@ -144,3 +144,31 @@ def test_a_real_dbrx_ffn_runs_on_the_device():
             ffn.to("spyre")
             out = ffn(x.to("spyre"))
     torch.testing.assert_close(out.cpu().float(), ref, atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.parametrize(
+    "key",
+    [
+        lambda i, j: (i, j, None),
+        lambda i, j: (i, None, slice(None)),
+        lambda i, j: (i, None),
+        lambda i, j: (i, j, None, slice(None)),
+        lambda i, j: (i, slice(None), None),
+    ],
+    ids=["ij-none", "i-none-all", "i-none", "ij-none-all", "i-all-none"],
+)
+def test_nones_after_index_tensors_are_the_lookup_unsqueezed(key):
+    """x[i, j, None] (DBRX's routing weights) and its kin: the lookup, then each None where stock puts its dim; the
+    CPU's values and shape bit for bit (the form also runs on CPU tensors: compiled graphs, host code)."""
+    getitem = _handler(torch.Tensor.__getitem__, gap="aten.index")
+    x = torch.randn(32, 4, 8)
+    i, j = torch.tensor([0, 5, 31, 5]), torch.tensor([1, 3, 0, 2])
+    out = getitem((x, key(i, j)), {})
+    assert out is not _PASS and out.shape == x[key(i, j)].shape and torch.equal(out, x[key(i, j)])
+
+
+def test_nones_before_an_index_tensor_stay_stock():
+    getitem = _handler(torch.Tensor.__getitem__, gap="aten.index")
+    x, i = torch.randn(32, 4), torch.tensor([0, 3])
+    assert getitem((x, (None, i)), {}) is _PASS
+    assert getitem((x, (i, None, 1)), {}) is _PASS  # an int after the None: not this form
