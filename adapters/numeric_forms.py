@@ -485,12 +485,14 @@ def index_add(args, kwargs, inplace: bool = False):
     d = dim % x.dim()
     if source.shape[d] != index.numel() or any(source.shape[i] != x.shape[i] for i in range(x.dim()) if i != d):
         return _PASS  # stock's shape errors
-    if not torch.compiler.is_compiling() and index.numel() and (int(index.max()) >= x.shape[d] or int(index.min()) < 0):
-        return _PASS  # stock's out-of-range error, in eager runs
-    if x.device.type != "cpu" and index.numel() and not torch.compiler.is_compiling():
-        out = _distinct_index_add(x, d, index, source, inplace)
-        if out is not _PASS:
-            return out
+    if not torch.compiler.is_compiling() and index.numel():
+        host = _stack.to_host(index)  # a device index read once: the range check and the duplicate check
+        if int(host.max()) >= x.shape[d] or int(host.min()) < 0:
+            return _PASS  # stock's out-of-range error, in eager runs
+        if x.device.type != "cpu":
+            out = _distinct_index_add(x, d, index, host, source, inplace)
+            if out is not _PASS:
+                return out
     where = [1] * x.dim()
     where[d] = index.numel()
     out = scatter_reduce((x, d, index.reshape(where).expand(source.shape), source, "sum"), {})
@@ -499,13 +501,14 @@ def index_add(args, kwargs, inplace: bool = False):
     return x.copy_(out)
 
 
-def _distinct_index_add(x: torch.Tensor, d: int, index: torch.Tensor, source: torch.Tensor, inplace: bool):
+def _distinct_index_add(
+    x: torch.Tensor, d: int, index: torch.Tensor, host: torch.Tensor, source: torch.Tensor, inplace: bool
+):
     """index_add whose index names each row at most once (an experts loop's tokens for one expert: Step 3.7's
     `final.index_add_(0, token_idx, ...)`) in an eager call on the device: each named row of x gets one source row
     added, so it is those rows looked up (the rewrite's lookup), the source added, and the rows stored back with
-    index_copy (a CPU fallback, #4239): stock's one addition per named row. The duplicate check reads the index on the
-    host (index work). Where the compare form would build rows x writes x width elements (Step 3.7: 35 M)."""
-    host = _stack.to_host(index)
+    index_copy (a CPU fallback, #4239): stock's one addition per named row. The duplicate check reads `host`, the
+    index's host copy (index work). Where the compare form would build rows x writes x width elements (Step 3.7: 35 M)."""
     if host.unique().numel() != host.numel() or source.dtype != x.dtype:
         return _PASS  # several writes to a row add in an order; a dtype mismatch is stock's error
     picked = getitem((x.movedim(d, 0), (index,)), {})

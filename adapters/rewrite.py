@@ -984,6 +984,9 @@ def getitem(args, kwargs):
     return F.embedding(flat, table).reshape(*flat.shape, *rest)
 
 
+_HOST_NONZERO = _stack.on_host(torch.nonzero)  # made once: on_host wraps it in torch.compiler.disable
+
+
 def mask_getitem(args, kwargs):
     """`x[mask]`, `x[mask, ...]` (a bool mask over x's leading dims, the rest whole: multimodal models' media rows,
     X-MOD's per-language rows) in an eager call: a result sized by the mask's values. The mask's positions are found
@@ -1003,7 +1006,7 @@ def mask_getitem(args, kwargs):
         return _PASS  # a 0-d mask adds a dim; a mismatched one is stock's IndexError
     if any(not (i is Ellipsis or (isinstance(i, slice) and i == slice(None))) for i in items[1:]):
         return _PASS
-    positions = _stack.on_host(torch.nonzero)(mask, as_tuple=True)
+    positions = _HOST_NONZERO(mask, as_tuple=True)
     if positions[0].numel() == 0:  # nothing selected: stock's empty result, made without a lookup
         return x.new_empty((0, *x.shape[mask.dim() :]))
     return getitem((x, positions), {})

@@ -26,7 +26,6 @@ import numpy as np
 import torch
 
 import aiu_sim
-from aiu_sim.numerics.errors import Int64RangeError
 from aiu_sim.timing.trace import write_trace
 from torch_spyre_emu import torch_profiler
 from torch_spyre_emu.compiler.builder import HostSpec, host_array
@@ -37,7 +36,6 @@ from torch_spyre_emu.compiler.views import inverse
 from torch_spyre_emu.config import accumulation_model
 from torch_spyre_emu.device import host_dtypes
 from torch_spyre_emu.device.host_dtypes import device_format
-from torch_spyre_emu.errors import SpyreInt64RangeError
 from torch_spyre_emu.profiling import current_run_options, prep_record, record, timing_stand_in
 
 
@@ -283,16 +281,6 @@ def run_and_record(compiled: Compiled, args: list):
     return outputs
 
 
-@contextlib.contextmanager
-def _as_device_errors():
-    """aiu_sim's numerics errors met while a program runs, as the stack's typed device errors: an int64 result out of
-    the device's int32 range (a CPU fallback's, e.g. a cast of inf to int64) is SpyreInt64RangeError, as on upload."""
-    try:
-        yield
-    except Int64RangeError as e:
-        raise SpyreInt64RangeError(str(e)) from None
-
-
 def run_compiled(compiled: Compiled, args: list, mode: str = "both", trace_path=None, accumulation=None):
     """Run `compiled` on the call's flat args. Returns (user outputs, RunResult, UploadRecord).
 
@@ -357,7 +345,7 @@ def run_compiled(compiled: Compiled, args: list, mode: str = "both", trace_path=
     if timed is not None and not compute:
         result = aiu_sim.RunResult(outputs=None, timing=timed)
     else:
-        with _as_device_errors():
+        with host_dtypes.int64_range_errors():  # a CPU fallback's int64 result out of int32
             result = aiu_sim.run(
                 program,
                 inputs if compute else None,

@@ -8,6 +8,7 @@ torch dtype names) and the one place that turns a CPU torch tensor into the nump
 
 from __future__ import annotations
 
+import contextlib
 import functools
 
 import numpy as np
@@ -84,12 +85,20 @@ def from_numpy(a: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(a)
 
 
-def to_device_values(host: torch.Tensor) -> np.ndarray:
-    """CPU tensor -> device-format values in its logical shape (fp16/bf16/bool rounded to DL16 once here)."""
+@contextlib.contextmanager
+def int64_range_errors():
+    """aiu_sim's Int64RangeError (int64 values outside the device's int32) as the stack's SpyreInt64RangeError: on
+    upload, and while a program runs (a CPU fallback's int64 result, e.g. a cast of inf to int64)."""
     try:
-        return numerics_host.to_device(to_numpy(host), host_dtype_name(host.dtype))
+        yield
     except Int64RangeError as e:
         raise SpyreInt64RangeError(str(e)) from None
+
+
+def to_device_values(host: torch.Tensor) -> np.ndarray:
+    """CPU tensor -> device-format values in its logical shape (fp16/bf16/bool rounded to DL16 once here)."""
+    with int64_range_errors():
+        return numerics_host.to_device(to_numpy(host), host_dtype_name(host.dtype))
 
 
 def to_host_tensor(values: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
