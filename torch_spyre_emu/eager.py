@@ -111,6 +111,7 @@ def _compile_keeping_fallback_warnings(func, args, kwargs, tensors, options) -> 
                 f"{func} (a kernel torch has for accelerators only: the stack cannot trace it on the CPU) is "
                 "unsupported on Spyre: no lowering exists for it; run the module on the CPU or patch the model"
             ) from e
+        _raise_torchs_own_check(func, args, kwargs, e)
         raise
     finally:  # also when compilation raises (strict mode)
         for w in caught:
@@ -119,13 +120,43 @@ def _compile_keeping_fallback_warnings(func, args, kwargs, tensors, options) -> 
     return compiled, [str(w.message) for w in caught if issubclass(w.category, FallbackWarning)]
 
 
+def _raise_torchs_own_check(func, args, kwargs, trace_error: Exception) -> None:
+    """Bad arguments (a shape that does not fit, a dim out of range) fail our trace inside a decomposition with
+    whatever that decomposition says (a ValueError from unpacking, say); torch's meta kernel for the op makes the
+    checks the CPU kernel makes, with torch's error type and message, which is what a test of the error expects
+    (op_db's error_inputs). Raise that error where the op's meta kernel rejects the arguments too."""
+
+    def on_meta(x):
+        if isinstance(x, torch.Tensor):
+            return torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device="meta")
+        return x
+
+    meta_args, meta_kwargs = torch.utils._pytree.tree_map(on_meta, (args, kwargs))
+    try:
+        with warnings.catch_warnings():  # the call already warned (or not) in the trace
+            warnings.simplefilter("ignore")
+            func(*meta_args, **meta_kwargs)
+    except NotImplementedError:  # no meta kernel: nothing to say beyond the trace's own error
+        return
+    except Exception as meta_error:
+        # an error about the meta run itself (item() of a meta tensor), not about the call
+        if "meta" in str(meta_error).lower():
+            return
+        raise meta_error from trace_error
+
+
 def _accelerator_only(func) -> bool:
     """An aten op with neither a CPU nor a composite kernel (LSTM's _thnn_fused_lstm_cell): torch runs it on
     accelerators only, so tracing it on CPU fake tensors fails in torch's own code."""
     name = getattr(func, "name", lambda: "")()
     return bool(name) and not any(
         torch._C._dispatch_has_kernel_for_dispatch_key(name, key)
-        for key in ("CPU", "CompositeImplicitAutograd", "CompositeExplicitAutograd")
+        for key in (
+            "CPU",
+            "CompositeImplicitAutograd",
+            "CompositeExplicitAutograd",
+            "CompositeExplicitAutogradNonFunctional",  # the *_copy ops (view_copy, t_copy, diag_embed, ...)
+        )
     )
 
 

@@ -22,7 +22,7 @@ import warnings
 import pytest
 import torch
 
-from torch_spyre_emu.errors import SpyreError
+from torch_spyre_emu.errors import SpyreError, SpyreUnsupportedOpError
 
 common_methods_invocations = pytest.importorskip("torch.testing._internal.common_methods_invocations")
 from tests.marks import slow_where  # noqa: E402
@@ -240,3 +240,81 @@ def test_modules_run_and_match_the_cpu_or_raise_a_typed_error(name, dtype, compi
     except (torch._dynamo.exc.Unsupported, torch._dynamo.exc.UserError):
         return
     _assert_matches(out, ref, tol)
+
+
+# op_db's error_inputs (test_ops.test_errors): bad arguments on spyre tensors raise what the CPU raises, torch's error
+# type and message, or a SpyreError where the device itself refuses first (float64 inputs, an unsupported op).
+ERROR_OPS = sorted(k for k, op in OPS.items() if op.error_inputs_func is not None)
+ERROR_DEFAULT = set(ERROR_OPS[::4])
+# the error the device raises where it is not the CPU's, each for a reason
+ERROR_DIFFERENCES = {
+    # the same check worded by the meta kernel the trace runs (torch's Python meta functions, not the C++ kernel):
+    # a test of the type passes, one of the CPU's exact words does not (as for any torch.compile'd call)
+    "nn.functional.multi_margin_loss": "meta wording",
+    "nn.functional.multilabel_margin_loss": "meta wording",
+    "masked_scatter": "meta wording",
+    "mean": "meta wording",
+    "hstack": "meta wording",
+    "vstack": "meta wording",
+    "dstack": "meta wording",
+    "ormqr": "meta wording",
+    "linalg.cross": "meta wording",
+    "nn.functional.gaussian_nll_loss": "meta wording",
+    # torch's own meta function asserts (AssertionError); the real stack runs embedding as a CPU fallback
+    "nn.functional.embedding": "AssertionError from torch's meta",
+    # the out tensor overlaps itself (an expanded tensor): the CPU kernel refuses, the device writes it
+    "bernoulli": "no overlap check",
+}
+
+
+def _raised(fn):
+    try:
+        out = fn()
+        for t in torch.utils._pytree.tree_leaves(out):
+            if isinstance(t, torch.Tensor) and t.device.type == "spyre":
+                t.cpu()
+    except Exception as e:  # noqa: BLE001 (the error is what is compared)
+        return e
+    return None
+
+
+def _unsupported_when_called_well(op, key) -> bool:
+    """The op's first fp32 (else fp16) sample, eagerly on the device, raises SpyreUnsupportedOpError."""
+    dtype = torch.float32 if torch.float32 in op.supported_dtypes("cpu") else torch.float16
+    try:
+        args, kwargs, _ = _first_sample(op, dtype)
+    except pytest.skip.Exception:
+        return True  # no sample runs on the CPU: nothing says the op runs on the device
+    return isinstance(_raised(lambda: _run(op, args, kwargs, compiled=False)), SpyreUnsupportedOpError)
+
+
+@pytest.mark.parametrize("key", slow_where(ERROR_OPS, set(ERROR_OPS) - ERROR_DEFAULT), ids=_ids(ERROR_OPS))
+def test_error_inputs_raise_the_cpus_error_or_a_typed_one(key):
+    import re
+
+    op = OPS[key]
+    try:
+        cases = list(op.error_inputs("spyre"))
+    except SpyreError:
+        return  # the inputs themselves cannot be on the device (float64, complex, rank > 6)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for case in cases:
+            si = case.sample_input
+            on_cpu = torch.utils._pytree.tree_map(
+                lambda t: t.cpu() if isinstance(t, torch.Tensor) else t, (si.input, si.args, si.kwargs)
+            )
+            if _raised(lambda c=on_cpu: op(c[0], *c[1], **c[2])) is None:
+                continue  # op_db's cases for other paths (a jit form, other devices) that the CPU call does not take
+            err = _raised(lambda si=si: op(si.input, *si.args, **si.kwargs))
+            if key[0] in ERROR_DIFFERENCES:
+                continue
+            assert err is not None, f"{key[0]}: no error, the CPU raises {case.error_type.__name__}"
+            # "unsupported" is the device's answer only where the op does not run even when called well
+            if isinstance(err, SpyreUnsupportedOpError):
+                assert _unsupported_when_called_well(op, key), f"{key[0]}: {err} (its good samples run)"
+                continue
+            if isinstance(err, SpyreError):
+                continue
+            assert isinstance(err, case.error_type), f"{key[0]}: {type(err).__name__}: {err}"
+            assert re.search(case.error_regex, str(err)), f"{key[0]}: {err!r} !~ {case.error_regex!r}"
