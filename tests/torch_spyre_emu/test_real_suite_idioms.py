@@ -5,7 +5,8 @@
   assert_close(atol=0.1, rtol=0.1, equal_nan=True) against the CPU;
 - upstream PyTorch test classes instantiated for the out-of-tree device (RFC 1287's SpyreTestBase path):
   `instantiate_device_type_tests(..., only_for="privateuse1")` with `device` as the test argument;
-- the imports the op tests make (DtypeOpTable, IDENTITY_OP, torch.ops.spyre.overwrite) and the hint API.
+- the imports the op tests make (DtypeOpTable, IDENTITY_OP, torch.ops.spyre.overwrite) and the hint API;
+- `self.assertEqual` / `assert_close` between two spyre tensors (test_view_ops: a view written, its base compared).
 
 This is not the real suite (it is not installable here); it keeps the machinery that suite relies on working.
 """
@@ -103,6 +104,26 @@ class TestOnDevice(TestCase):
     def test_device(self, device):
         self.assertEqual(torch.empty(3, device=device).device.type, "spyre")
 
+    def test_views_compare_on_device(self, device):  # test_view_ops' idiom: two spyre tensors in assertEqual
+        t = torch.ones((5, 5), device=device)
+        v = torch.diagonal(t)
+        self.assertTrue(v._is_view() and v._base is t)
+        self.assertEqual(v.untyped_storage().data_ptr(), t.untyped_storage().data_ptr())
+        v[0] = 0
+        self.assertEqual(t[0, 0], v[0])
+        t = torch.zeros((5, 5), device=device)
+        for idx, row in enumerate(torch.unbind(t)):
+            row[0] = idx + 1
+            self.assertEqual(t[idx, 0], row[0])
+        self.assertEqual(t.t()[0], torch.arange(1.0, 6.0).to(device))
+
+    def test_a_mismatch_fails_the_test(self, device):
+        a = torch.zeros(4, 64, dtype=torch.float16, device=device)
+        with self.assertRaisesRegex(AssertionError, "Mismatched elements: 4 / 256"):
+            self.assertEqual(a, torch.zeros(4, 64, dtype=torch.float16).index_fill(1, torch.tensor([3]), 1).to(device))
+        with self.assertRaisesRegex(AssertionError, "The values for attribute 'dtype' do not match"):
+            torch.testing.assert_close(a, a.float())
+
 
 instantiate_device_type_tests(TestOnDevice, globals(), only_for="privateuse1")
 if __name__ == "__main__":
@@ -119,4 +140,6 @@ def test_upstream_device_type_tests_instantiate_for_spyre(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "CI"}
     out = subprocess.run([sys.executable, str(script), "-v"], capture_output=True, text=True, timeout=300, env=env)
     assert out.returncode == 0, out.stderr[-3000:]
-    assert "test_add_spyre" in out.stderr and "test_device_spyre" in out.stderr and "OK" in out.stderr
+    for name in ("test_add", "test_device", "test_views_compare_on_device", "test_a_mismatch_fails_the_test"):
+        assert f"{name}_spyre" in out.stderr
+    assert "OK" in out.stderr and "Ran 4 tests" in out.stderr

@@ -14,7 +14,15 @@ import torch
 from torch.utils.backend_registration import _setup_privateuseone_for_python_backend
 
 from torch_spyre_emu import distributed, inductor, logging_config
-from torch_spyre_emu.device import accelerator, autocast, custom_ops, model_loading, spyre_module, tensor_api
+from torch_spyre_emu.device import (
+    accelerator,
+    autocast,
+    custom_ops,
+    model_loading,
+    spyre_module,
+    tensor_api,
+    testing_compare,
+)
 from torch_spyre_emu.device import kernels as device_kernels
 from torch_spyre_emu.errors import FallbackWarning, SpyreDeviceError
 
@@ -95,6 +103,7 @@ def register() -> None:
         autocast.install()  # torch.autocast("spyre")
         accelerator.install()  # torch.accelerator's memory statistics and synchronize
         tensor_api.install()
+        testing_compare.install(DEVICE_NAME)  # torch.testing compares spyre tensors' values on the host (as MPS)
         custom_ops.install()  # torch.ops.spyre.*
         model_loading.patch_module_to_for_spyre()  # Module.to("spyre"): Linear weights in dim_order [1, 0]
         inductor.install()  # plain torch.compile on spyre tensors reaches the emulated stack
