@@ -40,8 +40,13 @@ def _sigmoid(x):
     return F32(1) / (F32(1) + np.exp(-x))
 
 
-def _softplus(x):
-    return np.where(x > _SOFTPLUS_THRESHOLD, x, np.log1p(np.exp(np.minimum(x, _SOFTPLUS_THRESHOLD))))
+def _softplus(x, attrs):
+    """torch's softplus: log(1 + exp(beta * x)) / beta, and x itself where beta * x > threshold (the stack's
+    spyre::softplus takes both, torch_spyre_api.md §4)."""
+    beta = F32(attrs.get("beta", 1.0))
+    threshold = F32(attrs.get("threshold", _SOFTPLUS_THRESHOLD))
+    bx = beta * x
+    return np.where(bx > threshold, x, np.log1p(np.exp(np.minimum(bx, threshold))) / beta)
 
 
 def _clamp(x, attrs):
@@ -77,7 +82,7 @@ UNARY: dict[str, UnaryFn] = {
         F32(0.5) * x * (F32(1) + np.tanh(_SQRT_2_OVER_PI * (x + _GELU_TANH_C * x * x * x)))
     ),
     "silu": lambda x, a: x * _sigmoid(x),
-    "softplus": lambda x, a: _softplus(x),
+    "softplus": _softplus,
     "floor": lambda x, a: np.floor(x),
     "ceil": lambda x, a: np.ceil(x),
     "sign": lambda x, a: np.sign(x),

@@ -87,7 +87,9 @@ F64 = {
     "gelu": lambda x, a: 0.5 * x * (1 + np.vectorize(math.erf)(x / math.sqrt(2))),
     "gelu_tanh": lambda x, a: 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3))),
     "silu": lambda x, a: x / (1 + np.exp(-x)),
-    "softplus": lambda x, a: np.log1p(np.exp(x)),
+    "softplus": lambda x, a: np.where(
+        a["beta"] * x > a["threshold"], x, np.log1p(np.exp(a["beta"] * x)) / a["beta"]
+    ),
     "floor": lambda x, a: np.floor(x),
     "ceil": lambda x, a: np.ceil(x),
     "sign": lambda x, a: np.sign(x),
@@ -105,7 +107,11 @@ EXACT_UNARY = {
     "sqrt", "reciprocal",
 }  # fmt: skip
 POSITIVE_DOMAIN = {"log", "sqrt", "rsqrt", "pow_scalar"}
-UNARY_ATTRS = {"clamp": {"min": -1.5, "max": 2.0}, "pow_scalar": {"exponent": 1.5}}
+UNARY_ATTRS = {
+    "clamp": {"min": -1.5, "max": 2.0},
+    "pow_scalar": {"exponent": 1.5},
+    "softplus": {"beta": 2.0, "threshold": 3.0},  # torch's defaults are 1 and 20: these move both branches
+}
 
 
 def assert_close_dl16(out, ref):

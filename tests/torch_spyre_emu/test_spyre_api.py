@@ -521,6 +521,7 @@ def test_compile_only_custom_ops_have_shapes_for_tracing():
     "name, custom, stock",
     [
         ("softplus", lambda x: torch.ops.spyre.softplus(x, 1.0, 20.0), lambda x: F.softplus(x)),
+        ("softplus_beta", lambda x: torch.ops.spyre.softplus(x, 2.0, 1.0), lambda x: F.softplus(x, 2.0, 1.0)),
         ("gelu", lambda x: torch.ops.spyre.gelu(x, "tanh"), lambda x: F.gelu(x, approximate="tanh")),
         ("clamp", lambda x: torch.ops.spyre.clamp(x, -0.5, 0.25), lambda x: torch.clamp(x, -0.5, 0.25)),
         ("logical_not", lambda x: torch.ops.spyre.logical_not(x > 0), lambda x: torch.logical_not(x > 0)),

@@ -183,9 +183,7 @@ def lower_gelu(b, node, x, approximate="none"):
 
 @lowering(aten.softplus)
 def lower_softplus(b, node, x, beta=1, threshold=20):
-    if beta != 1:
-        raise SpyreCompileError(f"{node.name}: softplus with beta={beta} is not lowered; only beta=1")
-    return pointwise(b, node, "unary", "softplus", [x])
+    return pointwise(b, node, "unary", "softplus", [x], {"beta": float(beta), "threshold": float(threshold)})
 
 
 @lowering(aten.clamp, aten.clamp_min, aten.clamp_max)
