@@ -13,6 +13,11 @@ statistics). The default run takes every 16th op; the whole table is marked slow
 torch's ModuleInfo samples (module_db) run the same way, every module in the default run (fp32 eager or fp16
 compiled, alternating; both in the slow run); they found a compiled circular F.pad that returned zeros and untyped
 errors from GRU/LSTM's accelerator-only fused cells.
+
+op_db's error_inputs (test_ops.test_errors' cases) run on the device too: each bad call the CPU refuses raises the
+CPU's error type and message, or a SpyreError where the device refuses first; "unsupported" only for an op that does
+not run even when called well. They found the *_copy ops (view_copy, t_copy, diag_embed) answering every bad call
+with "unsupported on Spyre", and decompositions' own errors (a ValueError) where torch's meta check raises.
 """
 
 from __future__ import annotations
