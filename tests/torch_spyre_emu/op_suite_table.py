@@ -70,6 +70,15 @@ def chain(k: int):
     return bound
 
 
+def add_scaled_product(xs, ref, dt):
+    """x + v * (a op b), Inductor's addcmul/addcdiv, three roundings: with q = v * (a op b) exact,
+    |got - ref| <= |q| ((1 + u)^3 - 1) + u |ref| (+ the pointwise floor)."""
+    tol = dl16_tolerance("pointwise", xs, ref, dt)
+    u = unit(dt)
+    q = (ref - xs[0]).abs()
+    return q * ((1 + u) ** 3 - 1) + tol.bound(ref)
+
+
 def reduce_sum(dims, mean: bool = False):
     def bound(xs, ref, dt):
         x = xs[0]
@@ -311,6 +320,20 @@ OPS: list[Op] = [
         lambda s: [((2, 3, 70), "normal"), ((2, 3, last(s)), "normal"), ((2, last(s), 70), "normal")],
         MM_SHAPES,
         slow_shapes=MM_SLOW,
+    ),
+    Op(  # Inductor's lowering: x + value * (a * b), pointwise mul, mul, add
+        "addcmul",
+        lambda x, a, b: torch.addcmul(x, a, b, value=0.5),
+        "mul",
+        add_scaled_product,
+        lambda s: [(s, "normal"), (s, "normal"), (s, "normal")],
+    ),
+    Op(  # x + value * (a / b)
+        "addcdiv",
+        lambda x, a, b: torch.addcdiv(x, a, b, value=-2),
+        "div",
+        add_scaled_product,
+        lambda s: [(s, "normal"), (s, "normal"), (s, "pos")],
     ),
     Op(
         "linear",

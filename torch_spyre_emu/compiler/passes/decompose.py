@@ -1,6 +1,6 @@
 """Decompositions torch-spyre does itself (STACK §1.7): addmm -> matmul + scale + add (baddbmm alike); linear
 (already t + addmm after capture); SDPA (under each of its kernels' names) -> the explicit QK^T.V math path;
-rms_norm; pow with small exponents; log_softmax; a sum whose dtype= changes values (cast, then sum); conv2d -> im2col (a CPU island) + bmm. And those Inductor's
+rms_norm; pow with small exponents; addcmul / addcdiv as Inductor's lowerings write them; log_softmax; a sum whose dtype= changes values (cast, then sum); conv2d -> im2col (a CPU island) + bmm. And those Inductor's
 own table (torch._inductor.decomposition.select_decomp_table) does before Spyre codegen sees the graph, of ops the
 core-aten table keeps whole: linalg_vector_norm (torch._refs), repeat (expand + copy), inference batch norm and the
 clamp-shaped activations (INDUCTOR_DECOMPOSITIONS). layer_norm is captured as native_layer_norm and lowered whole
@@ -234,6 +234,17 @@ def conv2d_as_matmul(x, weight, bias, stride, padding, dilation, transposed, out
     return out.contiguous(memory_format=torch.channels_last if cl else torch.contiguous_format)
 
 
+def addcmul(x, t1, t2, *, value=1):
+    """Inductor's addcmul lowering off CUDA (torch/_inductor/lowering.py; no FMA): x + value * (t1 * t2), in that
+    order. A pointwise kernel of mul, mul and add, OpFuncs the stack has, so torch-spyre runs it on the device."""
+    return x + value * (t1 * t2)
+
+
+def addcdiv(x, t1, t2, *, value=1):
+    """Inductor's addcdiv lowering off CUDA: x + value * (t1 / t2) (true division, as Inductor's ops.truediv)."""
+    return x + value * torch.true_divide(t1, t2)
+
+
 def batch_norm_inference(x, weight, bias, running_mean, running_var, training, momentum, eps):
     """Inductor's native_batch_norm decomposition (torch._decomp's) in inference: (x - mean) * rsqrt(var + eps) *
     weight + bias per channel, computed in fp32 (on-device casts) and cast back. Training mode is left whole: its
@@ -261,6 +272,8 @@ SPYRE_DECOMPOSITIONS = {
     **INDUCTOR_DECOMPOSITIONS,
     aten.native_batch_norm.default: batch_norm_inference,  # Inductor's decomposition, in inference only
     aten.addmm.default: addmm,
+    aten.addcmul.default: addcmul,  # Inductor lowers these two as pointwise expressions of mul/div and add
+    aten.addcdiv.default: addcdiv,
     aten.baddbmm.default: baddbmm,
     aten._scaled_dot_product_efficient_attention.default: sdpa_efficient,
     aten._scaled_dot_product_flash_attention.default: sdpa_flash,
