@@ -506,6 +506,15 @@ _OPS: list[OpEntry] = [
     _e("erfinv", "unsupported", (), "in no June op table, as a lowering or a CPU island: emulation assumption, a gap"),
     # aten.flip is left out of the table on purpose: Inductor decomposes it, so the stack meets prims.rev
     OpEntry("prims.rev", "unsupported", (), "what aten.flip decomposes into; in no June op table: a gap", S17),
+    OpEntry(  # dynamo's own rewrites (enable_dynamo_decompositions): Inductor's fused multiply-add prim
+        "prims.fma",
+        "unsupported",
+        (),
+        "what dynamo writes for x.addcmul_/addcdiv_(..., value=v), x.add_(y, alpha=<tensor>) and optimizers' "
+        "_foreach_lerp_ in compiled code; no fma OpFunc in the June tables: emulation assumption, a gap (eager and "
+        "unscaled calls run as mul/div and add)",
+        S17,
+    ),
     *(
         _e(name, "unsupported", (), "in no June op table (bags of embedding rows): emulation assumption, a gap")
         for name in ("embedding_bag", "_embedding_bag", "_embedding_bag_forward_only")

@@ -556,3 +556,21 @@ def test_softmax_of_a_0d_tensor_is_one_not_a_crash(fn):
     x = torch.tensor(-8.5, dtype=torch.float16)
     got = fn(x.to("spyre"))
     assert got.shape == () and torch.equal(got.cpu(), fn(x))
+
+
+def test_addcmul_runs_as_inductors_lowering_and_dynamos_fma_rewrite_is_a_named_gap():
+    """Eager (and compiled without value=) addcmul / addcdiv are Inductor's x + value * (a op b) on the device; the
+    in-place forms with value= are rewritten by dynamo into Inductor's fma prim, which the capability table names."""
+    g = torch.Generator().manual_seed(3)
+    x, a, b = (torch.randn(4, 70, generator=g).half() for _ in range(3))
+    d = [t.to("spyre") for t in (x, a, b)]
+    with torch_spyre_emu.strict():
+        got = d[0].clone().addcmul_(d[1], d[2], value=0.5)
+        compiled = torch.compile(lambda x, a, b: torch.addcdiv(x, a, b.abs() + 1, value=-2))(*d)
+    ref = x.float() + 0.5 * (a.float() * b.float())
+    torch.testing.assert_close(got.cpu().float(), ref, atol=2e-2, rtol=1e-2)
+    ref = x.float() - 2 * (a.float() / (b.float().abs() + 1))
+    torch.testing.assert_close(compiled.cpu().float(), ref, atol=2e-2, rtol=1e-2)
+    torch._dynamo.reset()
+    with pytest.raises(SpyreUnsupportedOpError, match=r"prims\.fma.*addcmul_"):
+        torch.compile(lambda x, a, b: x.clone().addcmul_(a, b, value=0.5))(*d)

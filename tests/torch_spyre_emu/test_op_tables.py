@@ -43,6 +43,8 @@ GRAPH_REWRITES = {aten.mm: "passes/mm_to_bmm.py (mm -> unsqueeze, bmm, squeeze)"
 
 
 def packet_of(key: str):
+    import torch._inductor.inductor_prims  # noqa: F401  (defines prims.fma, which dynamo's rewrites emit)
+
     ns, name = key.split(".")
     return getattr(getattr(torch.ops, ns), name, None)
 
