@@ -24,3 +24,26 @@ def test_autoload_can_be_turned_off():
     )
     assert out.returncode != 0
     assert "spyre" in out.stderr
+
+
+SCRIPTED = '''
+import torch
+
+
+@torch.jit.script
+def f(x: torch.Tensor):
+    return torch.empty([3], dtype=torch.float32).fill_(1) + x
+
+
+print(f(torch.ones(3)).tolist())
+'''
+
+
+def test_torchscript_still_knows_the_factories_the_emulator_wraps(tmp_path):
+    """Autoload runs in every process that imports torch: torch.jit.script of code calling torch.empty (wrapped for
+    device_layout= and pinning) must compile as before, not fail for want of the wrapper's source."""
+    script = tmp_path / "scripted.py"  # TorchScript reads the function's source from its file
+    script.write_text(SCRIPTED)
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split("\n")[0] == "[2.0, 2.0, 2.0]"

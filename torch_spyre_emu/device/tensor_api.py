@@ -352,12 +352,24 @@ def _reduce(original):
     return _reduce_ex_internal
 
 
+def _replace_torch_function(name: str, wrap) -> None:
+    """torch.<name> = wrap(torch.<name>), still known to TorchScript: it resolves torch functions by identity in a
+    table built once (torch.jit._builtins), so a wrapper it does not know is compiled as Python, and `torch.jit.script`
+    of any function calling torch.<name> failed in every process that imported torch with the emulator installed."""
+    original = getattr(torch, name)
+    wrapper = wrap(original)
+    schema = torch.jit._builtins._find_builtin(original)
+    if schema is not None:
+        torch.jit._builtins._register_builtin(wrapper, schema)
+    setattr(torch, name, wrapper)
+
+
 def install() -> None:
     global _installed
     if _installed:
         return
     torch.Tensor.to = _to(torch.Tensor.to)
-    torch.empty = _empty(torch.empty)
+    _replace_torch_function("empty", _empty)
     # Not torch.tensor / torch.as_tensor: torch's device context (`with torch.device("meta")`, which transformers'
     # from_pretrained builds models under) recognises factories by identity, so a wrapper there would be created
     # on the CPU and left uninitialised (SmolLM2's rotary inv_freq came out as garbage). On a card other than 0,
