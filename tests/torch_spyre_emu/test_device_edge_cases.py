@@ -134,6 +134,36 @@ def test_pinned_spyre_tensors_are_refused():
         torch.empty(3, device="spyre", pin_memory=True)
 
 
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda **k: torch.zeros(2, 64, **k),
+        lambda **k: torch.ones(2, 64, **k),
+        lambda **k: torch.full((2, 64), 3.0, **k),
+        lambda **k: torch.empty_strided((2, 64), (64, 1), **k),
+        lambda **k: torch.zeros_like(torch.ones(2, 64, device="spyre"), **k),
+        lambda **k: torch.ones(2, 64, device="spyre").new_zeros(3, **k),
+    ],
+    ids=["zeros", "ones", "full", "empty_strided", "zeros_like", "new_zeros"],
+)
+def test_every_factory_refuses_to_pin_a_spyre_tensor(make):
+    """torch-spyre allocates non-pinned tensors only (API §3); only torch.empty checked it, the other factories
+    dropped pin_memory=True silently."""
+    with pytest.raises(SpyreDeviceError, match="cannot be pinned"):
+        make(pin_memory=True, device="spyre")
+    assert make(device="spyre").device.type == "spyre"
+
+
+def test_factories_keep_following_torchs_device_context():
+    """torch.empty (wrapped for device_layout= and pinning) and the other factories take the device of `with
+    torch.device(...)` (transformers builds models under the meta device), as torch's own functions do."""
+    with torch.device("meta"):
+        made = [torch.tensor([1.0]), torch.zeros(2), torch.arange(3), torch.empty(2), torch.full((2,), 1.0)]
+    assert all(t.device.type == "meta" for t in made)
+    with torch.device("spyre"):
+        assert torch.ones(2).device.type == "spyre" and torch.tensor([1.0]).device.type == "spyre"
+
+
 def test_no_cards_means_not_available(monkeypatch):
     monkeypatch.setenv("AIU_WORLD_SIZE", "0")
     assert spyre.device_count() == 0 and not spyre.is_available()

@@ -17,16 +17,25 @@ from torch_spyre_emu import config as stack_config
 from torch_spyre_emu import profiling, torch_profiler
 from torch_spyre_emu.device import custom_ops, host_dtypes, op_dispatch
 from torch_spyre_emu.device.layout import default_layout
-from torch_spyre_emu.device.tensor import check_device, new_tensor, payload, resize, stick_order
+from torch_spyre_emu.device.tensor import (
+    check_device,
+    check_unpinned,
+    new_tensor,
+    payload,
+    resize,
+    stick_order,
+)
 from torch_spyre_emu.errors import SpyreDeviceError
 
 aten = torch.ops.aten
 _libraries: list[torch.library.Library] = []  # keep registrations alive
 
 
-def _check_layout(layout) -> None:
+def _check_options(layout, pin_memory=None) -> None:
+    """torch-spyre allocates strided, non-pinned tensors only (torch_spyre_api.md §3)."""
     if layout not in (None, torch.strided):
         raise SpyreDeviceError(f"spyre tensors are strided; layout={layout} is not supported")
+    check_unpinned(pin_memory)
 
 
 def _strides_for(size, memory_format) -> list[int] | None:
@@ -47,12 +56,7 @@ def _filled(size, dtype, fill_value, device, strides=None) -> torch.Tensor:
 
 def empty_memory_format(size, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
     """torch-spyre's empty takes a strided, non-pinned, contiguous tensor only (torch_spyre_api.md §3)."""
-    _check_layout(layout)
-    if pin_memory:
-        raise SpyreDeviceError(
-            "spyre tensors cannot be pinned: torch.empty(..., pin_memory=True) pins host memory; allocate on the "
-            "cpu with pin_memory=True, or on spyre without it"
-        )
+    _check_options(layout, pin_memory)
     if memory_format not in (None, torch.contiguous_format):
         raise SpyreDeviceError(
             f"spyre tensors are allocated contiguous: torch.empty with memory_format={memory_format} is not "
@@ -62,7 +66,7 @@ def empty_memory_format(size, dtype=None, layout=None, device=None, pin_memory=N
 
 
 def empty_strided(size, stride, dtype=None, layout=None, device=None, pin_memory=None):
-    _check_layout(layout)
+    _check_options(layout, pin_memory)
     return _filled(size, dtype, 0, device, stride)
 
 
@@ -76,24 +80,24 @@ def new_empty_strided(self, size, stride, dtype=None, layout=None, device=None, 
 
 
 def zeros(size, dtype=None, layout=None, device=None, pin_memory=None):
-    _check_layout(layout)
+    _check_options(layout, pin_memory)
     return _filled(size, dtype, 0, device)
 
 
 def ones(size, dtype=None, layout=None, device=None, pin_memory=None):
-    _check_layout(layout)
+    _check_options(layout, pin_memory)
     return _filled(size, dtype, 1, device)
 
 
 def full(size, fill_value, dtype=None, layout=None, device=None, pin_memory=None):
-    _check_layout(layout)
+    _check_options(layout, pin_memory)
     if dtype is None:  # torch infers the dtype of full() from the fill value
         dtype = torch.full((), fill_value).dtype
     return _filled(size, dtype, fill_value, device)
 
 
 def scalar_tensor(s, dtype=None, layout=None, device=None, pin_memory=None):
-    _check_layout(layout)
+    _check_options(layout, pin_memory)
     return _filled((), dtype, s, device)
 
 
@@ -104,7 +108,7 @@ def _like(fill_value):
         target = torch.device(device) if device is not None else self.device
         if target.type != "spyre":
             return torch.full(self.shape, value, dtype=dtype, device=target)
-        _check_layout(layout)
+        _check_options(layout, pin_memory)
         meta = torch.empty_strided(self.shape, self.stride(), device="meta")
         strides = torch.empty_like(meta, memory_format=memory_format or torch.preserve_format).stride()
         return _filled(self.shape, dtype, value, target, strides)

@@ -32,6 +32,15 @@ _CPU = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
 _log = logging.getLogger("spyre.device")
 
 
+def check_unpinned(pin_memory) -> None:
+    """torch-spyre allocates non-pinned tensors only (torch_spyre_api.md §3): pinning is for host memory."""
+    if pin_memory:
+        raise SpyreDeviceError(
+            "spyre tensors cannot be pinned: pin_memory=True pins host memory; allocate on the cpu with "
+            "pin_memory=True, or on spyre without it"
+        )
+
+
 def check_device(device) -> int:
     """The card a factory called with `device` allocates on: its index, else the card of the op being run (see
     on_card), else torch.spyre.current_device(). Raises SpyreDeviceError for a card that does not exist."""

@@ -264,8 +264,8 @@ def _empty(original):
     @functools.wraps(original)
     def empty(*size, device_layout=None, **kwargs):
         if device_layout is None:
-            if kwargs.get("pin_memory") and _is_spyre(None) and torch.device(kwargs.get("device") or "cpu").type == "cpu":
-                return torch.Tensor.pin_memory(original(*size, **{**kwargs, "pin_memory": False}))
+            if kwargs.get("pin_memory") and _pins_on_host(kwargs.get("device")):
+                return _pinned(original(*size, **{**kwargs, "pin_memory": False}))
             default = torch.get_default_device() if kwargs.get("device") is None else None
             if default is not None and default.type != "cpu":
                 # torch's device context (`with torch.device(...)`, set_default_device) picks factories by
@@ -321,11 +321,20 @@ def _pin_memory(original):
             return original(self) if device is None else original(self, device)
         if getattr(self, _PINNED, False):
             return self  # as torch: pinning a pinned tensor returns it
-        out = torch.empty_like(self, memory_format=torch.preserve_format).copy_(self)
-        setattr(out, _PINNED, True)
-        return out
+        return _pinned(torch.empty_like(self, memory_format=torch.preserve_format).copy_(self))
 
     return pin_memory
+
+
+def _pins_on_host(device) -> bool:
+    """A factory call with pin_memory=True that torch would send to the (spyre) accelerator's pinned allocator."""
+    target = torch.device(device) if device is not None else torch.get_default_device()
+    return target.type == "cpu" and _is_spyre(None)
+
+
+def _pinned(t: torch.Tensor) -> torch.Tensor:
+    setattr(t, _PINNED, True)
+    return t
 
 
 def _is_pinned(original):
@@ -372,8 +381,9 @@ def install() -> None:
     _replace_torch_function("empty", _empty)
     # Not torch.tensor / torch.as_tensor: torch's device context (`with torch.device("meta")`, which transformers'
     # from_pretrained builds models under) recognises factories by identity, so a wrapper there would be created
-    # on the CPU and left uninitialised (SmolLM2's rotary inv_freq came out as garbage). On a card other than 0,
-    # name the index: torch.tensor(data, device=f"spyre:{rank}").
+    # on the CPU and left uninitialised (SmolLM2's rotary inv_freq came out as garbage); so do TorchFunctionModes
+    # keyed on torch functions (the rewrite adapter's torch.randint), which is why no other factory is wrapped for
+    # pin_memory=True. On a card other than 0, name the index: torch.tensor(data, device=f"spyre:{rank}").
     torch._tensor_str._str = _str(torch._tensor_str._str)
     # torch deep-copies a tensor through its storage (storage.clone(), memoized, so a base and its views stay
     # one storage): install_storage_api gives spyre storages that clone
