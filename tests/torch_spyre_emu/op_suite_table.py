@@ -366,6 +366,13 @@ OPS: list[Op] = [
         lambda xs, r, d: layer_norm_bound(*xs, r, d),
         lambda s: [(rows(s), "normal"), ((last(s),), "normal"), ((last(s),), "normal")],
     ),
+    Op(  # a bias without a weight: the kernel's weight slot takes ones
+        "layer_norm_bias_only",
+        lambda x, b: F.layer_norm(x, (x.shape[-1],), None, b),
+        "native_layer_norm",
+        lambda xs, r, d: layer_norm_bound(xs[0], torch.ones_like(xs[1]), xs[1], r, d),
+        lambda s: [(rows(s), "normal"), ((last(s),), "normal")],
+    ),
     Op(
         "rms_norm",
         rms_norm_formula,
