@@ -20,6 +20,7 @@ from torch_spyre_emu import hints
 from torch_spyre_emu.compiler.capture import on_host_device
 from torch_spyre_emu.compiler.context import CompileOptions, input_orders
 from torch_spyre_emu.compiler.pipeline import Compiled, compile_fn, compile_lock
+from torch_spyre_emu.device.op_dispatch import meta_like
 from torch_spyre_emu.errors import (
     FallbackWarning,
     SpyreDeviceError,
@@ -126,12 +127,7 @@ def _raise_torchs_own_check(func, args, kwargs, trace_error: Exception) -> None:
     checks the CPU kernel makes, with torch's error type and message, which is what a test of the error expects
     (op_db's error_inputs). Raise that error where the op's meta kernel rejects the arguments too."""
 
-    def on_meta(x):
-        if isinstance(x, torch.Tensor):
-            return torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device="meta")
-        return x
-
-    meta_args, meta_kwargs = torch.utils._pytree.tree_map(on_meta, (args, kwargs))
+    meta_args, meta_kwargs = torch.utils._pytree.tree_map_only(torch.Tensor, meta_like, (args, kwargs))
     try:
         with warnings.catch_warnings():  # the call already warned (or not) in the trace
             warnings.simplefilter("ignore")

@@ -218,7 +218,7 @@ def _register_structured_kernels() -> torch.library.Library:
     return lib
 
 
-def _meta_like(x: torch.Tensor) -> torch.Tensor:
+def meta_like(x: torch.Tensor) -> torch.Tensor:
     """A meta tensor of x's shape, strides and dtype: what torch's meta kernels are asked about x."""
     return torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device="meta")
 
@@ -232,7 +232,7 @@ def _with_torch_strides(op, args, kwargs, result):
     ):
         return result
 
-    meta_args, meta_kwargs = torch.utils._pytree.tree_map_only(torch.Tensor, _meta_like, (args, kwargs))
+    meta_args, meta_kwargs = torch.utils._pytree.tree_map_only(torch.Tensor, meta_like, (args, kwargs))
     strides = op(*meta_args, **meta_kwargs).stride()
     if strides == result.stride():
         return result
@@ -277,7 +277,7 @@ def _check_out_arguments(op, args, kwargs) -> None:
         if isinstance(x, torch.Tensor):
             if empty:
                 return torch.empty(0, dtype=x.dtype, device="meta")
-            return _meta_like(x)
+            return meta_like(x)
         return x
 
     margs = torch.utils._pytree.tree_map(as_meta, args)

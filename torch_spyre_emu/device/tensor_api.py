@@ -89,8 +89,7 @@ def empty_with_layout(
     size, stl: SpyreTensorLayout, dtype=None, device=None, pin_memory=False, memory_format=None
 ) -> torch.Tensor:
     """torch_spyre._C.empty_with_layout: a contiguous spyre tensor of `size` in layout `stl`."""
-    if pin_memory:
-        raise SpyreDeviceError("empty_with_layout: spyre tensors cannot be pinned; pass pin_memory=False")
+    spyre_tensor.check_unpinned(pin_memory)
     if memory_format not in (None, torch.contiguous_format):
         raise SpyreDeviceError(
             f"empty_with_layout: spyre tensors are allocated contiguous, not {memory_format}; pass "
